@@ -1,0 +1,313 @@
+"""`python -m predictor ...`: ingest, train, platforms, models, predict, predict-batch, validate."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .layout_io import BATCH_COLUMNS, DEFAULTS_DOC, layout_from_fields, model_from_fields
+from .specs import InfeasibleConfig
+
+
+def _console():
+    from rich.console import Console
+    return Console(highlight=False, soft_wrap=False, width=140)
+
+
+def _progress_printer(quiet: bool):
+    if quiet:
+        return None
+
+    def report(done: int, total: int, message: str) -> None:
+        print(f"  [{done}/{total}] {message}", file=sys.stderr, flush=True)
+    return report
+
+
+# ---- ingest / train -------------------------------------------------------------------------
+def cmd_ingest(a: argparse.Namespace) -> int:
+    from .store import ingest_path
+    rc = 0
+    for p in a.paths:
+        rep = ingest_path(p, store_path=a.store, platform=a.platform, progress=_progress_printer(a.quiet))
+        print(json.dumps(rep.to_dict(), indent=2, default=str) if a.json else rep.to_text())
+        if getattr(rep, "files_ingested", 1) == 0 and getattr(rep, "files_seen", 0) == 0:
+            rc = 2
+    return rc
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from .store import list_platforms
+    from .training import train_platform
+    platforms = a.platform or [p for p in list_platforms(store_path=a.store)["platform"]]
+    for pid in platforms:
+        t0 = time.perf_counter()
+        report = train_platform(pid, store_path=a.store, models_dir=a.models_dir, progress=_progress_printer(a.quiet))
+        print(f"\n{pid}: trained {len(report)} models in {time.perf_counter() - t0:.1f} s")
+        print(report.to_string(index=False))
+    return 0
+
+
+# ---- platforms / models ---------------------------------------------------------------------
+def cmd_platforms(a: argparse.Namespace) -> int:
+    from rich.table import Table
+
+    from .platforms import load_platforms
+    from .predict import Predictor
+    rows = []
+    for pid, p in sorted(load_platforms(a.clusters).items()):
+        pr = Predictor(p)
+        ops = "none"
+        if pr.bank is not None:
+            own = p.op_models == pid or pr._same_device()
+            ops = f"{'measured' if own else 'transferred'}: {p.op_models} ({pr.bank.n_op_models()} op models)"
+        elif p.op_models:
+            ops = f"{p.op_models} (models missing: run `python -m predictor train --platform {p.op_models}`)"
+        else:
+            ops = "analytical (roofline from specs)"
+        if pr.coll_bank is not None:
+            coll = f"measured: {p.collective_models}; analytic beyond the sampled range"
+        else:
+            coll = "analytic " + ("(calibrated: " + pr.network.intra.source + ")" if pr.network.intra.source != "link spec" else "(link specs)")
+        val = pr.validation
+        v = f"MAPE {val['mape']:.1%} on {val.get('n_runs')} runs" if val and val.get("mape") is not None else "-"
+        rows.append({"platform": pid, "device": p.device.name, "gpus_per_node": p.gpus_per_node,
+                     "intra": f"{p.intra_node.kind} {p.intra_node.bandwidth_gbps:g} GB/s",
+                     "inter": f"{p.inter_node.kind} {p.inter_node.bandwidth_gbps:g} GB/s",
+                     "operators": ops, "collectives": coll, "end_to_end": v})
+    if a.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    t = Table(title="Platforms")
+    for k in rows[0]:
+        t.add_column(k)
+    for r in rows:
+        t.add_row(*[str(v) for v in r.values()])
+    _console().print(t)
+    return 0
+
+
+def cmd_models(a: argparse.Namespace) -> int:
+    from .presets import get_preset, list_presets
+    rows = []
+    for n in list_presets():
+        m = get_preset(n)
+        rows.append({"model": n, "arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
+                     "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size,
+                     "params_b": round(m.total_params() / 1e9, 2)})
+    if a.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        import pandas as pd
+        print(pd.DataFrame(rows).to_string(index=False))
+    return 0
+
+
+# ---- predict --------------------------------------------------------------------------------
+def _fields_from_args(a: argparse.Namespace) -> dict:
+    keys = ["model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
+            "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
+            "zero_stage", "precision", "attention", "stage_layers"]
+    return {k: getattr(a, k, None) for k in keys}
+
+
+def print_prediction(pred, console=None) -> None:
+    from rich.table import Table
+    c = console or _console()
+    L, m = pred.layout, pred.model
+    c.print(f"[bold]{m.name}[/bold] on [bold]{pred.platform_id}[/bold]: {L.num_gpus} GPUs, tp{L.tp} pp{L.pp} dp{L.dp}"
+            f"{f' vpp{L.vpp}' if L.vpp > 1 else ''}, micro-batch {L.micro_batch}, global batch {L.global_batch} "
+            f"({L.num_micro_batches} micro-batches), seq {L.seq_len}, {L.schedule}, recompute {L.recompute}"
+            f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}")
+    lo, hi = pred.step_time_s * (1 - pred.expected_error), pred.step_time_s * (1 + pred.expected_error)
+    c.print(f"[bold green]step time {pred.step_time_s:.4g} s[/bold green]  (expected range {lo:.4g}-{hi:.4g} s, "
+            f"+/-{pred.expected_error:.0%}: {pred.error_basis})")
+    c.print(f"tokens/s {pred.tokens_per_s:,.0f}   model TFLOP/s per GPU {pred.model_tflops_per_gpu:.1f}   MFU {pred.mfu:.1%}")
+    c.print(f"rests on: {pred.provenance}")
+    t = Table(title="Breakdown along the critical path")
+    t.add_column("category")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in pred.breakdown_s.items():
+        t.add_row(k, f"{v:.4g}", f"{v / pred.step_time_s:.1%}")
+    c.print(t)
+    ops = pred.ops[pred.ops["stage"] == pred.critical_stage]
+    top = (ops.groupby(["op", "phase", "provenance"], as_index=False)["seconds_total"].sum()
+           .sort_values("seconds_total", ascending=False).head(12))
+    t2 = Table(title=f"Top operators on the critical stage {pred.critical_stage} (per micro-batch)")
+    for col in ("op", "phase", "seconds", "provenance"):
+        t2.add_column(col)
+    for r in top.itertuples():
+        t2.add_row(r.op, r.phase, f"{r.seconds_total:.4g}", r.provenance)
+    c.print(t2)
+    for w in pred.warnings:
+        c.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def cmd_predict(a: argparse.Namespace) -> int:
+    from .predict import get_predictor
+    f = _fields_from_args(a)
+    model = model_from_fields(f)
+    layout = layout_from_fields(f)
+    t0 = time.perf_counter()
+    pred = get_predictor(a.platform, a.models_dir).predict(model, layout)
+    elapsed = time.perf_counter() - t0
+    if a.json:
+        d = pred.to_dict(with_ops=a.ops)
+        d["elapsed_s"] = elapsed
+        print(json.dumps(d, indent=2, default=float))
+    else:
+        print_prediction(pred)
+    return 0
+
+
+def predict_rows(df, models_dir=None, progress=None):
+    """Predict every row of a batch DataFrame; infeasible rows get their message in `error`."""
+    import pandas as pd
+
+    from .predict import get_predictor
+    out = []
+    n = len(df)
+    for i, row in enumerate(df.to_dict(orient="records")):
+        res = {c: row.get(c) for c in df.columns}
+        try:
+            if not row.get("platform") or (isinstance(row.get("platform"), float)):
+                raise InfeasibleConfig("platform", "is empty.", "name a platform id (see `python -m predictor platforms`).")
+            model = model_from_fields(row)
+            layout = layout_from_fields(row)
+            p = get_predictor(str(row["platform"]).strip(), models_dir).predict(model, layout, timeline=False)
+            res.update({"step_time_s": p.step_time_s, **{f"{k}_s": v for k, v in p.breakdown_s.items()},
+                        "tokens_per_s": p.tokens_per_s, "mfu": p.mfu, "expected_error": p.expected_error,
+                        "provenance": p.provenance, "error": ""})
+        except InfeasibleConfig as e:
+            res.update({"step_time_s": None, "error": str(e)})
+        except Exception as e:  # noqa: BLE001 - one bad row must not stop the batch
+            res.update({"step_time_s": None, "error": f"{type(e).__name__}: {e}"})
+        out.append(res)
+        if progress and (i + 1) % 100 == 0:
+            progress(i + 1, n, "rows predicted")
+    return pd.DataFrame(out)
+
+
+def cmd_predict_batch(a: argparse.Namespace) -> int:
+    import pandas as pd
+    path = Path(a.input)
+    if not path.exists():
+        raise InfeasibleConfig("input", f"file {path} does not exist.")
+    df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in BATCH_COLUMNS if c not in df.columns]
+    if missing:
+        raise InfeasibleConfig("input", f"{path} lacks columns {missing}.",
+                               f"the header must be exactly: {','.join(BATCH_COLUMNS)}")
+    t0 = time.perf_counter()
+    out = predict_rows(df, a.models_dir, _progress_printer(a.quiet))
+    out.to_csv(a.output, index=False)
+    ok = out["error"].eq("").sum()
+    print(f"wrote {a.output}: {ok} predicted, {len(out) - ok} with errors, {time.perf_counter() - t0:.2f} s",
+          file=sys.stderr)
+    return 0
+
+
+# ---- validate -------------------------------------------------------------------------------
+def cmd_validate(a: argparse.Namespace) -> int:
+    from .validate import validate_runs, summarize_validation, save_validation
+    res = validate_runs(platform=a.platform, store_path=a.store, models_dir=a.models_dir,
+                        progress=_progress_printer(a.quiet))
+    if res.empty:
+        print("no measured runs in the store: ingest some (e.g. ../shared/datasets/vtrain/ground_truth_single.csv)",
+              file=sys.stderr)
+        return 2
+    summary = summarize_validation(res)
+    if a.output:
+        res.to_csv(a.output, index=False)
+    if a.save:
+        for pid, g in res.groupby("platform"):
+            save_validation(pid, g, a.models_dir)
+    if a.json:
+        print(json.dumps({"summary": summary.to_dict(orient="records")}, indent=2, default=float))
+    else:
+        print(summary.to_string(index=False))
+    return 0
+
+
+# ---- parser ---------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m predictor", description="Predict LLM training step time from measured operator samples.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common(sp, store=True, models=True):
+        if store:
+            sp.add_argument("--store", help="DuckDB sample store (default: $PREDICTOR_STORE or data/samples.duckdb)")
+        if models:
+            sp.add_argument("--models-dir", help="trained models (default: models_store/)")
+        sp.add_argument("--json", action="store_true", help="machine-readable output")
+        sp.add_argument("--quiet", action="store_true", help="no progress messages")
+
+    sp = sub.add_parser("ingest", help="load samples / measured runs into the store (idempotent)")
+    sp.add_argument("paths", nargs="+")
+    sp.add_argument("--platform", help="platform id for files that do not name one")
+    common(sp, models=False)
+    sp.set_defaults(func=cmd_ingest)
+
+    sp = sub.add_parser("train", help="fit the regressors of one or all platforms in the store")
+    sp.add_argument("--platform", action="append", help="platform id (repeatable); default: all in the store")
+    common(sp)
+    sp.set_defaults(func=cmd_train)
+
+    sp = sub.add_parser("platforms", help="list platforms and what backs each")
+    sp.add_argument("--clusters", help="extra cluster definitions (JSON or YAML)")
+    common(sp, store=False, models=False)
+    sp.set_defaults(func=cmd_platforms)
+
+    sp = sub.add_parser("models", help="list the model presets")
+    common(sp, store=False, models=False)
+    sp.set_defaults(func=cmd_models)
+
+    sp = sub.add_parser("predict", help="predict one training step", epilog=DEFAULTS_DOC,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--model", help="preset name, e.g. llama3-70b (fields below override it)")
+    sp.add_argument("--arch", choices=["gpt", "llama"])
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len", "num-gpus", "tp", "pp", "dp",
+                 "micro-batch", "global-batch", "vpp", "zero-stage"):
+        sp.add_argument(f"--{name}", type=int)
+    sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
+    sp.add_argument("--recompute", choices=["none", "selective", "full"])
+    sp.add_argument("--sequence-parallel", action="store_true", default=None)
+    sp.add_argument("--precision", choices=["fp16", "bf16", "fp32"])
+    sp.add_argument("--attention", choices=["flash", "unfused"], help="attention kernels (default flash)")
+    sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
+    sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_predict)
+
+    sp = sub.add_parser("predict-batch", help="predict every row of a CSV", epilog=DEFAULTS_DOC,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("--input", required=True)
+    sp.add_argument("--output", required=True)
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_predict_batch)
+
+    sp = sub.add_parser("validate", help="predict every measured run in the store and print the error table")
+    sp.add_argument("--platform")
+    sp.add_argument("--output", help="write per-run results to this CSV")
+    sp.add_argument("--save", action="store_true", help="record the error in models_store/<platform>/validation.json")
+    common(sp)
+    sp.set_defaults(func=cmd_validate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InfeasibleConfig as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # domain errors from the store and friends, shown without a traceback
+        name = type(e).__name__
+        if name in ("StoreError", "FileNotFoundError", "ModelMissingError", "PermissionError"):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise

@@ -1,0 +1,125 @@
+"""Build ModelSpec / Layout from loose fields (CLI flags, batch CSV rows, query strings),
+filling documented defaults and naming the field at fault on bad input."""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from .presets import get_preset
+from .specs import InfeasibleConfig, Layout, ModelSpec
+
+BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
+                 "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
+
+DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
+  kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
+  vocab = 50257; seq_len = 2048; tp = pp = 1; dp = num_gpus/(tp*pp); num_gpus = tp*pp*dp;
+  micro_batch = 1; global_batch = micro_batch*dp; vpp = 1; schedule = 1f1b (interleaved when vpp > 1);
+  recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash."""
+
+
+def _blank(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and v.strip() == "")
+
+
+def _int(row: Mapping[str, Any], name: str, default: int | None = None) -> int | None:
+    v = row.get(name)
+    if _blank(v):
+        return default
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InfeasibleConfig(name, f"must be an integer, got {v!r}.") from None
+    if not f.is_integer():
+        raise InfeasibleConfig(name, f"must be an integer, got {v!r}.")
+    return int(f)
+
+
+def _str(row: Mapping[str, Any], name: str, default: str | None = None) -> str | None:
+    v = row.get(name)
+    return default if _blank(v) else str(v).strip().lower()
+
+
+def _bool(row: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    v = row.get(name)
+    if _blank(v):
+        return default
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "y", "on", "1.0"):
+        return True
+    if s in ("0", "false", "no", "n", "off", "0.0"):
+        return False
+    raise InfeasibleConfig(name, f"must be true or false, got {v!r}.")
+
+
+def llama_ffn(hidden: int) -> int:
+    return 256 * math.ceil(8 * hidden / 3 / 256)
+
+
+def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
+    """A preset (`model` key) with optional overrides, or a model from its fields."""
+    preset = _str(row, "model")
+    attention = _str(row, "attention", None)
+    if preset:
+        m = get_preset(preset)
+        over = {k: _int(row, f) for k, f in (("num_layers", "layers"), ("hidden_size", "hidden"), ("num_heads", "heads"),
+                                              ("num_kv_heads", "kv_heads"), ("ffn_hidden_size", "ffn_hidden"),
+                                              ("vocab_size", "vocab")) if not _blank(row.get(f))}
+        if attention:
+            over["attention_impl"] = attention
+        from dataclasses import replace
+        m = replace(m, **over) if over else m
+        m.validate()
+        return m
+    arch = _str(row, "arch")
+    if arch is None:
+        raise InfeasibleConfig("model", "no model given.", "name a preset (--model llama3-70b) or give --arch and the fields.")
+    for req in ("layers", "hidden", "heads"):
+        if _blank(row.get(req)):
+            raise InfeasibleConfig(req, f"is required for a custom {arch} model.", f"give --{req.replace('_', '-')} (or a preset with --model).")
+    hidden = _int(row, "hidden")
+    ffn = _int(row, "ffn_hidden")
+    if ffn is None:
+        ffn = 4 * hidden if arch == "gpt" else llama_ffn(hidden)
+    m = ModelSpec(name=_str(row, "name", f"custom-{arch}"), arch=arch, num_layers=_int(row, "layers"), hidden_size=hidden,
+                  num_heads=_int(row, "heads"), num_kv_heads=_int(row, "kv_heads"), ffn_hidden_size=ffn,
+                  vocab_size=_int(row, "vocab", 50257),
+                  tied_embeddings=_bool(row, "tied_embeddings", arch == "gpt"),
+                  attention_impl=attention or "flash")
+    m.validate()
+    return m
+
+
+def layout_from_fields(row: Mapping[str, Any]) -> Layout:
+    tp = _int(row, "tp", 1)
+    pp = _int(row, "pp", 1)
+    num_gpus = _int(row, "num_gpus")
+    dp = _int(row, "dp")
+    if dp is None:
+        if num_gpus is None:
+            dp = 1
+        elif num_gpus % (tp * pp):
+            raise InfeasibleConfig("num_gpus", f"{num_gpus} GPUs cannot be split into tp*pp = {tp * pp} groups.",
+                                   f"use a multiple of {tp * pp} GPUs or change tp/pp.")
+        else:
+            dp = num_gpus // (tp * pp)
+    if num_gpus is None:
+        num_gpus = tp * pp * dp
+    mb = _int(row, "micro_batch", 1)
+    vpp = _int(row, "vpp", 1)
+    schedule = _str(row, "schedule", "interleaved" if vpp > 1 else "1f1b")
+    stage_layers = row.get("stage_layers")
+    if not _blank(stage_layers):
+        try:
+            stage_layers = tuple(int(x) for x in str(stage_layers).replace(";", ",").split(",") if x.strip())
+        except ValueError:
+            raise InfeasibleConfig("stage_layers", f"must be comma-separated integers, got {stage_layers!r}.") from None
+    else:
+        stage_layers = None
+    return Layout(num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                  global_batch=_int(row, "global_batch", mb * dp), seq_len=_int(row, "seq_len", 2048), vpp=vpp,
+                  schedule=schedule, recompute=_str(row, "recompute", "none"),
+                  sequence_parallel=_bool(row, "sequence_parallel", False), zero_stage=_int(row, "zero_stage", 0),
+                  precision=_str(row, "precision", "bf16"), stage_layers=stage_layers)

@@ -1,0 +1,298 @@
+"""The public entry point: model + layout + platform -> StepPrediction.
+
+    from predictor.predict import Predictor
+    pred = Predictor("perlmutter-a100").predict(get_preset("llemma-7b"), Layout(...))
+
+Every part of the answer carries the data it rests on:
+  measured     a regressor trained on this device's own samples
+  transferred  a regressor trained on another device, rescaled by the specs
+  stand-in     an op nobody sampled, timed as a related sampled op scaled by work
+  analytical   roofline / link specs only (no samples)
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from . import features
+from .compose import ChunkTimes, ComposeOptions, StageTail, compose
+from .decompose import CommCall, OpCall, StagePlan, decompose
+from .network import analytic_time_s, load_network
+from .ops import SHAPE_COLUMNS, STAND_INS
+from .platforms import Platform, get_platform
+from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict, padded_vocab
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models_store"
+# Efficiency assumed where only the roofline is known (no samples at all): compute-bound ops
+# reach about 60 % of peak, memory-bound ones about 70 % of HBM bandwidth.
+ANALYTIC_EFFICIENCY = 0.6
+# Expected error of parts without validation data behind them.
+ASSUMED_ERROR = {"measured": None, "transferred": 0.15, "stand-in": 0.20, "analytical": 0.30}
+GEMM_OPS = {"qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "attn_scores", "attn_context", "flash_attn"}
+
+
+@dataclass
+class StepPrediction:
+    model: ModelSpec
+    layout: Layout
+    platform_id: str
+    step_time_s: float
+    breakdown_s: dict[str, float]
+    detail_s: dict[str, float]
+    ops: pd.DataFrame
+    provenance_share: dict[str, float]
+    expected_error: float
+    error_basis: str
+    tokens_per_s: float
+    model_tflops_per_gpu: float
+    mfu: float
+    pipeline_s: float
+    critical_stage: int
+    timeline: list[dict] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self, with_ops: bool = True) -> dict[str, Any]:
+        d = {
+            "platform": self.platform_id, "model": as_dict(self.model), "layout": as_dict(self.layout),
+            "step_time_s": self.step_time_s, "expected_error": self.expected_error, "error_basis": self.error_basis,
+            "step_time_range_s": [self.step_time_s * (1 - self.expected_error), self.step_time_s * (1 + self.expected_error)],
+            "breakdown_s": self.breakdown_s, "detail_s": self.detail_s, "provenance_share": self.provenance_share,
+            "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
+            "pipeline_s": self.pipeline_s, "critical_stage": self.critical_stage, "warnings": self.warnings,
+        }
+        d["layout"]["stage_layers"] = list(self.layout.stage_layers) if self.layout.stage_layers else None
+        if with_ops:
+            d["ops"] = self.ops.to_dict(orient="records")
+        return d
+
+    @property
+    def provenance(self) -> str:
+        """One-line summary: the share of predicted time resting on each kind of data."""
+        return "; ".join(f"{k} {v:.0%}" for k, v in sorted(self.provenance_share.items(), key=lambda kv: -kv[1]) if v > 0.0005)
+
+
+def model_flops_per_step(model: ModelSpec, layout: Layout) -> float:
+    """Model FLOPs of one step (forward + backward = 3x forward, no recomputation), counting
+    every matmul including attention scores (Megatron's convention, causal mask not discounted)."""
+    h, s, L = model.hidden_size, layout.seq_len, model.num_layers
+    hd = model.head_dim
+    matmul_params = h * (model.num_heads + 2 * model.kv_heads) * hd + h * h + (3 if model.arch == "llama" else 2) * h * model.ffn
+    per_token_fwd = 2 * L * matmul_params + 2 * 2 * L * s * h + 2 * h * padded_vocab(model.vocab_size)
+    return 3.0 * per_token_fwd * layout.tokens_per_step
+
+
+class Predictor:
+    """Predicts step times on one platform. Holds the regressors, the network model and a
+    cache of operator times, so repeated predictions (search) are cheap."""
+
+    def __init__(self, platform: str | Platform, models_dir: str | Path | None = None,
+                 options: ComposeOptions = ComposeOptions()):
+        self.platform = platform if isinstance(platform, Platform) else get_platform(platform)
+        self.models_dir = Path(models_dir) if models_dir else MODELS_DIR
+        self.options = options
+        self.bank = _load_bank(self.platform.op_models, str(self.models_dir)) if self.platform.op_models else None
+        self.coll_bank = (_load_bank(self.platform.collective_models, str(self.models_dir))
+                          if self.platform.collective_models else None)
+        self.network = load_network(self.platform, self.models_dir)
+        self.validation = _load_validation(self.models_dir, self.platform.platform_id)
+        self._op_cache: dict[tuple, tuple[float, str, float | None]] = {}
+        self._comm_cache: dict[tuple, tuple[float, str]] = {}
+
+    # ---- operator times -------------------------------------------------------------------
+    def time_ops(self, calls: list[OpCall], precision: str) -> None:
+        """Fill the cache for all (op, pass, shape) in `calls`, one regressor call per (op, pass)."""
+        todo: dict[tuple[str, str], set] = {}
+        for c in calls:
+            key = (c.op, c.pass_, c.shape, precision)
+            if key not in self._op_cache:
+                todo.setdefault((c.op, c.pass_), set()).add(c.shape)
+        for (op, pass_), shapes in todo.items():
+            shapes = sorted(shapes, key=lambda t: tuple(-1 if v is None else v for v in t))
+            df = pd.DataFrame(shapes, columns=list(SHAPE_COLUMNS))
+            secs, prov, err = self._predict_op_group(op, pass_, df, precision)
+            for shp, t in zip(shapes, secs):
+                self._op_cache[(op, pass_, shp, precision)] = (float(t), prov, err)
+
+    def _predict_op_group(self, op: str, pass_: str, df: pd.DataFrame, precision: str):
+        dev = self.platform.device
+        own = self.platform.op_models in (None, self.platform.platform_id) or self._same_device()
+        if self.bank is not None and self.bank.has_op(op, pass_):
+            t = self.bank.predict_op(op, pass_, df, dev, precision)
+            info = self.bank.op_info(op, pass_)
+            return t, ("measured" if own else "transferred"), info.get("cv_mape")
+        stand = STAND_INS.get(op)
+        if stand and self.bank is not None and self.bank.has_op(stand, pass_):
+            t = self.bank.predict_op(stand, pass_, df, dev, precision)
+            ratio = (features.roofline_s(op, pass_, df, dev, precision)
+                     / features.roofline_s(stand, pass_, df, dev, precision))
+            return t * ratio, "stand-in", None
+        t = features.roofline_s(op, pass_, df, dev, precision) / ANALYTIC_EFFICIENCY
+        return t, "analytical", None
+
+    def _same_device(self) -> bool:
+        try:
+            return get_platform(self.platform.op_models).device.device_id == self.platform.device.device_id
+        except InfeasibleConfig:
+            return False
+
+    # ---- collective times -----------------------------------------------------------------
+    def time_comm(self, c: CommCall) -> tuple[float, str]:
+        if c.ranks <= 1 or c.message_bytes <= 0:
+            return 0.0, "none"
+        key = (c.collective, c.message_bytes, c.nodes, c.gpus_per_node)
+        hit = self._comm_cache.get(key)
+        if hit is not None:
+            return hit
+        res = None
+        cb = self.coll_bank
+        if cb is not None and cb.has_collective(c.collective):
+            covers = cb.covers_collective(c.collective, np.array([c.message_bytes]), np.array([c.nodes]),
+                                          np.array([c.gpus_per_node]))
+            if bool(np.asarray(covers)[0]):
+                t = cb.predict_collective(c.collective, np.array([c.message_bytes]), np.array([c.nodes]),
+                                          np.array([c.gpus_per_node]), self.platform)
+                res = (float(np.asarray(t)[0]), "measured")
+        if res is None:
+            t = analytic_time_s(self.network, c.collective, np.array([c.message_bytes]), np.array([c.nodes]),
+                                np.array([c.gpus_per_node]))
+            calibrated = self.network.intra.source != "link spec" or self.network.inter.source != "link spec"
+            res = (float(t[0]), "analytical" + (" (calibrated)" if calibrated else ""))
+        self._comm_cache[key] = res
+        return res
+
+    # ---- the step -------------------------------------------------------------------------
+    def predict(self, model: ModelSpec, layout: Layout, *, timeline: bool = True) -> StepPrediction:
+        plans = decompose(model, layout, self.platform)
+        all_calls = [c for p in plans for c in p.ops + p.step_ops]
+        self.time_ops(all_calls, layout.precision)
+        rows: list[tuple] = []
+        chunks: list[ChunkTimes] = []
+        tails: dict[int, StageTail] = {}
+        for plan in plans:
+            fwd = {"compute": 0.0, "tp_comm": 0.0, "pp_comm": 0.0, "dp_comm": 0.0}
+            bwd = dict(fwd)
+            recompute = 0.0
+            for c in plan.ops:
+                t, prov, err = self._op_cache[(c.op, c.pass_, c.shape, layout.precision)]
+                total = t * c.count * c.scale
+                (fwd if c.phase == "fwd" else bwd)["compute"] += total
+                if c.phase == "recompute":
+                    recompute += total
+                rows.append((plan.stage, plan.chunk, c.part, c.phase, c.op, c.pass_, "compute", c.count, t, total, prov, err))
+            zero3 = {"fwd": 0.0, "bwd": 0.0}
+            for c in plan.comms:
+                t, prov = self.time_comm(c)
+                total = t * c.count
+                cat = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm"}[c.group]
+                if c.group == "dp":  # ZeRO-3 gathers, prefetched under compute
+                    zero3["fwd" if c.phase == "fwd" else "bwd"] += total
+                else:
+                    (fwd if c.phase == "fwd" else bwd)[cat] += total
+                rows.append((plan.stage, plan.chunk, c.group, c.phase, f"{c.collective}[{c.group}]", c.phase, cat,
+                             c.count, t, total, prov, None))
+            for d, k in ((fwd, "fwd"), (bwd, "bwd")):
+                d["dp_comm"] = max(0.0, zero3[k] - d["compute"])
+            chunks.append(ChunkTimes(plan.stage, plan.chunk, fwd, bwd, recompute))
+            tail = tails.setdefault(plan.stage, StageTail(plan.stage, 0.0, 0.0, 0.0, 0.0, 0.0))
+            dp_s = gather_s = emb_s = 0.0
+            for c in plan.step_comms:
+                t, prov = self.time_comm(c)
+                if c.group == "embedding":
+                    emb_s += t
+                elif c.collective == "allgather":
+                    gather_s += t
+                else:
+                    dp_s += t
+                rows.append((plan.stage, plan.chunk, c.group, "step", f"{c.collective}[{c.group}]", "step", "dp_comm",
+                             1, t, t, prov, None))
+            opt_s = 0.0
+            for c in plan.step_ops:
+                t, prov, err = self._op_cache[(c.op, c.pass_, c.shape, layout.precision)]
+                opt_s += t * c.count
+                rows.append((plan.stage, plan.chunk, c.part, "step", c.op, c.pass_, "optimizer", c.count, t, t * c.count, prov, err))
+            last_bwd = bwd["compute"] - recompute
+            tails[plan.stage] = StageTail(plan.stage, tail.dp_comm_s + dp_s, tail.param_gather_s + gather_s,
+                                          tail.embedding_sync_s + emb_s, tail.optimizer_s + opt_s,
+                                          tail.last_bwd_compute_s + last_bwd)
+        opts = self.options if timeline else ComposeOptions(**{**asdict(self.options), "simulate": False})
+        comp = compose(chunks, [tails[s] for s in sorted(tails)], pp=layout.pp, vpp=layout.vpp,
+                       m=layout.num_micro_batches, schedule=layout.schedule, options=opts)
+        ops = pd.DataFrame(rows, columns=["stage", "chunk", "part", "phase", "op", "pass", "category", "count",
+                                          "seconds_each", "seconds_total", "provenance", "cv_mape"])
+        share, err, basis = self._confidence(ops, comp.breakdown_s, layout)
+        flops = model_flops_per_step(model, layout)
+        tflops_gpu = flops / comp.step_time_s / layout.num_gpus / 1e12
+        peak = self.platform.device.peak_flops(layout.precision) / 1e12
+        warnings = []
+        if share.get("analytical", 0) + share.get("analytical (calibrated)", 0) > 0.5:
+            warnings.append("More than half of this prediction rests on analytical estimates, not measured samples.")
+        return StepPrediction(
+            model=model, layout=layout, platform_id=self.platform.platform_id, step_time_s=comp.step_time_s,
+            breakdown_s=comp.breakdown_s, detail_s=comp.detail_s, ops=ops, provenance_share=share,
+            expected_error=err, error_basis=basis, tokens_per_s=layout.tokens_per_step / comp.step_time_s,
+            model_tflops_per_gpu=tflops_gpu, mfu=tflops_gpu / peak, pipeline_s=comp.pipeline_s,
+            critical_stage=comp.critical_stage, timeline=comp.timeline, warnings=warnings)
+
+    def _confidence(self, ops: pd.DataFrame, breakdown: dict[str, float], layout: Layout):
+        """Share of time per provenance (on the critical stage), and the expected error band:
+        time-weighted operator error combined with the end-to-end validation error of the
+        platform where one has been measured."""
+        crit = ops[(ops["seconds_total"] > 0)]
+        by = crit.groupby("provenance")["seconds_total"].sum()
+        share = (by / by.sum()).to_dict() if by.sum() > 0 else {}
+        op_err_parts = []
+        for prov, g in crit.groupby("provenance"):
+            base = prov.split(" ")[0]
+            if base == "measured":
+                e = g["cv_mape"].fillna(0.10)
+            else:
+                e = pd.Series(ASSUMED_ERROR.get(base) or 0.3, index=g.index)
+            op_err_parts.append((g["seconds_total"] * e).sum())
+        op_err = float(sum(op_err_parts) / crit["seconds_total"].sum()) if len(crit) else 0.3
+        val = self.validation
+        if val and val.get("mape") is not None:
+            err = math.sqrt(op_err ** 2 + float(val["mape"]) ** 2)
+            basis = (f"operator CV error {op_err:.1%} combined with end-to-end MAPE {float(val['mape']):.1%} "
+                     f"on {val.get('n_runs', '?')} measured runs ({val.get('source', 'validation')})")
+        else:
+            err = math.sqrt(op_err ** 2 + 0.15 ** 2)
+            basis = (f"operator CV error {op_err:.1%}; composition not validated end to end on this platform "
+                     f"(15 % assumed)")
+        return share, err, basis
+
+
+@lru_cache(maxsize=16)
+def _load_bank(platform_id: str, models_dir: str):
+    path = Path(models_dir) / platform_id
+    if not any(path.glob("*.txt")):
+        return None
+    from .regressors import ModelBank
+    return ModelBank.load(platform_id, models_dir=Path(models_dir))
+
+
+def _load_validation(models_dir: Path, platform_id: str) -> dict | None:
+    path = Path(models_dir) / platform_id / "validation.json"
+    if path.exists():
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+@lru_cache(maxsize=16)
+def get_predictor(platform_id: str, models_dir: str | None = None) -> Predictor:
+    """A cached Predictor per platform (the CLI, the dashboard and search share it)."""
+    return Predictor(platform_id, models_dir)
+
+
+def predict_step(model: ModelSpec, layout: Layout, platform_id: str, models_dir: str | None = None,
+                 timeline: bool = True) -> StepPrediction:
+    return get_predictor(platform_id, models_dir).predict(model, layout, timeline=timeline)

@@ -1,0 +1,36 @@
+"""Named model presets (published architecture hyper-parameters)."""
+from __future__ import annotations
+
+from .specs import InfeasibleConfig, ModelSpec
+
+_PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
+    # GPT family: LayerNorm, GeLU, MHA (Brown et al. 2020; Black et al. 2022)
+    ModelSpec("gpt3-175b", "gpt", 96, 12288, 96, vocab_size=50257, tied_embeddings=True),
+    ModelSpec("gpt3-13b", "gpt", 40, 5120, 40, vocab_size=50257, tied_embeddings=True),
+    ModelSpec("gpt3-6.7b", "gpt", 32, 4096, 32, vocab_size=50257, tied_embeddings=True),
+    ModelSpec("gpt3-2.7b", "gpt", 32, 2560, 32, vocab_size=50257, tied_embeddings=True),
+    ModelSpec("gpt3-1.3b", "gpt", 24, 2048, 16, vocab_size=50257, tied_embeddings=True),
+    ModelSpec("gpt-neox-20b", "gpt", 44, 6144, 64, vocab_size=50432, tied_embeddings=False),
+    # Llama family: RMSNorm, RoPE, SwiGLU, GQA (Touvron et al. 2023; Llama 3 model card)
+    ModelSpec("llama2-7b", "llama", 32, 4096, 32, 32, 11008, 32000, tied_embeddings=False),
+    ModelSpec("llama2-13b", "llama", 40, 5120, 40, 40, 13824, 32000, tied_embeddings=False),
+    ModelSpec("llama2-70b", "llama", 80, 8192, 64, 8, 28672, 32000, tied_embeddings=False),
+    ModelSpec("llama3-8b", "llama", 32, 4096, 32, 8, 14336, 128256, tied_embeddings=False),
+    ModelSpec("llama3-70b", "llama", 80, 8192, 64, 8, 28672, 128256, tied_embeddings=False),
+    ModelSpec("llama3-405b", "llama", 126, 16384, 128, 8, 53248, 128256, tied_embeddings=False),
+    ModelSpec("mistral-7b", "llama", 32, 4096, 32, 8, 14336, 32000, tied_embeddings=False),
+    # Llemma-7B (Azerbayev et al. 2023), the paper's worked example, trained with GPT-NeoX
+    ModelSpec("llemma-7b", "llama", 32, 4096, 32, 32, 11008, 32016, tied_embeddings=False),
+]}
+
+
+def list_presets() -> list[str]:
+    return sorted(_PRESETS)
+
+
+def get_preset(name: str) -> ModelSpec:
+    key = name.strip().lower()
+    if key not in _PRESETS:
+        raise InfeasibleConfig("model", f"unknown model preset '{name}'.",
+                               f"use one of {', '.join(list_presets())}, or give the fields (--arch --layers --hidden --heads ...).")
+    return _PRESETS[key]

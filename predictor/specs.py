@@ -1,0 +1,235 @@
+"""Typed configuration: the model, the parallel layout, and the one domain error.
+
+Every field carries its unit in its name where it has one. Validation raises
+`InfeasibleConfig`, which names the offending field and how to fix it; the CLI
+and the dashboard show it as a warning, never as a traceback.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+ARCHS = ("gpt", "llama")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTES = ("none", "selective", "full")
+PRECISIONS = ("fp16", "bf16", "fp32")
+ATTENTION_IMPLS = ("flash", "unfused")
+BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
+
+
+class InfeasibleConfig(ValueError):
+    """A configuration that cannot run, with the field at fault and the fix.
+
+    `field` names the input (as the CLI flag / batch column spells it without
+    dashes), `fix` says what would make it valid.
+    """
+
+    def __init__(self, field_name: str, problem: str, fix: str = ""):
+        self.field = field_name
+        self.problem = problem
+        self.fix = fix
+        msg = f"{field_name}: {problem}"
+        if fix:
+            msg += f" Fix: {fix}"
+        super().__init__(msg)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer.
+
+    `ffn_hidden_size` is the inner MLP width (4*hidden for GPT; for SwiGLU models
+    the width of each of the gate and up projections). `num_kv_heads` < `num_heads`
+    means grouped-query attention.
+    """
+
+    name: str
+    arch: str  # "gpt" (LayerNorm, GeLU, MHA, learned pos) | "llama" (RMSNorm, RoPE, SwiGLU, GQA)
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int | None = None
+    ffn_hidden_size: int | None = None
+    vocab_size: int = 50257
+    tied_embeddings: bool = True
+    attention_impl: str = "flash"
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    def params_per_layer(self) -> int:
+        """Parameters of one transformer layer (weights and biases/norm gains)."""
+        h, hd = self.hidden_size, self.head_dim
+        qkv = h * (self.num_heads + 2 * self.kv_heads) * hd
+        attn_out = h * h
+        if self.arch == "llama":
+            mlp = 3 * h * self.ffn
+            norms = 2 * h
+            biases = 0
+        else:
+            mlp = 2 * h * self.ffn
+            norms = 4 * h  # two LayerNorms, gain + bias
+            biases = (self.num_heads + 2 * self.kv_heads) * hd + h + self.ffn + h
+        return qkv + attn_out + mlp + norms + biases
+
+    def embedding_params(self, tp: int = 1) -> int:
+        return padded_vocab(self.vocab_size, tp) * self.hidden_size
+
+    def total_params(self) -> int:
+        emb = self.embedding_params()
+        head = 0 if self.tied_embeddings else emb
+        final_norm = self.hidden_size * (1 if self.arch == "llama" else 2)
+        return self.num_layers * self.params_per_layer() + emb + head + final_norm
+
+    def validate(self) -> None:
+        if self.arch not in ARCHS:
+            raise InfeasibleConfig("arch", f"unknown architecture '{self.arch}'.", f"use one of {', '.join(ARCHS)}.")
+        for name in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise InfeasibleConfig(_flag(name), f"must be a positive integer, got {v!r}.")
+        if self.hidden_size % self.num_heads:
+            raise InfeasibleConfig(
+                "hidden", f"hidden size {self.hidden_size} is not divisible by heads {self.num_heads}.",
+                "choose hidden and heads so that hidden / heads is an integer head dimension.")
+        if self.num_kv_heads is not None:
+            if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+                raise InfeasibleConfig(
+                    "kv_heads", f"kv_heads {self.num_kv_heads} must divide heads {self.num_heads}.",
+                    "use a divisor of heads (heads for MHA, 1 for MQA).")
+        if self.ffn_hidden_size is not None and self.ffn_hidden_size <= 0:
+            raise InfeasibleConfig("ffn_hidden", "must be positive.")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise InfeasibleConfig("attention_impl", f"unknown '{self.attention_impl}'.",
+                                   f"use one of {', '.join(ATTENTION_IMPLS)}.")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one training step is laid out over the GPUs.
+
+    num_gpus = tp * pp * dp (context parallelism is not modelled yet).
+    `vpp` is the number of virtual pipeline stages per GPU (interleaved schedule).
+    """
+
+    num_gpus: int
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    seq_len: int = 2048
+    vpp: int = 1
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    precision: str = "bf16"
+    # Layers per pipeline chunk (pp*vpp entries, first stage first); None = as even as possible,
+    # the remainder going to the middle stages (the edge stages carry embedding / LM head).
+    stage_layers: tuple[int, ...] | None = None
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    def validate(self, model: ModelSpec | None = None) -> None:
+        for name in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+        if self.tp * self.pp * self.dp != self.num_gpus:
+            raise InfeasibleConfig(
+                "num_gpus",
+                f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.tp * self.pp * self.dp} but num_gpus = {self.num_gpus}.",
+                f"set dp = {self.num_gpus // (self.tp * self.pp)} or change tp/pp so the product is {self.num_gpus}."
+                if self.num_gpus % (self.tp * self.pp) == 0 else
+                "choose tp and pp whose product divides num_gpus.")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise InfeasibleConfig(
+                "global_batch",
+                f"global batch {self.global_batch} is not a multiple of micro_batch*dp = {self.micro_batch * self.dp}.",
+                f"use a multiple of {self.micro_batch * self.dp}, e.g. {max(1, round(self.global_batch / (self.micro_batch * self.dp))) * self.micro_batch * self.dp}.")
+        if self.schedule not in SCHEDULES:
+            raise InfeasibleConfig("schedule", f"unknown schedule '{self.schedule}'.", f"use one of {', '.join(SCHEDULES)}.")
+        if self.recompute not in RECOMPUTES:
+            raise InfeasibleConfig("recompute", f"unknown recompute '{self.recompute}'.", f"use one of {', '.join(RECOMPUTES)}.")
+        if self.precision not in PRECISIONS:
+            raise InfeasibleConfig("precision", f"unknown precision '{self.precision}'.", f"use one of {', '.join(PRECISIONS)}.")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise InfeasibleConfig("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}.")
+        if self.schedule == "interleaved":
+            if self.pp < 2:
+                raise InfeasibleConfig("schedule", "the interleaved schedule needs pp >= 2.", "use 1f1b or raise pp.")
+            if self.vpp < 2:
+                raise InfeasibleConfig("vpp", "the interleaved schedule needs vpp >= 2 virtual stages per GPU.",
+                                       "set --vpp 2 (or more), or use --schedule 1f1b.")
+            if self.num_micro_batches % self.pp:
+                raise InfeasibleConfig(
+                    "global_batch",
+                    f"the interleaved schedule needs the number of micro-batches ({self.num_micro_batches}) to be a multiple of pp ({self.pp}).",
+                    "change global_batch or micro_batch accordingly.")
+        elif self.vpp != 1:
+            raise InfeasibleConfig("vpp", f"vpp = {self.vpp} needs --schedule interleaved.", "set vpp to 1 or use the interleaved schedule.")
+        if self.sequence_parallel and self.tp == 1:
+            raise InfeasibleConfig("sequence_parallel", "sequence parallelism needs tp > 1.", "set tp >= 2 or turn it off.")
+        if model is not None:
+            model.validate()
+            if model.num_heads % self.tp:
+                raise InfeasibleConfig("tp", f"heads {model.num_heads} is not divisible by tp {self.tp}.",
+                                       f"use a tp that divides {model.num_heads}.")
+            if model.kv_heads % self.tp and self.tp % model.kv_heads:
+                raise InfeasibleConfig("tp", f"kv_heads {model.kv_heads} and tp {self.tp} do not divide one another.",
+                                       "use a tp that divides kv_heads or a multiple of it.")
+            if model.ffn % self.tp:
+                raise InfeasibleConfig("tp", f"ffn_hidden {model.ffn} is not divisible by tp {self.tp}.",
+                                       f"use a tp that divides {model.ffn}.")
+            if self.sequence_parallel and self.seq_len % self.tp:
+                raise InfeasibleConfig("seq_len", f"sequence parallelism needs seq_len divisible by tp ({self.tp}).")
+            chunks = self.pp * self.vpp
+            if model.num_layers < chunks:
+                raise InfeasibleConfig(
+                    "pp", f"{model.num_layers} layers cannot fill pp*vpp = {chunks} pipeline chunks.",
+                    "lower pp or vpp.")
+            if self.stage_layers is not None:
+                if len(self.stage_layers) != chunks or any(int(n) < 1 for n in self.stage_layers):
+                    raise InfeasibleConfig("stage_layers", f"needs {chunks} positive entries (pp*vpp), got {list(self.stage_layers)}.")
+                if sum(self.stage_layers) != model.num_layers:
+                    raise InfeasibleConfig("stage_layers", f"sums to {sum(self.stage_layers)} but the model has {model.num_layers} layers.")
+            elif self.schedule == "interleaved" and model.num_layers % chunks:
+                raise InfeasibleConfig(
+                    "vpp", f"{model.num_layers} layers do not split evenly into pp*vpp = {chunks} chunks.",
+                    "choose vpp so that layers / (pp*vpp) is an integer.")
+
+
+def padded_vocab(vocab_size: int, tp: int = 1, multiple: int = 128) -> int:
+    """Megatron pads the vocabulary to a multiple of `multiple * tp`."""
+    m = multiple * tp
+    return ((vocab_size + m - 1) // m) * m
+
+
+def _flag(name: str) -> str:
+    return {"num_layers": "layers", "hidden_size": "hidden", "num_heads": "heads",
+            "num_kv_heads": "kv_heads", "ffn_hidden_size": "ffn_hidden", "vocab_size": "vocab"}.get(name, name)
+
+
+def with_changes(obj: Any, **changes: Any) -> Any:
+    """dataclasses.replace, re-exported for callers that build variants."""
+    return replace(obj, **changes)
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}

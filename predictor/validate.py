@@ -1,0 +1,69 @@
+"""End-to-end validation: predict every measured run in the store, compare, summarise."""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .layout_io import layout_from_fields, model_from_fields
+from .specs import InfeasibleConfig
+
+
+def validate_runs(platform: str | None = None, store_path=None, models_dir=None, progress=None,
+                  runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per measured run: its fields, measured and predicted step time, APE, or the error."""
+    from .predict import get_predictor
+    if runs is None:
+        from .store import read_measured_runs
+        runs = read_measured_runs(platform=platform, store_path=store_path)
+    out = []
+    n = len(runs)
+    for i, row in enumerate(runs.to_dict(orient="records")):
+        res = dict(row)
+        try:
+            model = model_from_fields(row)
+            layout = layout_from_fields(row)
+            p = get_predictor(str(row["platform"]), str(models_dir) if models_dir else None).predict(
+                model, layout, timeline=False)
+            res.update(predicted_s=p.step_time_s, measured_s=float(row["step_time_s"]),
+                       provenance=p.provenance, error="",
+                       **{f"pred_{k}_s": v for k, v in p.breakdown_s.items()})
+            res["ape"] = abs(res["predicted_s"] - res["measured_s"]) / res["measured_s"]
+            res["signed_error"] = (res["predicted_s"] - res["measured_s"]) / res["measured_s"]
+        except InfeasibleConfig as e:
+            res.update(predicted_s=np.nan, measured_s=float(row["step_time_s"]), ape=np.nan, error=str(e))
+        out.append(res)
+        if progress and (i + 1) % 200 == 0:
+            progress(i + 1, n, "runs predicted")
+    return pd.DataFrame(out)
+
+
+def summarize_validation(res: pd.DataFrame, by: tuple[str, ...] = ("platform",)) -> pd.DataFrame:
+    ok = res[res["ape"].notna()]
+    rows = []
+    for key, g in ok.groupby(list(by)):
+        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(g),
+                     "mape": g["ape"].mean(), "median_ape": g["ape"].median(), "p90_ape": g["ape"].quantile(0.9),
+                     "mean_signed": g["signed_error"].mean(), "within_10pct": (g["ape"] <= 0.10).mean(),
+                     "failed": int(res.loc[res["platform"].isin(g["platform"].unique()), "ape"].isna().sum())})
+    return pd.DataFrame(rows)
+
+
+def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None) -> Path:
+    """Record the measured end-to-end error next to the platform's models; predictions use it
+    for their expected-error band."""
+    from .predict import MODELS_DIR
+    ok = res[res["ape"].notna()]
+    d = {"platform": platform_id, "n_runs": int(len(ok)), "mape": float(ok["ape"].mean()) if len(ok) else None,
+         "median_ape": float(ok["ape"].median()) if len(ok) else None,
+         "p90_ape": float(ok["ape"].quantile(0.9)) if len(ok) else None,
+         "source": ", ".join(sorted(set(map(str, ok.get("source", pd.Series(["store"])).unique()))))[:300],
+         "validated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    path = Path(models_dir or MODELS_DIR) / platform_id / "validation.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(d, indent=2))
+    return path
