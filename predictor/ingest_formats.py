@@ -40,7 +40,7 @@ PUBLISHED_LICENCE = "MIT"
 VTRAIN_PLATFORM = "dgx-a100-80gb"
 PAPER_VOCAB = 50257
 
-KINDS = ("paper_operator", "paper_optimizer", "paper_nccl", "paper_summary", "vtrain",
+KINDS = ("paper_operator", "paper_optimizer", "paper_nccl", "paper_summary", "vtrain", "vtrain_allreduce_lut",
          "op_samples", "collective_samples", "measured_runs")
 
 OP_SAMPLE_COLUMNS = ("platform", "op", "pass", *ops.SHAPE_COLUMNS, "variant", "dtype", "duration_s",
@@ -135,7 +135,7 @@ def plan_files(path: Path, *, kind: str | None = None, platform: str | None = No
     if not path.exists():
         raise FileNotFoundError(f"no such file or directory: {path}")
     files = [path] if path.is_file() else sorted(
-        p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in DATA_SUFFIXES)
+        p for p in path.rglob("*") if p.is_file() and (p.suffix.lower() in DATA_SUFFIXES or _VTRAIN_LUT.match(p.name)))
     plans = []
     for f in files:
         plan = FilePlan(path=f, platform=platform, licence=licence, root=path)
@@ -216,6 +216,9 @@ def detect_kind(path: Path, forced: str | None = None) -> tuple[str | None, dict
         return "paper_summary", info
     if "iteration time (ms)" in cols:
         return "vtrain", info
+    if _VTRAIN_LUT.match(path.name) and "size(B)" in cols:
+        info = {"gpus": int(_VTRAIN_LUT.match(path.name)["n"]), "gpu_family": path.parent.name}
+        return "vtrain_allreduce_lut", info
     if "op" in cols and "pass" in cols:
         return "op_samples", info
     if "collective" in cols:
@@ -536,7 +539,9 @@ def parse_vtrain(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
                         "seq_len": v["seq_len"], "num_gpus": v["num_gpus"], "tp": v["tp"], "pp": v["pp"],
                         "dp": v["dp"], "micro_batch": v["micro_batch"], "global_batch": v["global_batch"],
                         "vpp": 1, "schedule": "1f1b", "recompute": "full", "sequence_parallel": False,
-                        "zero_stage": 0, "precision": "fp16", "step_time_s": step})
+                        "zero_stage": 0, "precision": "fp16", "step_time_s": step,
+                        # Megatron-DeepSpeed without --use-flash-attn: baddbmm + fused masked softmax + bmm
+                        "attention": "unfused"})
     _check_layout(checks, out)
     good, bad, ex = _finish(out, checks, limit)
     source = f"{VTRAIN_REPO}:{relative_source(plan.path, plan.root)}"
@@ -544,6 +549,42 @@ def parse_vtrain(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     return ParsedFile(tables={"measured_runs": good}, platforms=_platform_entry(platform), source=source,
                       licence=plan.licence or PUBLISHED_LICENCE, rows_rejected=bad, examples=ex,
                       notes=f"vTrain measured runs on {platform}")
+
+
+_VTRAIN_LUT = re.compile(r"^AR_GPU(?P<n>\d+)_.*_LUT$")
+VTRAIN_LUT_PLATFORMS = {"a100": VTRAIN_PLATFORM}
+
+
+def parse_vtrain_allreduce_lut(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
+    """vTrain's nccl-tests all-reduce table on n GPUs of one node: size(B), count, type, then
+    (time(ns), busbw) for two runs; each run becomes one sample."""
+    family = plan.info.get("gpu_family", "")
+    platform = plan.platform or VTRAIN_LUT_PLATFORMS.get(family)
+    if platform is None:
+        raise FormatError(f"{plan.path}: no platform is known for '{family}' all-reduce tables; "
+                          f"pass --platform to say which cluster they were measured on")
+    n = int(plan.info["gpus"])
+    text = data.decode("utf-8-sig").splitlines()
+    rows = [ln.split(",") for ln in text[1:] if ln.strip()]
+    if not rows or len(rows[0]) < 5:
+        raise FormatError(f"{plan.path}: expected columns size(B),count,type,time(ns),busbw(GB/s)[,time(ns),busbw(GB/s)]")
+    recs = []
+    for r in rows:
+        for j in (3, 5):
+            if j < len(r):
+                recs.append({"size": r[0], "time_ns": r[j]})
+    df = pd.DataFrame(recs)
+    checks = RowChecks(len(df), _labeler(plan.path))
+    size = checks.positive_int("size(B)", df["size"])
+    dur = checks.positive_float("time(ns)", df["time_ns"], 1e-9)
+    out = pd.DataFrame({"platform": platform, "collective": "allreduce", "message_bytes": size, "ranks": n,
+                        "nodes": 1, "gpus_per_node": n, "dtype": "fp32", "duration_s": dur})
+    good, bad, ex = _finish(out, checks, limit)
+    source = f"{VTRAIN_REPO}:{relative_source(plan.path, plan.root)}"
+    good["source"] = source
+    return ParsedFile(tables={"collective_samples": good}, platforms=_platform_entry(platform), source=source,
+                      licence=plan.licence or PUBLISHED_LICENCE, rows_rejected=bad, examples=ex,
+                      notes=f"vTrain nccl-tests all-reduce on {n} GPUs of one node ({platform})")
 
 
 def _check_layout(checks: RowChecks, out: pd.DataFrame) -> None:
@@ -624,29 +665,52 @@ def _bools(raw: pd.Series, checks: RowChecks, name: str) -> pd.Series:
 
 
 def parse_measured_runs(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
+    """Measured runs in the predict-batch columns plus step_time_s. Empty cells take the same
+    documented defaults as predict-batch (one rule set: predictor.layout_io); a row whose model or
+    layout is infeasible is rejected with the field and the fix."""
+    from .layout_io import layout_from_fields, model_from_fields
+    from .specs import InfeasibleConfig
     df = read_frame(data, plan.path)
-    required = [c for c in MEASURED_RUN_INPUT_COLUMNS if not (c == "platform" and plan.platform)]
-    require_columns(df, required, plan.path, [*MEASURED_RUN_INPUT_COLUMNS, "source (optional)"])
+    required = ["case_id", "arch", "layers", "hidden", "heads", "step_time_s"] + ([] if plan.platform else ["platform"])
+    require_columns(df, required, plan.path, [*MEASURED_RUN_INPUT_COLUMNS, "source (optional)", "attention (optional)"])
     checks = RowChecks(len(df), _labeler(plan.path))
-    out = pd.DataFrame({"run_id": _text(df["case_id"]).map(lambda v: None if v is None else str(v)),
-                        "platform": _platform_column(df, plan, checks)})
-    checks.add(out["run_id"].isna(), lambda i: "case_id is empty")
-    text = {c: _text(df[c]) for c in ("arch", "schedule", "recompute", "precision")}
-    out["arch"] = text["arch"]
+    step = checks.positive_float("step_time_s", df["step_time_s"])
+    records, problems = [], []
+    for i, row in enumerate(df.to_dict(orient="records")):
+        platform = plan.platform or (str(row.get("platform") or "").strip() or None)
+        try:
+            if platform is None:
+                raise InfeasibleConfig("platform", "is empty.", "name the platform the run was measured on.")
+            m = model_from_fields(row)
+            L = layout_from_fields(row)
+            L.validate(m)
+            problems.append(None)
+        except InfeasibleConfig as e:
+            problems.append(str(e))
+            records.append({})
+            continue
+        case = row.get("case_id")
+        records.append({"run_id": None if case is None or str(case).strip() == "" else str(case).strip(),
+                        "platform": platform, "arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size,
+                        "heads": m.num_heads, "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size,
+                        "seq_len": L.seq_len, "num_gpus": L.num_gpus, "tp": L.tp, "pp": L.pp, "dp": L.dp,
+                        "micro_batch": L.micro_batch, "global_batch": L.global_batch, "vpp": L.vpp,
+                        "schedule": L.schedule, "recompute": L.recompute, "sequence_parallel": L.sequence_parallel,
+                        "zero_stage": L.zero_stage, "precision": L.precision, "attention": m.attention_impl})
+    checks.add(np.array([p is not None for p in problems]), lambda i: problems[i])
+    out = pd.DataFrame(records, columns=["run_id", "platform", "arch", "layers", "hidden", "heads", "kv_heads",
+                                         "ffn_hidden", "vocab", "seq_len", "num_gpus", "tp", "pp", "dp",
+                                         "micro_batch", "global_batch", "vpp", "schedule", "recompute",
+                                         "sequence_parallel", "zero_stage", "precision", "attention"])
+    checks.add(out["run_id"].isna().to_numpy() & np.array([p is None for p in problems]), lambda i: "case_id is empty")
     for c in MEASURED_RUN_INT_COLUMNS:
-        out[c] = checks.positive_int(c, df[c], nullable=c in ("kv_heads", "ffn_hidden"))
-    for c, allowed in (("arch", ARCHS), ("schedule", SCHEDULES), ("recompute", RECOMPUTES),
-                       ("precision", PRECISIONS)):
-        checks.member(c, text[c], allowed)
-        out[c] = text[c]
-    out["sequence_parallel"] = _bools(df["sequence_parallel"], checks, "sequence_parallel")
-    out["zero_stage"] = checks.positive_int("zero_stage", df["zero_stage"], minimum=0)
-    out["step_time_s"] = checks.positive_float("step_time_s", df["step_time_s"])
-    _check_layout(checks, out)
+        out[c] = out[c].astype("Int64")
+    out["sequence_parallel"] = out["sequence_parallel"].astype("boolean")
+    out["step_time_s"] = step
     default_source = plan.source or str(plan.path.resolve())
     out["source"] = _text(df["source"]).fillna(default_source) if "source" in df.columns else default_source
     return _own_result(plan, "measured_runs", out, checks, limit, df.columns,
-                       [*MEASURED_RUN_INPUT_COLUMNS, "source"])
+                       [*MEASURED_RUN_INPUT_COLUMNS, "source", "attention"])
 
 
 def _own_result(plan: FilePlan, table: str, out: pd.DataFrame, checks: RowChecks, limit: int,
@@ -665,6 +729,7 @@ def _own_result(plan: FilePlan, table: str, out: pd.DataFrame, checks: RowChecks
 PARSERS: dict[str, Callable[[bytes, FilePlan, int], ParsedFile]] = {
     "paper_operator": parse_paper_operator, "paper_optimizer": parse_paper_optimizer,
     "paper_nccl": parse_paper_nccl, "paper_summary": parse_paper_summary, "vtrain": parse_vtrain,
+    "vtrain_allreduce_lut": parse_vtrain_allreduce_lut,
     "op_samples": parse_op_samples, "collective_samples": parse_collective_samples,
     "measured_runs": parse_measured_runs,
 }

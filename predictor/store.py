@@ -41,7 +41,9 @@ SCHEMA = (
         hidden INTEGER, heads INTEGER, kv_heads INTEGER, ffn_hidden INTEGER, vocab INTEGER, seq_len INTEGER,
         num_gpus INTEGER, tp INTEGER, pp INTEGER, dp INTEGER, micro_batch INTEGER, global_batch INTEGER,
         vpp INTEGER, schedule TEXT, recompute TEXT, sequence_parallel BOOLEAN, zero_stage INTEGER,
-        precision TEXT, step_time_s DOUBLE NOT NULL, source TEXT, batch_id TEXT NOT NULL)""",
+        precision TEXT, step_time_s DOUBLE NOT NULL, source TEXT, batch_id TEXT NOT NULL, attention TEXT)""",
+    # stores created before the attention column existed
+    "ALTER TABLE measured_runs ADD COLUMN IF NOT EXISTS attention TEXT",
     """CREATE TABLE IF NOT EXISTS paper_errors(platform TEXT, kind TEXT, op TEXT, paper_function TEXT, pass TEXT,
         nodes INTEGER, gpus_per_node INTEGER, best_model TEXT, best_error DOUBLE, batch_id TEXT)""",
 )

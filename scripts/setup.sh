@@ -9,5 +9,6 @@ command -v "$PY" >/dev/null || PY=python3
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -r requirements.txt
 if [ -d ../shared/datasets ]; then
-  .venv/bin/python -m predictor ingest ../shared/datasets/paper-samples ../shared/datasets/vtrain/ground_truth_single.csv
+  .venv/bin/python -m predictor ingest --quiet ../shared/datasets/paper-samples \
+      ../shared/datasets/vtrain/ground_truth_single.csv ../shared/datasets/vtrain/allreduce_lut/a100
 fi

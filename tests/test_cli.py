@@ -1,0 +1,103 @@
+import json
+
+import pandas as pd
+import pytest
+
+from predictor.cli import main
+from predictor.layout_io import BATCH_COLUMNS
+
+
+def test_predict_json_is_complete_and_consistent(capsys):
+    rc = main(["predict", "--platform", "perlmutter-a100", "--model", "llemma-7b", "--num-gpus", "16", "--tp", "2",
+               "--pp", "4", "--micro-batch", "4", "--global-batch", "64", "--seq-len", "4096", "--recompute", "full",
+               "--precision", "fp16", "--json", "--ops"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["layout"]["dp"] == 2 and d["step_time_s"] > 0
+    assert sum(d["breakdown_s"].values()) == pytest.approx(d["step_time_s"], rel=1e-9)
+    assert 0 < d["mfu"] < 1 and d["expected_error"] > 0
+    assert sum(d["provenance_share"].values()) == pytest.approx(1.0)
+    assert {o["op"] for o in d["ops"]} >= {"qkv_proj", "flash_attn", "mlp_up", "swiglu", "lm_head", "optimizer"}
+
+
+def test_predict_table_mentions_provenance(capsys):
+    assert main(["predict", "--platform", "dgx-a100-80gb", "--model", "llama3-8b", "--num-gpus", "8", "--tp", "8",
+                 "--sequence-parallel", "--global-batch", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "step time" in out and "rests on:" in out and "tp_comm" in out
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--model", "llama2-7b", "--num-gpus", "8", "--tp", "3"], "num_gpus"),
+    (["--model", "gpt3-1.3b", "--num-gpus", "32", "--tp", "32"], "tp"),
+    (["--arch", "llama", "--layers", "2", "--hidden", "100", "--heads", "3"], "hidden"),
+    (["--arch", "gpt", "--hidden", "1024", "--heads", "16"], "layers"),
+])
+def test_bad_input_names_the_field_without_traceback(capsys, args, field):
+    rc = main(["predict", "--platform", "dgx-a100-80gb", *args])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.startswith(f"error: {field}:") and "Traceback" not in err
+
+
+def test_unknown_platform_is_a_clear_error(capsys):
+    assert main(["predict", "--platform", "tpu-v9", "--model", "llama2-7b"]) == 2
+    err = capsys.readouterr().err
+    assert "platform" in err and "dgx-a100-80gb" in err
+
+
+def _row(**kw):
+    base = {c: "" for c in BATCH_COLUMNS}
+    base.update({"platform": "dgx-a100-80gb", "arch": "llama", "layers": "4", "hidden": "2048", "heads": "16",
+                 "seq_len": "2048", "num_gpus": "8", "tp": "2", "micro_batch": "1", "global_batch": "16"})
+    base.update({k: str(v) for k, v in kw.items()})
+    return base
+
+
+def test_predict_batch_keeps_going_past_bad_rows(tmp_path, capsys):
+    rows = [_row(case_id="ok"), _row(case_id="badtp", tp="3"), _row(case_id="noplat", platform="nowhere"),
+            _row(case_id="pp", pp="2", schedule="interleaved", vpp="2", global_batch="16", layers="8"),
+            _row(case_id="gpt", arch="gpt", kv_heads="", ffn_hidden="", vocab="")]
+    inp = tmp_path / "cases.csv"
+    pd.DataFrame(rows, columns=BATCH_COLUMNS).to_csv(inp, index=False)
+    out = tmp_path / "out.csv"
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet"]) == 0
+    res = pd.read_csv(out, keep_default_na=False).set_index("case_id")
+    assert list(res.columns[:len(BATCH_COLUMNS) - 1]) == BATCH_COLUMNS[1:]
+    for ok in ("ok", "pp", "gpt"):
+        assert res.loc[ok, "error"] == "" and float(res.loc[ok, "step_time_s"]) > 0
+        parts = sum(float(res.loc[ok, f"{k}_s"]) for k in ("compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"))
+        assert parts == pytest.approx(float(res.loc[ok, "step_time_s"]), rel=1e-6)
+        assert res.loc[ok, "provenance"]
+    assert res.loc["badtp", "error"].startswith("num_gpus:")
+    assert res.loc["noplat", "error"].startswith("platform:")
+    assert res.loc["badtp", "step_time_s"] == ""
+
+
+def test_predict_batch_rejects_a_file_missing_columns(tmp_path, capsys):
+    inp = tmp_path / "cases.csv"
+    pd.DataFrame([{"case_id": 1, "platform": "dgx-a100-80gb"}]).to_csv(inp, index=False)
+    assert main(["predict-batch", "--input", str(inp), "--output", str(tmp_path / "o.csv")]) == 2
+    assert "lacks columns" in capsys.readouterr().err
+
+
+def test_platforms_lists_what_backs_each(capsys):
+    assert main(["platforms", "--json"]) == 0
+    rows = {r["platform"]: r for r in json.loads(capsys.readouterr().out)}
+    assert {"perlmutter-a100", "vista-gh200", "dgx-a100-80gb"} <= set(rows)
+    assert rows["dgx-a100-80gb"]["gpus_per_node"] == 8
+
+
+def test_validate_reads_measured_runs_from_the_store(tmp_path, capsys):
+    runs = [dict(_row(case_id=f"r{i}", tp=str(tp), num_gpus=str(tp)), step_time_s=str(0.5 * i + 0.1))
+            for i, tp in enumerate((1, 2, 4), start=1)]
+    csv = tmp_path / "runs.csv"
+    pd.DataFrame(runs).to_csv(csv, index=False)
+    store = str(tmp_path / "s.duckdb")
+    assert main(["ingest", "--store", store, "--quiet", str(csv)]) == 0
+    capsys.readouterr()
+    assert main(["validate", "--store", store, "--quiet", "--json", "--output", str(tmp_path / "v.csv")]) == 0
+    summary = json.loads(capsys.readouterr().out)["summary"][0]
+    assert summary["runs"] == 3 and summary["mape"] > 0
+    per_run = pd.read_csv(tmp_path / "v.csv")
+    assert (per_run["ape"] - (per_run["predicted_s"] - per_run["measured_s"]).abs() / per_run["measured_s"]).abs().max() < 1e-9
