@@ -61,7 +61,7 @@ def cmd_platforms(a: argparse.Namespace) -> int:
         ops = "none"
         if pr.bank is not None:
             own = p.op_models == pid or pr._same_device()
-            ops = f"{'measured' if own else 'transferred'}: {p.op_models} ({pr.bank.n_op_models()} op models)"
+            ops = f"{'measured' if own else 'transferred'}: {p.op_models} ({len(pr.bank.ops_available())} op models)"
         elif p.op_models:
             ops = f"{p.op_models} (models missing: run `python -m predictor train --platform {p.op_models}`)"
         else:
@@ -295,6 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--save", action="store_true", help="record the error in models_store/<platform>/validation.json")
     common(sp)
     sp.set_defaults(func=cmd_validate)
+    from .cli_search import add_search_parser; add_search_parser(sub)  # noqa: E702
     return p
 
 

@@ -244,7 +244,27 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
 
 def _add_step_work(plan: StagePlan, model: ModelSpec, layout: Layout, dp_topo: tuple[int, int, int],
                    platform: Platform) -> None:
+    """The optimizer of one chunk and its data-parallel traffic, by ZeRO stage:
+
+    zero_stage  as frameworks name it                         data-parallel traffic of this chunk
+    0           DDP; Megatron without distributed optimizer   gradient all-reduce once per step
+    1           Megatron distributed optimizer; ZeRO-1         gradient reduce-scatter once per step, then
+                                                               parameter all-gather after the optimizer
+    2           FSDP SHARD_GRAD_OP; ZeRO-2                     per micro-batch: parameter all-gather before
+                                                               forward, gradient reduce-scatter in backward
+    3           FSDP FULL_SHARD; ZeRO-3                        per micro-batch: parameter all-gather in forward
+                                                               and again in backward, gradient reduce-scatter
+    (DeepSpeed ZeRO-2 gathers parameters once per step instead of per micro-batch; with one micro-batch
+    per step the two coincide.) Stages 2-3 move one unit at a time (each transformer layer; the
+    embedding / head parameters of the edge chunks), one call per unit, prefetched under compute by
+    `Predictor.predict`; stages 0-1 are bucketed and overlapped with the last backward by `compose`.
+    Gradients travel in `memory.grad_comm_bytes(precision)` bytes per element (fp32 for bf16, as
+    Megatron-LM and torchtitan / llm-foundry FSDP reduce them), parameters in the compute precision.
+    FSDP x TP: the dp group holds the tp-sharded parameters of this GPU (`dp_topo` strides over tp).
+    """
+    from .memory import grad_comm_bytes, layer_params_per_gpu
     elem = BYTES_PER_ELEMENT[layout.precision]
+    gelem = grad_comm_bytes(layout.precision)
     params = plan.params_per_gpu
     shard = layout.dp if layout.zero_stage >= 1 else 1
     plan.step_ops.append(OpCall("optimizer", "step",
@@ -252,17 +272,24 @@ def _add_step_work(plan: StagePlan, model: ModelSpec, layout: Layout, dp_topo: t
                                            params=max(1, params // shard)), 1, "step", "optimizer"))
     if layout.dp == 1:
         return
-    grad_bytes = params * elem
     if layout.zero_stage == 0:
-        plan.step_comms.append(CommCall("allreduce", grad_bytes, "dp", "step", 1, *dp_topo))
-    else:
-        plan.step_comms.append(CommCall("reducescatter", grad_bytes, "dp", "step", 1, *dp_topo))
-        if layout.zero_stage in (1, 2):
-            plan.step_comms.append(CommCall("allgather", params * elem, "dp", "step", 1, *dp_topo))
-    if layout.zero_stage == 3:
-        # parameters gathered before use in forward and again in backward, per micro-batch
-        plan.comms.append(CommCall("allgather", params * elem, "dp", "fwd", 1, *dp_topo))
-        plan.comms.append(CommCall("allgather", params * elem, "dp", "bwd", 1, *dp_topo))
+        plan.step_comms.append(CommCall("allreduce", params * gelem, "dp", "step", 1, *dp_topo))
+        return
+    if layout.zero_stage == 1:
+        plan.step_comms.append(CommCall("reducescatter", params * gelem, "dp", "step", 1, *dp_topo))
+        plan.step_comms.append(CommCall("allgather", params * elem, "dp", "step", 1, *dp_topo))
+        return
+    # ZeRO-2/3 (FSDP): per micro-batch, unit by unit
+    layer_unit = layer_params_per_gpu(model, layout.tp)
+    units = [(layer_unit, plan.layers)] if plan.layers else []
+    edge = params - plan.layers * layer_unit
+    if edge > 0:
+        units.append((edge, 1))
+    for n_params, count in units:
+        plan.comms.append(CommCall("allgather", n_params * elem, "dp", "fwd", count, *dp_topo))
+        if layout.zero_stage == 3:
+            plan.comms.append(CommCall("allgather", n_params * elem, "dp", "bwd", count, *dp_topo))
+        plan.comms.append(CommCall("reducescatter", n_params * gelem, "dp", "bwd", count, *dp_topo))
 
 
 def _times(c: OpCall, k: float) -> OpCall:

@@ -121,15 +121,43 @@ class Predictor:
                 self._op_cache[(op, pass_, shp, precision)] = (float(t), prov, err)
 
     def _predict_op_group(self, op: str, pass_: str, df: pd.DataFrame, precision: str):
+        """Seconds per shape row, provenance, and the expected relative error of those seconds.
+        measured: own regressor (error = its CV MAPE); transferred: the regressor of the sampled platform
+        in `op_models`, evaluated on ITS device and rescaled to this one by `transfer.predict_transferred`
+        (error = the measured A100<->GH200 transfer error of that op, models_store/transfer_validation.json)."""
+        from . import transfer
         dev = self.platform.device
+        dev.check_precision(precision)
+        dev.check_op(op)
         own = self.platform.op_models in (None, self.platform.platform_id) or self._same_device()
+        src = None if own else transfer.source_device(self.platform)
+        tval = None if own else transfer.cached_validation(self.models_dir)
+        label = f"transferred from {self.platform.op_models}"
         if self.bank is not None and self.bank.has_op(op, pass_):
-            t = self.bank.predict_op(op, pass_, df, dev, precision)
             info = self.bank.op_info(op, pass_)
-            return t, ("measured" if own else "transferred"), info.get("cv_mape")
+            if not transfer.trustworthy(info):
+                # most samples behind this regressor are physically impossible: take another sampled GPU's
+                alt = transfer.alternative_source(op, pass_, dev, self.models_dir, exclude=(self.platform.op_models,))
+                if alt is not None:
+                    pid, abank, adev = alt
+                    if adev.device_id == dev.device_id:
+                        return abank.predict_op(op, pass_, df, dev, precision), "measured", abank.op_info(op, pass_).get("cv_mape")
+                    t = transfer.predict_transferred(abank, op, pass_, df, adev, dev, precision)
+                    return (t, f"transferred from {pid} ({self.platform.op_models} samples of it fail the physical bound)",
+                            transfer.transfer_error(transfer.cached_validation(self.models_dir), op, pass_, pid))
+            if own:
+                return self.bank.predict_op(op, pass_, df, dev, precision), "measured", info.get("cv_mape")
+            if src is None:  # source platform unknown to the catalog: its regressor on this device's spec
+                return self.bank.predict_op(op, pass_, df, dev, precision), label, transfer.transfer_error(tval)
+            t = transfer.predict_transferred(self.bank, op, pass_, df, src, dev, precision)
+            # the measured transfer error already contains the source regressor's own error
+            return t, label, transfer.transfer_error(tval, op, pass_, self.platform.op_models)
         stand = STAND_INS.get(op)
         if stand and self.bank is not None and self.bank.has_op(stand, pass_):
-            t = self.bank.predict_op(stand, pass_, df, dev, precision)
+            if own or src is None:
+                t = self.bank.predict_op(stand, pass_, df, dev, precision)
+            else:
+                t = transfer.predict_transferred(self.bank, stand, pass_, df, src, dev, precision)
             ratio = (features.roofline_s(op, pass_, df, dev, precision)
                      / features.roofline_s(stand, pass_, df, dev, precision))
             return t * ratio, "stand-in", None
@@ -137,6 +165,10 @@ class Predictor:
         return t, "analytical", None
 
     def _same_device(self) -> bool:
+        """Whether the regressors in `op_models` were trained on this very device (then they are
+        this platform's own measurements, not a transfer)."""
+        if not self.platform.op_models:
+            return True
         try:
             return get_platform(self.platform.op_models).device.device_id == self.platform.device.device_id
         except InfeasibleConfig:
@@ -186,19 +218,25 @@ class Predictor:
                 if c.phase == "recompute":
                     recompute += total
                 rows.append((plan.stage, plan.chunk, c.part, c.phase, c.op, c.pass_, "compute", c.count, t, total, prov, err))
-            zero3 = {"fwd": 0.0, "bwd": 0.0}
+            # ZeRO-2/3 (FSDP) traffic per micro-batch: [total, longest single call] by phase
+            zero3 = {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}
             for c in plan.comms:
                 t, prov = self.time_comm(c)
                 total = t * c.count
                 cat = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm"}[c.group]
-                if c.group == "dp":  # ZeRO-3 gathers, prefetched under compute
-                    zero3["fwd" if c.phase == "fwd" else "bwd"] += total
+                if c.group == "dp":  # ZeRO-2/3 gathers and reduce-scatters, prefetched under compute
+                    z = zero3["fwd" if c.phase == "fwd" else "bwd"]
+                    z[0] += total
+                    z[1] = max(z[1], t)
                 else:
                     (fwd if c.phase == "fwd" else bwd)[cat] += total
                 rows.append((plan.stage, plan.chunk, c.group, c.phase, f"{c.collective}[{c.group}]", c.phase, cat,
                              c.count, t, total, prov, None))
             for d, k in ((fwd, "fwd"), (bwd, "bwd")):
-                d["dp_comm"] = max(0.0, zero3[k] - d["compute"])
+                # exposed: what compute cannot cover, and at least one unit (the first gather of the
+                # forward, the last reduce-scatter of the backward wait on / for compute)
+                z_total, z_unit = zero3[k]
+                d["dp_comm"] = max(z_unit, z_total - d["compute"]) if z_total > 0 else 0.0
             chunks.append(ChunkTimes(plan.stage, plan.chunk, fwd, bwd, recompute))
             tail = tails.setdefault(plan.stage, StageTail(plan.stage, 0.0, 0.0, 0.0, 0.0, 0.0))
             dp_s = gather_s = emb_s = 0.0
@@ -241,30 +279,53 @@ class Predictor:
             critical_stage=comp.critical_stage, timeline=comp.timeline, warnings=warnings)
 
     def _confidence(self, ops: pd.DataFrame, breakdown: dict[str, float], layout: Layout):
-        """Share of time per provenance (on the critical stage), and the expected error band:
-        time-weighted operator error combined with the end-to-end validation error of the
-        platform where one has been measured."""
-        crit = ops[(ops["seconds_total"] > 0)]
+        """Share of the step's work per provenance (all stages; per-micro-batch rows counted once per
+        micro-batch), and the expected error band: the time-weighted error of the
+        parts (measured ops: their CV error; transferred ops: the measured cross-GPU transfer error;
+        collectives from the analytic network: its fit / leave-one-platform-out error; the rest:
+        ASSUMED_ERROR), combined with the end-to-end validation error of the platform where one has
+        been measured. The basis names each part's share and error."""
+        from .network import expected_error
+        crit = ops[(ops["seconds_total"] > 0)].copy()
+        # per-micro-batch rows happen num_micro_batches times per step, "step" rows once
+        crit["seconds_total"] = crit["seconds_total"] * np.where(crit["phase"] == "step", 1.0,
+                                                                 float(max(layout.num_micro_batches, 1)))
         by = crit.groupby("provenance")["seconds_total"].sum()
         share = (by / by.sum()).to_dict() if by.sum() > 0 else {}
-        op_err_parts = []
+        comm_cats = {"tp_comm", "pp_comm", "dp_comm"}
+        net_err, net_basis = expected_error(self.network, self.models_dir)
+        op_err_parts, notes = [], []
+        total_s = float(crit["seconds_total"].sum()) if len(crit) else 0.0
         for prov, g in crit.groupby("provenance"):
             base = prov.split(" ")[0]
+            comm = g["category"].isin(comm_cats)
             if base == "measured":
-                e = g["cv_mape"].fillna(0.10)
+                e = g["cv_mape"].astype(float).fillna(0.10)
+            elif base == "transferred":
+                e = g["cv_mape"].astype(float).fillna(ASSUMED_ERROR["transferred"])
+            elif base == "analytical":
+                e = pd.Series(np.where(comm, net_err, ASSUMED_ERROR["analytical"]), index=g.index)
             else:
                 e = pd.Series(ASSUMED_ERROR.get(base) or 0.3, index=g.index)
-            op_err_parts.append((g["seconds_total"] * e).sum())
-        op_err = float(sum(op_err_parts) / crit["seconds_total"].sum()) if len(crit) else 0.3
+            part_s = float(g["seconds_total"].sum())
+            op_err_parts.append(float((g["seconds_total"] * e).sum()))
+            if total_s > 0 and part_s / total_s >= 0.005:
+                notes.append(f"{prov} {part_s / total_s:.0%} (+/-{float((g['seconds_total'] * e).sum()) / part_s:.0%})")
+        op_err = float(sum(op_err_parts) / total_s) if total_s > 0 else 0.3
+        parts = "; ".join(notes)
+        if any(n.startswith("analytical") for n in notes) and (crit["category"].isin(comm_cats)).any():
+            parts += f" [{net_basis}]"
+        if any(n.startswith("transferred") for n in notes):
+            parts += " [transfer error measured A100<->GH200, python -m tests.benchmarks.transfer_accuracy]"
         val = self.validation
         if val and val.get("mape") is not None:
             err = math.sqrt(op_err ** 2 + float(val["mape"]) ** 2)
-            basis = (f"operator CV error {op_err:.1%} combined with end-to-end MAPE {float(val['mape']):.1%} "
-                     f"on {val.get('n_runs', '?')} measured runs ({val.get('source', 'validation')})")
+            basis = (f"parts {op_err:.1%} combined with end-to-end MAPE {float(val['mape']):.1%} "
+                     f"on {val.get('n_runs', '?')} measured runs ({val.get('source', 'validation')}); {parts}")
         else:
             err = math.sqrt(op_err ** 2 + 0.15 ** 2)
-            basis = (f"operator CV error {op_err:.1%}; composition not validated end to end on this platform "
-                     f"(15 % assumed)")
+            basis = (f"parts {op_err:.1%}; composition not validated end to end on this platform "
+                     f"(15 % assumed); {parts}")
         return share, err, basis
 
 

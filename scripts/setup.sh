@@ -12,3 +12,13 @@ if [ -d ../shared/datasets ]; then
   .venv/bin/python -m predictor ingest --quiet ../shared/datasets/paper-samples \
       ../shared/datasets/vtrain/ground_truth_single.csv ../shared/datasets/vtrain/allreduce_lut/a100
 fi
+# Browser tests of the dashboard (tests/browser) drive Debian's chromium through the playwright package
+# (never `playwright install`: no browser downloads). Install it when root and missing; never fail set-up.
+if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+      || echo "setup: could not install chromium; the browser tests will be skipped" >&2
+  else
+    echo "setup: no chromium (Debian package 'chromium', installed as root); the browser tests will be skipped" >&2
+  fi
+fi

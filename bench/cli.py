@@ -1,0 +1,361 @@
+"""`python -m bench ...`: info, device, ops, collectives, curve, fit-network, cpu-platform."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import design as D
+
+REPO = Path(__file__).resolve().parent.parent
+SAMPLES = REPO / "bench" / "samples"
+
+
+def _log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _quiet(a) -> dict | None:
+    from .env import wait_quiet
+    if getattr(a, "no_wait", False):
+        from .env import loadavg
+        return {"quiet": None, "waited_s": 0, "loadavg_end": list(loadavg()), "note": "--no-wait"}
+    return wait_quiet(a.quiet_load, a.max_wait_s, log=_log)
+
+
+def _torchrun(nproc: int, args: list[str], timeout: float | None = None) -> int:
+    """Run `python -m bench <args>` under torchrun (torch.distributed.run) on this machine."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "bench", *args]
+    _log("launch: torchrun " + " ".join(cmd[3:]))
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout).returncode
+
+
+# --------------------------------------------------------------------------- commands
+def cmd_info(a) -> int:
+    from .env import facts
+    if a.threads:
+        import torch
+        torch.set_num_threads(a.threads)
+    print(json.dumps(facts(a.device), indent=2, default=str))
+    return 0
+
+
+def cmd_device(a) -> int:
+    from .device import CATALOG, cpu_device_entry, measure, upsert_catalog_entry
+    q = _quiet(a)
+    m = measure(a.device, a.threads, a.dtype)
+    m["quiet"] = q
+    entry = cpu_device_entry(m) if a.device == "cpu" else None
+    print(json.dumps({"gemm": m["gemm"], "stream": m["stream"], "quiet": q, "entry": entry}, indent=2))
+    if a.write and entry:
+        upsert_catalog_entry(CATALOG / "devices.json", a.write, entry)
+        _log(f"wrote device '{a.write}' into {CATALOG / 'devices.json'}")
+    return 0
+
+
+def cmd_ops(a) -> int:
+    from .sampler import run_ops
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun
+        args = list(a._argv)
+        i = args.index("--ranks")
+        del args[i:i + 2]
+        if not a.no_wait:
+            _quiet(a)
+        return _torchrun(a.ranks, args + ["--no-wait"])
+    q = _quiet(a) if int(os.environ.get("RANK", "0")) == 0 else None
+    ops = tuple(a.ops) if a.ops else (D.DEFAULT_OPS + (D.UNFUSED_ATTENTION_OPS if a.unfused else ()))
+    run_ops(a.platform, a.out or SAMPLES / a.platform, ops=ops, device=a.device, dtype=a.dtype,
+            threads=a.threads or (1 if ws > 1 else None), budget_s=a.budget_s, n_per_op=a.n_per_op,
+            profile=a.profile, tps=tuple(a.tp), seed=a.seed, quiet_info=q, show_progress=not a.no_progress,
+            guard_interference=not a.no_guard, log=_log)
+    return 0
+
+
+def cmd_collectives(a) -> int:
+    from .collectives import run_collectives
+    if "RANK" not in os.environ:
+        if not a.launch_local:
+            print("run under torchrun (e.g. torchrun --standalone --nproc_per_node 2 -m bench collectives ...) "
+                  "or pass --launch-local N", file=sys.stderr)
+            return 2
+        args = list(a._argv)
+        i = args.index("--launch-local")
+        del args[i:i + 2]
+        if not a.no_wait:
+            _quiet(a)
+        return _torchrun(a.launch_local, args + ["--no-wait"])
+    q = _quiet(a) if os.environ.get("RANK") == "0" and not a.no_wait else None
+    run_collectives(a.platform, a.out or SAMPLES / a.platform, device=a.device, dtype=a.dtype,
+                    collectives=tuple(a.collectives), n_sizes=a.sizes, min_bytes=a.min_bytes,
+                    max_bytes=a.max_bytes, budget_s=a.budget_s, threads=a.threads, quiet_info=q,
+                    show_progress=not a.no_progress, guard_interference=not a.no_guard, log=_log)
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return 0
+
+
+def cmd_curve(a) -> int:
+    from .curve import print_curve
+    for s in a.samples:
+        print_curve(s, a.platform)
+    return 0
+
+
+def fit_network(samples_dir: Path, platform: str):
+    """Calibrate the loopback 'link' of a platform from its collective samples (predictor.network)."""
+    import pandas as pd
+
+    from predictor.network import calibrate
+    from predictor.platforms import get_platform
+
+    from .store_io import read_shards
+    df = read_shards(samples_dir, "coll")
+    if df.empty:
+        raise FileNotFoundError(f"no coll-*.parquet under {samples_dir}")
+    df = df[df["collective"].isin(["allreduce", "allgather", "reducescatter"])]
+    return calibrate(get_platform(platform), pd.DataFrame(df))
+
+
+def cmd_fit_network(a) -> int:
+    net = fit_network(Path(a.samples), a.platform)
+    print(net.to_json())
+    return 0
+
+
+def cmd_cpu_platform(a) -> int:
+    """Everything for this machine's CPU: device facts, samples for cpu-2t and cpu-1t, collectives,
+    catalog entries, ingest, training, the network calibration and the error-vs-samples curves."""
+    from .device import CATALOG, cpu_device_entry, measure, upsert_catalog_entry
+    from .env import loadavg
+    t_all = time.monotonic()
+    budgets = {}
+    root = Path(a.out_root)
+    steps = set(a.steps)
+    if "device" in steps:
+        q = _quiet(a)
+        from .env import wait_calm
+        q["waited_for_calm_s"] = round(wait_calm(300, log=_log), 1)
+        m = measure("cpu", 2, "fp32")
+        entry = cpu_device_entry(m)
+        entry["sources"].append(f"quiet-machine check before measuring: {json.dumps(q)}")
+        upsert_catalog_entry(CATALOG / "devices.json", "cpu-host", entry)
+        _log(f"device cpu-host: {entry['peak_tflops']} TFLOP/s, {entry['hbm_bandwidth_gbps']} GB/s")
+        upsert_catalog_entry(CATALOG / "clusters.json", "cpu-2t", cluster_entry_2t())
+        import json as _j
+        clusters = _j.loads((CATALOG / "clusters.json").read_text())
+        if "cpu-1t" not in clusters:
+            upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(None))
+    common = ["--quiet-load", str(a.quiet_load), "--max-wait-s", str(a.max_wait_s)]
+    if "ops2t" in steps:
+        t0 = time.monotonic()
+        q = _quiet(a)
+        from .sampler import run_ops
+        run_ops("cpu-2t", root / "cpu-2t", threads=2, budget_s=a.budget_2t, n_per_op=a.n_per_op, quiet_info=q,
+                log=_log)
+        budgets["cpu-2t ops"] = time.monotonic() - t0
+    if "coll" in steps:
+        t0 = time.monotonic()
+        _quiet(a)
+        rc = _torchrun(2, ["collectives", "--platform", "cpu-1t", "--out", str(root / "cpu-1t"), "--threads", "1",
+                           "--budget-s", str(a.budget_coll), "--sizes", str(a.coll_sizes), "--no-wait", *common])
+        if rc:
+            return rc
+        budgets["cpu-1t collectives"] = time.monotonic() - t0
+        net = fit_network(root / "cpu-1t", "cpu-1t")
+        upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(net))
+        _log(f"cpu-1t loopback: {net.intra.bandwidth_gbps:.2f} GB/s, {net.intra.latency_us:.1f} us "
+             f"(fit MAPE {net.intra.fit_mape})")
+    if "ops1t" in steps:
+        t0 = time.monotonic()
+        _quiet(a)
+        rc = _torchrun(2, ["ops", "--platform", "cpu-1t", "--out", str(root / "cpu-1t"), "--threads", "1",
+                           "--budget-s", str(a.budget_1t), "--n-per-op", str(a.n_per_op), "--no-wait", *common])
+        if rc:
+            return rc
+        budgets["cpu-1t ops"] = time.monotonic() - t0
+    if "train" in steps:
+        train_platforms(root, a.store, a.models_dir)
+    for k, v in budgets.items():
+        _log(f"sampling time {k}: {v / 60:.1f} min")
+    if "curve" in steps:
+        from .curve import print_curve
+        for p in ("cpu-2t", "cpu-1t"):
+            if (root / p).is_dir():
+                print_curve(root / p, p)
+    _log(f"cpu-platform done in {(time.monotonic() - t_all) / 60:.1f} min; load average now {loadavg()}")
+    return 0
+
+
+def train_platforms(root: Path, store: str | None, models_dir: str | None,
+                    platforms: tuple[str, ...] = ("cpu-2t", "cpu-1t")) -> None:
+    """Ingest the sample directories, train the regressors, save the calibrated loopback network."""
+    from predictor.network import save_network
+    from predictor.regressors import MODELS_DIR
+    from predictor.store import ingest_path
+    from predictor.training import train_platform
+    from predictor import regressors
+    mdir = Path(models_dir) if models_dir else MODELS_DIR
+    if os.getloadavg()[0] > 1.5:  # OpenMP threads thrash on a busy 2-core machine; results do not depend on it
+        regressors.DEFAULT_PARAMS["num_threads"] = 1
+    for p in platforms:
+        d = root / p
+        if not d.is_dir():
+            continue
+        dropped = drop_platform_samples(p, store)
+        if dropped:
+            _log(f"{p}: removed {dropped} earlier sample rows from the store (the store mirrors {d})")
+        rep = ingest_path(d, store_path=store)
+        _log(rep.to_text().splitlines()[1])
+        df = train_platform(p, store_path=store, models_dir=mdir,
+                            progress=lambda i, n, m: _log(f"[{i}/{n}] {m}") if i == n or "final" in m else None)
+        _log(f"{p}: trained {len(df)} models; median CV MAPE {df['cv_mape'].median():.1%}")
+        if list(d.glob("coll-*.parquet")):
+            save_network(fit_network(d, p), mdir / p / "network.json")
+
+
+def drop_platform_samples(platform: str, store: str | None) -> int:
+    """Delete a platform's op / collective samples (and the batches left without rows) from the store,
+    so that re-sampled directories replace, rather than add to, earlier measurements."""
+    from predictor.store import connect
+    n = 0
+    with connect(store, read_only=False) as con:
+        con.execute("BEGIN TRANSACTION")
+        ids = set()
+        for table in ("op_samples", "collective_samples"):
+            ids |= {r[0] for r in con.execute(f"SELECT DISTINCT batch_id FROM {table} WHERE platform = ?",
+                                              [platform]).fetchall()}
+            n += con.execute(f"SELECT count(*) FROM {table} WHERE platform = ?", [platform]).fetchone()[0]
+            con.execute(f"DELETE FROM {table} WHERE platform = ?", [platform])
+        for bid in ids:
+            left = sum(con.execute(f"SELECT count(*) FROM {t} WHERE batch_id = ?", [bid]).fetchone()[0]
+                       for t in ("op_samples", "collective_samples", "measured_runs", "paper_errors"))
+            if not left:
+                con.execute("DELETE FROM batches WHERE batch_id = ?", [bid])
+        con.execute("COMMIT")
+    return int(n)
+
+
+def cluster_entry_2t() -> dict:
+    return {"description": "This machine's CPU as one training process with 2 threads (torch CPU, fp32); "
+                           "no collectives (one process)",
+            "device": "cpu-host", "gpus_per_node": 1,
+            "intra_node": {"kind": "none", "bandwidth_gbps": 0, "latency_us": 0},
+            "inter_node": {"kind": "none", "bandwidth_gbps": 0, "latency_us": 0},
+            "op_models": "cpu-2t", "collective_models": None,
+            "sources": ["bench/samples/cpu-2t (bench/ ops sampler, 2 threads)"]}
+
+
+def cluster_entry_1t(net) -> dict:
+    bw = round(net.intra.bandwidth_gbps, 3) if net else 1.0
+    lat = round(net.intra.latency_us, 1) if net else 50.0
+    src = (f"intra_node fitted by predictor.network.calibrate on bench/samples/cpu-1t gloo all-reduce / "
+           f"all-gather / reduce-scatter samples ({net.intra.n_samples} sizes, fit MAPE "
+           f"{(net.intra.fit_mape or 0):.1%})" if net else "placeholder until the collectives are sampled")
+    return {"description": "This machine's CPU as 2 data-parallel ranks on one node, one process of 1 thread "
+                           "each, gloo collectives over loopback (torch CPU, fp32)",
+            "device": "cpu-host", "gpus_per_node": 2,
+            "intra_node": {"kind": "loopback-gloo", "bandwidth_gbps": bw, "latency_us": lat},
+            "inter_node": {"kind": "none", "bandwidth_gbps": bw, "latency_us": lat},
+            "op_models": "cpu-1t", "collective_models": "cpu-1t",
+            "sources": ["bench/samples/cpu-1t (bench/ ops sampler, 2 concurrent ranks x 1 thread; "
+                        "bench/ collective sampler, gloo)", src]}
+
+
+# --------------------------------------------------------------------------- parser
+def _common(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--quiet-load", type=float, default=0.5, help="wait until the 1-min load average is below this")
+    sp.add_argument("--max-wait-s", type=float, default=1200, help="longest wait for a quiet machine")
+    sp.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine (development)")
+    sp.add_argument("--no-guard", action="store_true",
+                    help="keep measurements during which other processes took CPU time (default: redo them)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = sub.add_parser("info", help="hardware and software facts")
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--threads", type=int)
+    sp.set_defaults(fn=cmd_info)
+
+    sp = sub.add_parser("device", help="measure peak GEMM TFLOP/s and STREAM-like copy bandwidth")
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--threads", type=int, default=None)
+    sp.add_argument("--dtype", default="fp32")
+    sp.add_argument("--write", metavar="DEVICE_ID", help="upsert the entry into predictor/catalog/devices.json")
+    _common(sp)
+    sp.set_defaults(fn=cmd_device)
+
+    sp = sub.add_parser("ops", help="sample operators (space-filling plan, resumable)")
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--out", help="sample directory (default bench/samples/<platform>)")
+    sp.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    sp.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    sp.add_argument("--threads", type=int, help="torch CPU threads per process")
+    sp.add_argument("--budget-s", type=float, help="stop after this many seconds of sampling")
+    sp.add_argument("--n-per-op", type=int, default=64, help="design points per op (each gives fwd + bwd rows)")
+    sp.add_argument("--ops", nargs="+", choices=sorted(D._DIMS), help="default: the ops GPT/Llama with flash use")
+    sp.add_argument("--unfused", action="store_true", help="also the unfused attention ops")
+    sp.add_argument("--profile", default="cpu", choices=sorted(D.PROFILES))
+    sp.add_argument("--tp", type=int, nargs="+", default=[1], help="tensor-parallel degrees to sample shapes for")
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--ranks", type=int, help="launch N concurrent ranks under torchrun (contended sampling)")
+    sp.add_argument("--no-progress", action="store_true")
+    _common(sp)
+    sp.set_defaults(fn=cmd_ops)
+
+    sp = sub.add_parser("collectives", help="sample collectives (run under torchrun)")
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--out")
+    sp.add_argument("--device", default="cpu")
+    sp.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    sp.add_argument("--collectives", nargs="+", default=["allreduce", "allgather", "reducescatter", "p2p"])
+    sp.add_argument("--sizes", type=int, default=24, help="message sizes per collective")
+    sp.add_argument("--min-bytes", type=int, default=1024)
+    sp.add_argument("--max-bytes", type=int, default=256 * 2**20)
+    sp.add_argument("--budget-s", type=float)
+    sp.add_argument("--threads", type=int, default=1)
+    sp.add_argument("--launch-local", type=int, metavar="N", help="launch N local ranks with torchrun")
+    sp.add_argument("--no-progress", action="store_true")
+    _common(sp)
+    sp.set_defaults(fn=cmd_collectives)
+
+    sp = sub.add_parser("curve", help="regressor error vs number of samples")
+    sp.add_argument("--samples", nargs="+", default=[str(SAMPLES / "cpu-2t"), str(SAMPLES / "cpu-1t")])
+    sp.add_argument("--platform")
+    sp.set_defaults(fn=cmd_curve)
+
+    sp = sub.add_parser("fit-network", help="calibrate a platform's link from its collective samples")
+    sp.add_argument("--samples", required=True)
+    sp.add_argument("--platform", required=True)
+    sp.set_defaults(fn=cmd_fit_network)
+
+    sp = sub.add_parser("cpu-platform", help="sample, train and register this machine's CPU (cpu-2t, cpu-1t)")
+    sp.add_argument("--out-root", default=str(SAMPLES))
+    sp.add_argument("--store", help="sample store (default: the project's store)")
+    sp.add_argument("--models-dir")
+    sp.add_argument("--budget-2t", type=float, default=540)
+    sp.add_argument("--budget-1t", type=float, default=540)
+    sp.add_argument("--budget-coll", type=float, default=120)
+    sp.add_argument("--coll-sizes", type=int, default=20)
+    sp.add_argument("--n-per-op", type=int, default=96)
+    sp.add_argument("--steps", nargs="+", default=["device", "ops2t", "coll", "ops1t", "train", "curve"],
+                    choices=["device", "ops2t", "coll", "ops1t", "train", "curve"])
+    _common(sp)
+    sp.set_defaults(fn=cmd_cpu_platform)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = build_parser().parse_args(argv)
+    a._argv = argv
+    return int(a.fn(a) or 0)

@@ -1,0 +1,204 @@
+"""Accuracy: how far to trust each platform, per operator (cross-validation) and end to end."""
+import io
+
+import pandas as pd
+import streamlit as st
+
+from predictor.layout_io import BATCH_COLUMNS
+from predictor_ui import adapters, charts, config, data, fmt, views
+
+views.page_setup()
+
+st.title("Accuracy")
+st.caption("How far to trust each platform: the operator regressors' cross-validated error, every measured "
+           "training run in the store predicted against its measured step time, and your own runs.")
+
+t_e2e, t_ops, t_mine = st.tabs(["End to end (measured runs)", "Operators", "Your runs"], key="acc_view",
+                               on_change="rerun", bind="query-params")
+
+COLS_CFG = {"mape": st.column_config.NumberColumn("MAPE", format="percent"),
+            "median_ape": st.column_config.NumberColumn("median error", format="percent"),
+            "p90_ape": st.column_config.NumberColumn("p90 error", format="percent"),
+            "mean_signed": st.column_config.NumberColumn("mean signed", format="percent"),
+            "within_10pct": st.column_config.NumberColumn("within 10 %", format="percent"),
+            "ape": st.column_config.NumberColumn("error", format="percent"),
+            "signed_error": st.column_config.NumberColumn("signed", format="percent"),
+            "measured_s": st.column_config.NumberColumn("measured s", format="%.4g"),
+            "predicted_s": st.column_config.NumberColumn("predicted s", format="%.4g")}
+RUN_COLS = ["run_id", "case_id", "platform", "arch", "layers", "hidden", "heads", "seq_len", "num_gpus", "tp", "pp",
+            "dp", "micro_batch", "global_batch", "schedule", "recompute", "measured_s", "predicted_s", "ape",
+            "signed_error", "provenance", "error"]
+
+
+def show_results(res: pd.DataFrame, name: str, key: str) -> None:
+    summ = adapters.summarize_validation(res)
+    if not summ.empty:
+        views.table(summ, f"{name}_summary", f"{key}_summary", column_config=COLS_CFG)
+    a, b = st.columns([3, 2])
+    with a:
+        st.altair_chart(charts.accuracy_scatter(res), width="stretch")
+        st.caption("Each dot is one run; on the line = exact; the green band is ± 20 %.")
+    with b:
+        st.altair_chart(charts.error_hist(res), width="stretch")
+        st.caption("Below zero: the prediction is faster than the measurement.")
+    st.markdown("**Per run** (worst first)")
+    shown = res.sort_values("ape", ascending=False, na_position="first")
+    views.table(shown[[c for c in RUN_COLS if c in shown]], f"{name}_runs", f"{key}_runs", height=320,
+                column_config=COLS_CFG)
+
+
+if t_e2e.open:
+    with t_e2e:
+        ok, msg = data.store_status()
+        if not ok:
+            views.store_missing(msg)
+        else:
+            try:
+                runs = data.measured_runs()
+            except data.StoreMissing as e:
+                views.store_missing(str(e))
+                runs = None
+            if runs is not None and runs.empty:
+                st.info("No measured runs in the store yet. Ingest some, e.g.\n\n```bash\n.venv/bin/python -m "
+                        "predictor ingest ../shared/datasets/vtrain/ground_truth_single.csv\n```\n\nor upload your "
+                        "own under **Your runs**.", icon=":material/database:")
+            elif runs is not None:
+                counts = runs.groupby("platform").size()
+                plats = list(counts.index)
+                plat = st.selectbox("Platform", plats, key="acc_platform", bind="query-params",
+                                    help="Platforms with measured runs in the store")
+                bar = None if data.validation_cached(plat) else st.progress(
+                    0.0, text=f"Predicting {counts[plat]:,} measured runs on {plat} (once; kept afterwards)...")
+
+                def prog(done: int, total: int, msg: str) -> None:
+                    bar.progress(min(1.0, done / max(total, 1)), text=f"{done:,} of {total:,} {msg}")
+                try:
+                    res = data.validation(plat, progress=prog if bar is not None else None)
+                except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor version
+                    views.failed(e, "Predicting the measured runs", plat)
+                    st.stop()
+                if bar is not None:
+                    bar.empty()
+                ok_res = res[res["ape"].notna()] if "ape" in res else res.iloc[0:0]
+                if len(ok_res):
+                    m = st.columns(4)
+                    m[0].metric("Runs predicted", f"{len(ok_res):,}", f"{len(res) - len(ok_res)} infeasible",
+                                delta_color="off", delta_arrow="off", border=True)
+                    m[1].metric("Mean abs. error (MAPE)", fmt.pct(ok_res["ape"].mean(), 1), border=True)
+                    m[2].metric("Median error", fmt.pct(ok_res["ape"].median(), 1), border=True)
+                    m[3].metric("Within 10 %", fmt.pct((ok_res["ape"] <= 0.10).mean()), border=True)
+                show_results(res, f"validation_{plat}", "e2e")
+
+if t_ops.open:
+    with t_ops:
+        summ = data.models_summary()
+        if not summ.empty and "kind" in summ:  # network calibrations etc. are not regressors
+            summ = summ[summ["kind"].isin(["op", "collective"])]
+        if summ.empty:
+            st.info(f"No trained regressors under `{config.models_dir()}` yet, so every prediction is analytical. "
+                    "Train them with\n\n```bash\n.venv/bin/python -m predictor train\n```\n\nor on **Calibrate**.",
+                    icon=":material/model_training:")
+        else:
+            plats = sorted(summ["platform"].unique())
+            sel = st.multiselect("Platforms", plats, default=plats, key="acc_ops_platforms")
+            s = summ[summ["platform"].isin(sel)]
+            st.altair_chart(charts.op_error_chart(s[s["kind"] == "op"]), width="stretch")
+            st.caption("Bars: K-fold cross-validated MAPE of each operator regressor (held-out samples). Black "
+                       "ticks: the paper's best published error for the same operator where known.")
+            rows = []
+            for pid in sel:
+                for stem, md in data.model_metadata(pid).items():
+                    ext = md.get("extrapolation") or {}
+                    rng = md.get("train_ratio_range") or [None, None]
+                    rows.append({"platform": pid, "model": stem, "n_samples": md.get("n_samples"),
+                                 "n_outliers_removed": md.get("n_outliers_removed"), "cv_mape": md.get("cv_mape"),
+                                 "cv_median_ape": md.get("cv_median_ape"), "cv_p90_ape": md.get("cv_p90_ape"),
+                                 "cv_mape_clean": md.get("cv_mape_clean"),
+                                 "extrapolation_mape": ext.get("mape") if isinstance(ext, dict) else None,
+                                 "paper_best_error": md.get("paper_best_error"),
+                                 "efficiency_range": (f"{rng[0]:.2g}–{rng[1]:.2g}× roofline"
+                                                      if rng and rng[0] is not None else ""),
+                                 "warnings": "; ".join(md.get("warnings") or []), "trained_at": md.get("trained_at")})
+            detail = pd.DataFrame(rows, columns=["platform", "model", "n_samples", "n_outliers_removed", "cv_mape",
+                                                 "cv_median_ape", "cv_p90_ape", "cv_mape_clean", "extrapolation_mape",
+                                                 "paper_best_error", "efficiency_range", "warnings", "trained_at"])
+            detail = detail.drop(columns=[c for c in ("extrapolation_mape", "paper_best_error", "warnings")
+                                          if c in detail and detail[c].replace("", None).isna().all()])
+            pct = {c: st.column_config.NumberColumn(c.replace("_", " "), format="percent")
+                   for c in ("cv_mape", "cv_median_ape", "cv_p90_ape", "cv_mape_clean", "extrapolation_mape",
+                             "paper_best_error")}
+            views.table(detail, "operator_accuracy", "ops_acc", height=360, column_config=pct)
+            st.markdown("**Extrapolation**: how the regressors do on shapes larger than any they were trained on "
+                        "(train on hidden ≤ 6144, seq ≤ 4096, TP < 16; test beyond, per axis and all together).")
+            ok_store, _ = data.store_status()
+            op_names = sorted({str(m).split(".")[0] for m in detail["model"] if not str(m).startswith("collective")})
+            e1, e2, e3 = st.columns([2, 2, 1], vertical_alignment="bottom")
+            ext_plat = e1.selectbox("Platform", sel or plats, key="ext_platform")
+            ext_op = e2.selectbox("Operator", op_names or ["-"], key="ext_op")
+            go = e3.button("Check", key="ext_go", icon=":material/science:", disabled=not (ok_store and op_names),
+                           help="Refits this operator's regressors on the small shapes (several seconds)")
+            if go:
+                try:
+                    with st.spinner(f"Refitting {ext_op} on small shapes of {ext_plat}..."):
+                        ext = data.extrapolation(ext_plat, ext_op)
+                except adapters.Unavailable as e:
+                    st.info(str(e), icon=":material/info:")
+                except Exception as e:  # noqa: BLE001 - a failed check must not take the page down
+                    views.failed(e, "The extrapolation check", ext_plat)
+                else:
+                    if ext.empty or not any(c in ext for c in ("hidden", "seq", "tp", "all")):
+                        st.info(f"Not enough samples of {ext_op} on {ext_plat} on both sides of the limits.")
+                    else:
+                        views.table(ext, f"extrapolation_{ext_plat}_{ext_op}", "ext_table",
+                                    column_config={c: st.column_config.NumberColumn(c, format="percent")
+                                                   for c in ("hidden", "seq", "tp", "all") if c in ext})
+
+if t_mine.open:
+    with t_mine:
+        st.markdown("Upload measured runs (the `predict-batch` columns plus `step_time_s`, one row per run) and see "
+                    "the prediction error at once. Nothing is stored.")
+        template = pd.DataFrame([{c: "" for c in BATCH_COLUMNS} | {
+            "case_id": "run-1", "platform": "perlmutter-a100", "arch": "llama", "layers": 32, "hidden": 4096,
+            "heads": 32, "kv_heads": 32, "ffn_hidden": 11008, "vocab": 32016, "seq_len": 4096, "num_gpus": 16,
+            "tp": 2, "pp": 4, "dp": 2, "micro_batch": 4, "global_batch": 64, "schedule": "gpipe",
+            "recompute": "full", "precision": "fp16", "step_time_s": 12.5}])
+        st.download_button("CSV template", template.to_csv(index=False).encode(), "measured_runs_template.csv",
+                           "text/csv", key="tmpl", icon=":material/download:", on_click="ignore")
+        up = st.file_uploader("Measured runs (CSV)", type=["csv"], key="runs_upload")
+        if up is not None:
+            try:
+                runs = pd.read_csv(io.BytesIO(up.getvalue()), dtype=str, keep_default_na=False)
+            except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
+                st.warning(f"Cannot read {up.name} as CSV: {e}", icon=":material/warning:")
+                runs = None
+            if runs is not None:
+                need = ["platform", "step_time_s"]
+                missing = [c for c in need if c not in runs]
+                if missing or not ({"model"} <= set(runs) or {"arch", "layers", "hidden", "heads"} <= set(runs)):
+                    st.warning(f"{up.name} lacks columns {missing or ['arch, layers, hidden, heads (or model)']}. "
+                               "**How to fix:** use the template's header (the predict-batch columns plus "
+                               "step_time_s).", icon=":material/warning:")
+                else:
+                    bad = pd.to_numeric(runs["step_time_s"], errors="coerce")
+                    if bad.isna().any() or (bad <= 0).any():
+                        st.warning(f"{int((bad.isna() | (bad <= 0)).sum())} rows have no positive step_time_s; "
+                                   "they are skipped.", icon=":material/warning:")
+                    runs = runs[bad.notna() & (bad > 0)]
+                    try:
+                        with st.spinner(f"Predicting {len(runs)} runs..."):
+                            res = adapters.validate(runs, config.models_dir_arg())
+                    except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor version
+                        views.failed(e, "Predicting your runs")
+                        st.stop()
+                    n_bad = int(res["ape"].isna().sum()) if "ape" in res else len(res)
+                    if n_bad:
+                        st.warning(f"{n_bad} of {len(res)} runs could not be predicted; their `error` column says "
+                                   "what is wrong and how to fix it.", icon=":material/warning:")
+                    if "ape" in res and res["ape"].notna().any():
+                        okr = res[res["ape"].notna()]
+                        m = st.columns(3)
+                        m[0].metric("Your runs", f"{len(okr)}", border=True)
+                        m[1].metric("MAPE", fmt.pct(okr["ape"].mean(), 1), border=True)
+                        m[2].metric("Mean signed error", fmt.pct(okr["signed_error"].mean(), 1), border=True,
+                                    help="Positive: the planner predicts slower than you measured")
+                    show_results(res, "my_runs_validation", "mine")

@@ -1,0 +1,165 @@
+"""Predict: one model on one platform under one layout."""
+import pandas as pd
+import streamlit as st
+
+from predictor.specs import InfeasibleConfig
+from predictor_ui import adapters, data, fmt, inputs, views
+
+views.page_setup()
+
+sb = st.sidebar
+sb.subheader("Model")
+model_fields = inputs.model_inputs(container=sb)
+sb.subheader("Platform")
+plat_fields = inputs.platform_inputs(container=sb)
+key = inputs.platform_key(plat_fields)
+sb.subheader("Layout")
+layout_fields = inputs.layout_inputs(container=sb, stage_layers=True)
+sb.subheader("Training run")
+try:
+    list_price = data.default_price(key)
+except Exception:  # noqa: BLE001 - a price is a nicety
+    list_price = None
+target = inputs.target_inputs(container=sb, default_price=list_price)
+
+st.title("Predict a training step")
+try:
+    model, layout = data.build(model_fields, layout_fields)
+    pred = data.predict(key, model, layout)
+except InfeasibleConfig as e:
+    views.infeasible(e)
+    st.stop()
+except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor version
+    views.failed(e, "The prediction", data.resolve_platform(key).op_models)
+    st.stop()
+
+st.markdown(inputs.setup_caption(model_fields, plat_fields, layout))
+mem = data.memory(key, model, layout)
+cost = adapters.cost(pred, target["tokens"], target["price"])
+
+c = st.columns(4)
+c[0].metric("Step time", fmt.seconds(pred.step_time_s), views.step_band(pred), delta_color="off",
+            delta_arrow="off", border=True, help=f"Expected range: {pred.error_basis}")
+c[1].metric("Tokens / s", fmt.count(pred.tokens_per_s), f"{fmt.count(pred.tokens_per_s / layout.num_gpus)} per GPU",
+            delta_color="off", delta_arrow="off", border=True)
+c[2].metric("MFU", fmt.pct(pred.mfu, 1), f"{pred.model_tflops_per_gpu:.0f} TFLOP/s per GPU", delta_color="off",
+            delta_arrow="off", border=True, help="Model FLOPs utilisation: model FLOPs (no recomputation) / time / "
+                                                  "dense peak of the device at this precision")
+if "unavailable" in mem or mem.get("total_gib") is None:
+    c[3].metric("Memory / GPU", "–", "memory model pending", delta_color="off", delta_arrow="off", border=True,
+                help=mem.get("unavailable", ""))
+else:
+    fits = mem["fits"]
+    c[3].metric("Memory / GPU", f"{mem['total_gib']:.3g} GiB",
+                f"{'fits' if fits else 'does NOT fit'} in {mem.get('usable_gib', mem['capacity_gib']):.3g} GiB",
+                delta_color="normal" if fits else "inverse", delta_arrow="off", border=True,
+                help=f"Fullest pipeline stage (stage {mem.get('stage')}) against the usable device memory")
+tokens_lbl = fmt.count(target["tokens"]).replace(" ", "")
+c = st.columns(4)
+c[0].metric(f"Time to {tokens_lbl} tokens", fmt.duration(cost["wall_time_s"]),
+            f"{fmt.duration(cost['wall_time_range_s'][0])} – {fmt.duration(cost['wall_time_range_s'][1])}",
+            delta_color="off", delta_arrow="off", border=True,
+            help=f"{fmt.count(cost['steps'])} steps × step time, with the step time's expected range")
+c[1].metric("GPU-hours", fmt.count(cost["gpu_hours"]), f"{layout.num_gpus} GPUs", delta_color="off",
+            delta_arrow="off", border=True)
+c[2].metric("Cost", fmt.money(cost["cost"]),
+            (f"at ${target['price']:.2f}/GPU-h" + (" (list)" if target.get("price_is_default") else ""))
+            if target["price"] is not None else "enter $/GPU-hour in the sidebar", delta_color="off",
+            delta_arrow="off", border=True)
+top_prov = max(pred.provenance_share.items(), key=lambda kv: kv[1]) if pred.provenance_share else ("-", 0.0)
+c[3].metric("Data behind it", top_prov[0].split(" (")[0], views.short_prov(pred.provenance_share) or "-",
+            delta_color="off", delta_arrow="off", border=True, help=views.PROVENANCE_HELP)
+# Charts (and Altair) only now: on a cold start the numbers above reach the browser first. Above the fold
+# and on the first tab the bars are plain HTML, so the first paint needs no chart library.
+from predictor_ui import charts  # noqa: E402
+
+p1, p2 = st.columns([3, 2], vertical_alignment="center")
+with p1:
+    st.html(charts.provenance_html(pred.provenance_share))
+p2.caption(f"**Expected error** ± {fmt.pct(pred.expected_error)}: {pred.error_basis}.")
+for w in pred.warnings + (mem.get("warnings") or []):
+    st.warning(w, icon=":material/info:")
+if "unavailable" not in mem and mem.get("fits") is False:
+    st.error(f"This layout needs {mem['total_gib']:.3g} GiB per GPU but only {mem.get('usable_gib', mem['capacity_gib']):.3g} "
+             f"of the device's {mem['capacity_gib']:.3g} GiB are usable. "
+             "Try more pipeline or tensor parallelism, a smaller micro-batch, recomputation or a higher ZeRO stage.",
+             icon=":material/memory:")
+
+# Lazy tabs: only the open one runs (light first paint); the open tab is part of the URL.
+t_break, t_ops, t_time, t_mem, t_data, t_export = st.tabs(
+    ["Where the time goes", "Operators", "Pipeline timeline", "Memory", "Data basis", "Export"],
+    key="view", on_change="rerun", bind="query-params")
+
+if t_break.open:
+    with t_break:
+        st.html(charts.breakdown_html(pred.breakdown_s))
+        bd = pd.DataFrame([{"category": charts.CATEGORY_LABELS.get(k, k), "seconds": v,
+                            "share": v / pred.step_time_s} for k, v in pred.breakdown_s.items()])
+        detail = ", ".join(f"{k.replace('_', ' ')} {fmt.seconds(v)}" for k, v in pred.detail_s.items())
+        st.caption(f"Along the critical path (stage {pred.critical_stage}); compute splits into {detail}.")
+        st.table(bd.style.format({"seconds": "{:.4g}", "share": "{:.1%}"}).hide(axis="index"))
+        views.export(bd, "breakdown", "t_breakdown")
+
+if t_ops.open:
+    with t_ops:
+        stages = sorted(pred.ops["stage"].unique())
+        stage = st.selectbox("Pipeline stage", stages, index=stages.index(pred.critical_stage),
+                             format_func=lambda s: f"stage {s}" + (" (critical)" if s == pred.critical_stage else ""),
+                             key="ops_stage")
+        top = st.slider("Operators shown", 5, 40, 15, key="ops_top")
+        st.altair_chart(charts.ops_chart(pred.ops, stage, top), width="stretch")
+        st.caption("Seconds per micro-batch on this stage, summed over its layers; forward, backward and "
+                   "recomputation separately. Hover for the data behind each bar.")
+        views.table(charts.ops_frame(pred.ops, stage, 1000).drop(columns=["rank"]), "operators", "t_ops",
+                    column_config={"seconds": st.column_config.NumberColumn(format="%.4g"),
+                                   "total": st.column_config.NumberColumn(format="%.4g")})
+
+if t_time.open:
+    with t_time:
+        chart_tl = charts.timeline_chart(pred.timeline)
+        st.altair_chart(chart_tl, width="stretch")
+        L = layout
+        st.caption(f"{L.pp} stages × {L.num_micro_batches} micro-batches ({L.schedule}"
+                   f"{f', {L.vpp} virtual stages' if L.vpp > 1 else ''}); grey = idle (pipeline bubble, "
+                   f"{fmt.seconds(pred.breakdown_s.get('bubble', 0.0))} on the critical path). The optimizer step and "
+                   "the data-parallel gradient reduction follow the last backward.")
+        if not pred.timeline:
+            st.info("This schedule has no simulated timeline.")
+
+if t_mem.open:
+    with t_mem:
+        if "unavailable" in mem or mem.get("total_gib") is None:
+            st.info(f"Memory per GPU: {mem.get('unavailable', 'not computed')}. The device has "
+                    f"{data.resolve_platform(key).device.hbm_gib:g} GiB.", icon=":material/memory:")
+        else:
+            st.altair_chart(charts.memory_chart(mem["stages"], mem["capacity_gib"], mem.get("usable_gib")),
+                            width="stretch")
+            st.caption(f"Peak memory per GPU on each pipeline stage. Dashed: device memory {mem['capacity_gib']:.3g} GiB; "
+                       f"solid: usable {mem.get('usable_gib', mem['capacity_gib']):.3g} GiB (less the allocator "
+                       f"reserve). Stage {mem['stage']} is the fullest." + (f" {mem['note']}" if mem.get("note") else ""))
+            if len(mem["stages"]):
+                wide = mem["stages"].pivot_table(index="stage", columns="part", values="gib", aggfunc="sum")
+                wide = wide[[p for p in charts.MEMORY_ORDER if p in wide.columns]]
+                wide["total"] = wide.sum(axis=1)
+                views.table(wide.reset_index(), "memory_per_stage", "t_mem",
+                            column_config={c: st.column_config.NumberColumn(format="%.3g") for c in wide.columns})
+
+if t_data.open:
+    with t_data:
+        st.markdown(views.PROVENANCE_HELP)
+        for k, v in data.backing(key).items():
+            st.markdown(f"- **{k.replace('_', ' ')}**: {v}")
+        by = (pred.ops[pred.ops["seconds_total"] > 0].groupby(["op", "pass", "provenance"], as_index=False)
+              .agg(seconds=("seconds_total", "sum"), cv_mape=("cv_mape", "first"))
+              .sort_values("seconds", ascending=False))
+        views.table(by, "provenance_by_op", "t_prov",
+                    column_config={"cv_mape": st.column_config.NumberColumn("CV MAPE", format="percent"),
+                                   "seconds": st.column_config.NumberColumn(format="%.4g")})
+
+if t_export.open:
+    with t_export:
+        views.share_hint()
+        st.download_button("Prediction (JSON)", views.to_json(pred.to_dict()).encode(), "prediction.json",
+                           "application/json", key="x_pred", icon=":material/download:", on_click="ignore")
+        st.caption("Every operator and collective call behind the prediction:")
+        views.table(pred.ops, "operator_calls", "t_calls", height=300)

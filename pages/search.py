@@ -1,0 +1,152 @@
+"""Search: the ranked layouts for a model, platform, GPU count and batch."""
+import streamlit as st
+
+from predictor.layout_io import model_from_fields
+from predictor.specs import PRECISIONS, InfeasibleConfig
+from predictor_ui import adapters, charts, data, fmt, inputs, views
+
+views.page_setup()
+
+BIND = "query-params"
+# Own key prefix: a row click hands plain names (model, tp, ...) to Predict through st.switch_page, which
+# cannot set query parameters that a widget on this page is bound to.
+PRE = "sr_"
+sb = st.sidebar
+sb.subheader("Model")
+model_fields = inputs.model_inputs(PRE, container=sb)
+sb.subheader("Platform")
+plat_fields = inputs.platform_inputs(PRE, container=sb)
+key = inputs.platform_key(plat_fields)
+sb.subheader("Job")
+d = inputs.DEFAULT_SETUP
+num_gpus = sb.number_input("GPUs", 1, 1_000_000, d["num_gpus"], key=PRE + "num_gpus", bind=BIND)
+a, b = sb.columns(2)
+global_batch = a.number_input("Global batch", 1, 10_000_000, d["global_batch"], key=PRE + "global_batch", bind=BIND,
+                              help="Sequences per optimizer step")
+seqs = list(inputs.SEQ_LENS)
+seq_len = b.selectbox("Sequence length", seqs, index=seqs.index(d["seq_len"]), key=PRE + "seq_len", bind=BIND)
+precision = a.selectbox("Precision", list(PRECISIONS), index=list(PRECISIONS).index(d["precision"]),
+                        key=PRE + "precision", bind=BIND)
+objective = b.selectbox("Rank by", list(adapters.SEARCH_OBJECTIVES), key="objective", bind=BIND,
+                        help="time: step time · tokens: tokens/s · mfu: model FLOPs utilisation · "
+                             "cost: GPU-hours per token")
+with sb.expander("Search space"):
+    tp_across = st.toggle("Allow TP across nodes", False, key="tp_across", bind=BIND,
+                          help="Tensor parallelism normally stays within a node (NVLink)")
+    schedules = st.multiselect("Schedules", ["1f1b", "interleaved", "gpipe"], ["1f1b", "interleaved"],
+                               key="schedules", bind=BIND)
+    recomputes = st.multiselect("Recomputation", ["none", "selective", "full"], ["none", "selective", "full"],
+                                key="recomputes", bind=BIND)
+    zeros = st.multiselect("ZeRO stages", [0, 1, 2, 3], [0, 1, 2, 3], key="zeros", bind=BIND)
+    max_mb = st.number_input("Max micro-batch", 1, 1024, 16, key="max_mb", bind=BIND)
+    uneven = st.toggle("Try uneven layer splits", True, key="uneven", bind=BIND,
+                       help="First and last stage one layer lighter (they hold the embedding and the LM head)")
+sb.subheader("Training run")
+target = inputs.target_inputs(PRE, container=sb, default_price=None)
+
+st.title("Search layouts")
+if not adapters.search_available():
+    st.info("Layout search needs `predictor.search`, which is not installed in this build yet. Meanwhile, try "
+            "layouts by hand on **Predict** or side by side on **Compare**.", icon=":material/construction:")
+    st.stop()
+
+constraints = {"tp_within_node": not tp_across, "schedules": schedules or ["1f1b"],
+               "recompute": recomputes or ["none"], "zero_stage": zeros or [0], "max_micro_batch": int(max_mb),
+               "uneven_splits": bool(uneven)}
+try:
+    model = model_from_fields(model_fields)
+    platform = data.resolve_platform(key)
+    with st.spinner(f"Ranking every layout of {model.name} on {num_gpus} GPUs..."):
+        rep = data.search(key, model, num_gpus=int(num_gpus), global_batch=int(global_batch), seq_len=int(seq_len),
+                          precision=precision, constraints=constraints, tokens=target["tokens"],
+                          price=target["price"], objective=objective)
+except InfeasibleConfig as e:
+    views.infeasible(e)
+    st.stop()
+except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor version
+    views.failed(e, "The search", data.resolve_platform(key).op_models)
+    st.stop()
+
+res = rep["table"]
+st.caption(f"**{model.name}** on **{platform.platform_id}**, {num_gpus} GPUs, global batch {global_batch}, "
+           f"sequence {seq_len}, {precision}: {rep['enumerated']:,} layouts enumerated, {rep['feasible']:,} fit in "
+           f"memory, ranked by {adapters.SEARCH_OBJECTIVES[objective]} in {rep['elapsed_s']:.2f} s. "
+           "**Click a row to open it in Predict.**")
+if res.empty or rep["feasible"] == 0:
+    st.warning(f"No layout of {model.name} fits on {num_gpus} GPUs with global batch {global_batch}"
+               + (" (none could be enumerated)." if res.empty else " in memory.")
+               + " **How to fix:** use more GPUs, a global batch with more divisors (a power of two), allow "
+                 "recomputation / higher ZeRO stages / TP across nodes in the search space, or a shorter sequence.",
+               icon=":material/search_off:")
+    if len(rep["rejections"]):
+        views.table(rep["rejections"], "search_rejections", "rej_empty")
+    st.stop()
+
+# ---- filters on the ranked table
+f1, f2, f3, f4 = st.columns(4)
+fits_only = f1.toggle("Only layouts that fit", True, key="fits_only", bind=BIND)
+tps = sorted(int(x) for x in res["tp"].dropna().unique())
+max_tp = f2.select_slider("Max TP", tps, value=tps[-1], key="max_tp", bind=BIND) if len(tps) > 1 else tps[0]
+pps = sorted(int(x) for x in res["pp"].dropna().unique())
+max_pp = f3.select_slider("Max PP", pps, value=pps[-1], key="max_pp", bind=BIND) if len(pps) > 1 else pps[0]
+top = f4.number_input("Show top", 5, 5000, 50, step=5, key="top", bind=BIND)
+
+view = res
+if fits_only:
+    view = view[view["fits"].astype(bool)]
+view = view[(view["tp"] <= max_tp) & (view["pp"] <= max_pp)]
+view = view.head(int(top)).reset_index(drop=True)
+if view.empty:
+    st.warning("No layout passes these filters. **How to fix:** raise Max TP / Max PP, or turn off 'Only layouts "
+               "that fit' to see why layouts run out of memory.", icon=":material/filter_alt_off:")
+    st.stop()
+
+best = view.iloc[0]
+c = st.columns(4)
+c[0].metric("Best step time", fmt.seconds(float(best["step_time_s"])), charts._layout_label(best),
+            delta_color="off", delta_arrow="off", border=True)
+c[1].metric("Tokens / s", fmt.count(float(best["tokens_per_s"])), f"MFU {fmt.pct(float(best['mfu']), 1)}",
+            delta_color="off", delta_arrow="off", border=True)
+c[2].metric("Memory / GPU", fmt.gib(float(best["memory_gib"])), f"of {platform.device.hbm_gib:g} GiB",
+            delta_color="off", delta_arrow="off", border=True)
+if "days" in view:
+    tok = fmt.count(target["tokens"]).replace(" ", "")
+    c[3].metric(f"Time to {tok} tokens", fmt.duration(float(best["days"]) * 86400),
+                (fmt.money(float(best["cost"])) if "cost" in view and best["cost"] == best["cost"]
+                 else f"{fmt.count(float(best['gpu_hours']))} GPU-hours"), delta_color="off", delta_arrow="off",
+                border=True)
+
+shown = [col for col in ["rank", "tp", "pp", "dp", "micro_batch", "vpp", "schedule", "stage_layers", "recompute",
+                         "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s", "mfu", "memory_gib",
+                         "fits", "days", "cost", "expected_error", "reason"] if col in view]
+ev = st.dataframe(
+    view[shown], hide_index=True, key="search_table", on_select="rerun", selection_mode="single-row",
+    height=min(460, 35 * (len(view) + 1) + 3), width="stretch",
+    column_config={"step_time_s": st.column_config.NumberColumn("step time (s)", format="%.4g"),
+                   "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.4g"),
+                   "mfu": st.column_config.NumberColumn("MFU", format="percent"),
+                   "memory_gib": st.column_config.NumberColumn("memory/GPU (GiB)", format="%.3g"),
+                   "days": st.column_config.NumberColumn("days", format="%.4g"),
+                   "cost": st.column_config.NumberColumn("cost ($)", format="%.4g"),
+                   "expected_error": st.column_config.NumberColumn("± error", format="percent"),
+                   "stage_layers": st.column_config.TextColumn("layers/stage")})
+views.export(view, "search_results", "search_x")
+
+sel = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
+if sel:
+    qp = {**{k: str(v) for k, v in model_fields.items() if v is not None and k != "name"},
+          **{k: str(v) for k, v in plat_fields.items()}, **adapters.search_row_fields(view.iloc[sel[0]]),
+          "tokens_b": str(target["tokens"] / 1e9)}
+    if target["price"] is not None:
+        qp["price"] = str(target["price"])
+    st.switch_page("pages/predict.py", query_params=qp)
+
+st.subheader("Step time vs memory")
+st.altair_chart(charts.search_scatter(view, capacity_gib=float(platform.device.hbm_gib)), width="stretch")
+st.caption("Each dot is a layout of the table above; the dashed line is the device memory. Lower is faster.")
+
+with st.expander(f"Why layouts are missing ({rep['enumerated'] - rep['feasible']:,} do not fit)"):
+    if len(rep["rejections"]):
+        views.table(rep["rejections"], "search_rejections", "rej")
+    else:
+        st.write("Every enumerated layout fits.")

@@ -1,0 +1,694 @@
+"""Per-(platform, operator, pass) and per-(platform, collective) regressors, and the bank that serves them.
+
+Target: log(duration_s / roofline_s), where roofline_s is the analytic estimate of `features.py`;
+LightGBM then learns only the efficiency, which is bounded and extrapolates in shape.
+
+Robust training (every step counted and written to the metadata):
+  1. exact duplicate rows (same inputs, same duration) are dropped;
+  2. physical bound: a row faster than PHYSICAL_BOUND x roofline cannot be a measurement of the
+     op's full work (0.5 for compute-bound ops and collectives, 0.25 for memory-bound ops, whose
+     nominal byte counts caches or in-place kernels can legitimately halve) and is dropped; so is a
+     row slower than 100 x roofline and 0.1 s (a gross corruption, e.g. the 3.5-54 s GH200 optimizer
+     rows, which form a whole region no residual filter can see);
+  3. residual filter: a robust L1 (median) fit, then rows with |log residual - median| >
+     max(3 * 1.4826 * MAD, log 1.5) are dropped and the model is refit (L2 on the log target) on the rest.
+Cross-validation (`cv_folds` > 1): shuffled K-fold on the rows kept after steps 1-2; each fold runs
+step 3 on its own training part and is scored on ALL its held-out rows (residual outliers
+included). `cv_mape_clean_` excludes the rows the full-data residual filter flags, and
+`mape_all_rows_` adds the physically impossible rows, predicted by the final model.
+
+Files: `<dir>/<op>.<pass>.txt` (LightGBM text) + `<op>.<pass>.json`, `collective.<name>.txt/.json`.
+No pickle anywhere.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import platform as _pyplatform
+import threading
+from collections import OrderedDict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+
+from . import features as F
+from . import ops
+
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models_store"
+RESIDUAL_MAD_K = 3.0
+RESIDUAL_MIN_LOG = math.log(1.5)
+PHYSICAL_BOUND_COMPUTE = 0.5
+PHYSICAL_BOUND_MEMORY = 0.25
+PHYSICAL_BOUND_COLLECTIVE = 0.5
+# implausibly slow: one operator / collective call taking > 0.1 s at < 1% of its roofline (the GH200
+# first-stage optimizer rows of 3.5-54 s form a whole corrupt region that no residual filter can see)
+SLOW_BOUND_RATIO = 100.0
+SLOW_BOUND_MIN_S = 0.1
+SYSTEMATIC_WARN_FRACTION = 0.05
+UNRELIABLE_FRACTION = 0.2  # above this share of physically impossible rows a model is marked unreliable
+# slope of log(duration) on log(roofline) over the rows used: ~1 when the samples scale with the op's work
+SCALING_WARN_SLOPE = 0.5
+SCALING_UNRELIABLE_SLOPE = 0.2
+TARGET_DESCRIPTION = "log(duration_s / roofline_s); prediction = roofline_s * exp(model)"
+PAPER_SOURCE = ("arXiv 2509.22832 operator/NCCL samples, github.com/DebarghaG/estimate-train-time "
+                "(src/estimate_train_time/data/regressors/)")
+PAPER_LICENCE = "MIT"
+
+DEFAULT_PARAMS: dict[str, Any] = {
+    # small on purpose: ~3000 leaves per model keeps models_store a few MB; CV-checked against 500 x 31
+    "objective": "l1", "learning_rate": 0.1, "num_boost_round": 170, "num_leaves": 15,
+    "min_data_in_leaf": 5, "min_data_in_bin": 1, "max_bin": 255, "feature_fraction": 1.0,
+    "bagging_fraction": 1.0, "lambda_l2": 0.0, "seed": 0, "deterministic": True, "force_row_wise": True,
+    # one thread: OpenMP spin-waits make 2 threads 10-20x slower on a shared, loaded machine
+    "num_threads": 1, "verbosity": -1,
+}
+OBJECTIVE_CANDIDATES = ("regression", "l1")
+SMALL_DATA_ROWS, SMALL_DATA_LEAVES = 1000, 7
+# collectives: one model spans every topology of a platform, so it gets more room (6 models per platform)
+COLLECTIVE_CAPACITY = {"num_leaves": 31, "num_boost_round": 300}
+FILTER_PARAMS: dict[str, Any] = {"objective": "l1", "min_data_in_leaf": 10}
+FILTER_MAX_ROUNDS = 300
+_COMPUTE_BOUND_OPS = (*F.GEMM_OPS, *F.BMM_OPS, "flash_attn")
+
+
+# --------------------------------------------------------------------------- helpers
+def _versions() -> dict[str, str]:
+    import sklearn
+    return {"lightgbm": lgb.__version__, "sklearn": sklearn.__version__, "numpy": np.__version__,
+            "pandas": pd.__version__, "python": _pyplatform.python_version()}
+
+
+def _train_booster(X: np.ndarray, y: np.ndarray, names: list[str], params: Mapping[str, Any]) -> lgb.Booster:
+    p = dict(params)
+    rounds = int(p.pop("num_boost_round", 500))
+    n = len(y)
+    # keep tiny data sets trainable
+    p["min_data_in_leaf"] = max(1, min(int(p.get("min_data_in_leaf", 5)), n // 4 or 1))
+    ds = lgb.Dataset(X, label=y, feature_name=names, free_raw_data=True,
+                     params={"min_data_in_bin": p.get("min_data_in_bin", 1), "max_bin": p.get("max_bin", 255),
+                             "verbosity": -1})
+    return lgb.train(p, ds, num_boost_round=rounds)
+
+
+def residual_filter(X: np.ndarray, y: np.ndarray, names: list[str], params: Mapping[str, Any]
+                    ) -> tuple[np.ndarray, dict[str, Any]]:
+    """Robust fit (L1 on the log target: LightGBM sets leaf values to residual medians, so it is robust
+    and, unlike Huber with a small delta, converges on targets spanning orders of magnitude), then keep
+    rows within max(3*1.4826*MAD, log 1.5) of the median residual.
+    Returns (keep mask, info)."""
+    n = len(y)
+    if n < 20:
+        return np.ones(n, bool), {"applied": False, "reason": "fewer than 20 rows"}
+    fp = {**params, **FILTER_PARAMS,
+          "num_boost_round": min(FILTER_MAX_ROUNDS, int(params.get("num_boost_round", FILTER_MAX_ROUNDS)))}
+    booster = _train_booster(X, y, names, fp)
+    r = y - booster.predict(X)
+    med = float(np.median(r))
+    mad = float(np.median(np.abs(r - med)))
+    thr = max(RESIDUAL_MAD_K * 1.4826 * mad, RESIDUAL_MIN_LOG)
+    keep = np.abs(r - med) <= thr
+    return keep, {"applied": True, "threshold_log": thr, "mad_log": mad, "median_log": med,
+                  "removed": int((~keep).sum()),
+                  "rule": f"|log residual - median| > max({RESIDUAL_MAD_K}*1.4826*MAD, log 1.5) after an L1 fit"}
+
+
+_DROP_TREE_KEYS = ("split_gain=", "leaf_weight=", "leaf_count=", "internal_value=", "internal_weight=",
+                   "internal_count=", "tree_sizes=")
+
+
+def compact_model_text(text: str) -> str:
+    """LightGBM model text without what prediction does not read (split gains, weights and counts,
+    the tree byte offsets, parameters and importances after 'end of trees'), leaf values to 7
+    significant digits and thresholds to 10. Still a LightGBM text model (`lgb.Booster(model_file=)`)."""
+    out = []
+    for line in text[:text.index("end of trees")].split("\n"):
+        if line.startswith(_DROP_TREE_KEYS):
+            continue
+        if line.startswith("leaf_value="):
+            line = "leaf_value=" + " ".join("%.7g" % float(v) for v in line[11:].split())
+        elif line.startswith("threshold="):
+            line = "threshold=" + " ".join("%.10g" % float(v) for v in line[10:].split())
+        out.append(line)
+    return "\n".join(out) + "end of trees\n"
+
+
+def _ape(pred: np.ndarray, true: np.ndarray) -> np.ndarray:
+    return np.abs(pred - true) / true
+
+
+def _metrics(ape: np.ndarray) -> dict[str, float | None]:
+    if len(ape) == 0:
+        return {"mape": None, "median_ape": None, "p90_ape": None, "n": 0}
+    return {"mape": float(np.mean(ape)), "median_ape": float(np.median(ape)),
+            "p90_ape": float(np.percentile(ape, 90)), "n": int(len(ape))}
+
+
+def _data_hash(X: np.ndarray, y: np.ndarray) -> str:
+    h = hashlib.sha256()
+    order = np.lexsort(np.column_stack([X, y]).T[::-1])
+    h.update(np.ascontiguousarray(X[order]).tobytes())
+    h.update(np.ascontiguousarray(y[order]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (np.bool_,)):
+        return bool(o)
+    raise TypeError(f"not JSON serialisable: {type(o)}")
+
+
+def _clean_json(o: Any) -> Any:
+    """NaN/inf -> None so the JSON stays strict."""
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    if isinstance(o, dict):
+        return {k: _clean_json(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean_json(v) for v in o]
+    return o
+
+
+# --------------------------------------------------------------------------- base
+class _LogEfficiencyRegressor:
+    """Shared fit / CV / save / load machinery; subclasses provide the feature matrix."""
+
+    kind = "op"
+    physical_bound = PHYSICAL_BOUND_COMPUTE
+    slow_bound = True  # drop grossly slow (corrupt) rows; independent of the physical (fast) bound
+
+    def __init__(self, params: Mapping[str, Any] | None = None):
+        self.params = dict(params or {})
+
+    # subclasses build (X, roofline) from their inputs and call _fit_arrays
+    capacity: dict[str, Any] = {}
+
+    def _full_params(self) -> dict[str, Any]:
+        """DEFAULT_PARAMS, then the class capacity, then size-dependent leaves (7 leaves below 1000
+        training rows: the small sample sets are smooth and noisy), then the caller's params."""
+        p = {**DEFAULT_PARAMS, **self.capacity}
+        n_fit = getattr(self, "_n_fit", None)
+        if n_fit is not None and n_fit < SMALL_DATA_ROWS and "num_leaves" not in self.capacity:
+            p["num_leaves"] = SMALL_DATA_LEAVES
+        return {**p, **self.params}
+
+    def _filter(self, X: np.ndarray, y_log: np.ndarray, names: list[str], filter_outliers: bool
+                ) -> tuple[np.ndarray, dict[str, Any]]:
+        if filter_outliers:
+            return residual_filter(X, y_log, names, self._full_params())
+        return np.ones(len(y_log), bool), {"applied": False, "reason": "disabled"}
+
+    def _objectives(self, cv_folds: int) -> list[str]:
+        """Candidate objectives: the caller's, else L2 and L1 chosen by CV (L1 = conditional median of
+        the log-efficiency, which suits heavy-tailed timing noise; L2 suits low-noise ops)."""
+        if "objective" in self.params:
+            return [str(self.params["objective"])]
+        return list(OBJECTIVE_CANDIDATES) if cv_folds and cv_folds > 1 else [DEFAULT_PARAMS["objective"]]
+
+    def _fit_arrays(self, X: np.ndarray, roof: np.ndarray, durations: np.ndarray, names: list[str], *,
+                    dedupe_keys: np.ndarray, groups: np.ndarray | None, cv_folds: int,
+                    filter_outliers: bool, progress: Callable[[str], None] | None = None) -> None:
+        n_in = len(durations)
+        ok = np.isfinite(durations) & (durations > 0) & np.all(np.isfinite(X[:, [names.index("log2_roofline")]]),
+                                                                axis=1)
+        n_invalid = int((~ok).sum())
+        # 1. exact duplicates
+        keyframe = pd.DataFrame(np.column_stack([dedupe_keys, durations]))
+        dup = keyframe.duplicated().to_numpy() & ok
+        # 2. physical bound (too fast to be the op's full work) and gross slowness (corrupt)
+        ratio = durations / roof
+        impossible = ok & ~dup & (ratio < self.physical_bound)
+        too_slow = ok & ~dup & ~impossible & (ratio > SLOW_BOUND_RATIO) & (durations > SLOW_BOUND_MIN_S) \
+            if self.slow_bound else np.zeros(n_in, bool)
+        use = ok & ~dup & ~impossible & ~too_slow
+        self._n_fit = int(use.sum())
+        Xu, yu_log, du, ru = X[use], np.log(durations[use] / roof[use]), durations[use], roof[use]
+        gu = groups[use] if groups is not None else None
+        if len(du) < 5:
+            raise ValueError(f"{self._label()}: only {len(du)} usable samples (need 5)")
+
+        # CV (residual filter inside each training fold, shared by the candidate objectives)
+        cv: dict[str, Any] = {"folds": 0}
+        objectives = self._objectives(cv_folds)
+        oofs = {o: np.full(len(du), np.nan) for o in objectives}
+        if cv_folds and cv_folds > 1 and len(du) >= 2 * cv_folds:
+            from sklearn.model_selection import KFold
+            kf = KFold(n_splits=cv_folds, shuffle=True, random_state=0)
+            for k, (tr, te) in enumerate(kf.split(Xu)):
+                kp, _ = self._filter(Xu[tr], yu_log[tr], names, filter_outliers)
+                for o in objectives:
+                    b = _train_booster(Xu[tr][kp], yu_log[tr][kp], names, {**self._full_params(), "objective": o})
+                    oofs[o][te] = ru[te] * np.exp(b.predict(Xu[te]))
+                if progress:
+                    progress(f"{self._label()}: fold {k + 1}/{cv_folds}")
+            cv = {"folds": cv_folds, "protocol": f"{cv_folds}-fold shuffled KFold (random_state=0) on rows kept "
+                  "after dedupe + physical bound; residual filter fit inside each training fold; scored on all "
+                  "held-out rows"}
+            by_obj = {o: float(np.mean(_ape(oofs[o], du))) for o in objectives}
+            chosen = min(objectives, key=lambda o: by_obj[o])
+            if len(objectives) > 1:
+                cv["objective_selection"] = {"cv_mape": by_obj, "chosen": chosen,
+                                             "note": "objective picked by this CV (a choice between two; the "
+                                                     "reported CV is that of the chosen one)"}
+        else:
+            chosen = objectives[0]
+        self.objective_ = chosen
+        oof = oofs[chosen]
+        if progress:
+            progress(f"{self._label()}: final fit")
+        keep, finfo = self._filter(Xu, yu_log, names, filter_outliers)
+        booster = _train_booster(Xu[keep], yu_log[keep], names, {**self._full_params(), "objective": chosen})
+
+        # metrics
+        if cv["folds"]:
+            ape = _ape(oof, du)
+            cv.update({k: v for k, v in _metrics(ape).items()})
+            cv["clean"] = _metrics(ape[keep])
+            # all rows including physically impossible ones, predicted by the final model
+            imp_idx = np.where(impossible)[0]
+            ape_imp = _ape(roof[imp_idx] * np.exp(booster.predict(X[imp_idx])), durations[imp_idx]) \
+                if len(imp_idx) else np.array([])
+            cv["all_rows"] = _metrics(np.concatenate([ape, ape_imp]))
+            if gu is not None:
+                by = {}
+                gi = groups[impossible] if len(imp_idx) else np.array([], dtype=object)
+                for g in pd.unique(gu):
+                    m = gu == g
+                    entry = {"scored": _metrics(ape[m]), "clean": _metrics(ape[m & keep])}
+                    mi = gi == g
+                    entry["all_rows"] = _metrics(np.concatenate([ape[m], ape_imp[mi]]))
+                    by[str(g)] = entry
+                cv["by_group"] = by
+        self.booster_ = booster
+        used = np.zeros(n_in, bool)
+        used[np.where(use)[0][keep]] = True
+        self.used_mask_ = used  # rows the final model was trained on (not persisted)
+        self.feature_names_ = list(names)
+        self.n_samples_ = int(n_in)
+        self.n_used_ = int(keep.sum())
+        self.n_outliers_removed_ = int(impossible.sum() + too_slow.sum() + (~keep).sum())
+        frac_imp = float(impossible.sum() / max(ok.sum() - dup.sum(), 1))
+        self.filter_report_ = {
+            "input_rows": int(n_in), "invalid_rows": n_invalid, "duplicates_removed": int(dup.sum()),
+            "physical_bound": {"factor": self.physical_bound, "removed": int(impossible.sum()),
+                               "fraction": frac_imp,
+                               "rule": f"duration < {self.physical_bound} x roofline_s (faster than physically "
+                                       "possible for the op's nominal work)"},
+            "implausibly_slow": {"removed": int(too_slow.sum()),
+                                 "rule": f"duration > {SLOW_BOUND_RATIO:g} x roofline_s and > {SLOW_BOUND_MIN_S:g} s"
+                                         if self.slow_bound else "disabled"},
+            "residual": {k: v for k, v in finfo.items()},
+            "trained_on": int(keep.sum()),
+        }
+        warnings = []
+        if frac_imp > SYSTEMATIC_WARN_FRACTION:
+            warnings.append(f"{frac_imp:.0%} of the samples are faster than {self.physical_bound} x the roofline: "
+                            "they probably do not time the op's full work (a sampling artefact); the model is "
+                            "trained on the physically plausible rest")
+        slope = None
+        base = ok & ~dup  # before the physical bound: impossible rows are the strongest evidence here
+        if base.sum() >= 10 and np.ptp(np.log(roof[base])) > 0:
+            slope = float(np.polyfit(np.log(roof[base]), np.log(durations[base]), 1)[0])
+            if slope < SCALING_WARN_SLOPE:
+                warnings.append(f"durations scale with the op's nominal work with slope {slope:.2f} (log-log; ~1 "
+                                "expected): outside the sampled range the model is an extrapolation of a pattern "
+                                "the roofline does not explain; use with care")
+        self.work_scaling_slope_ = slope
+        self.warnings_ = warnings
+        self.reliable_ = frac_imp <= UNRELIABLE_FRACTION and (slope is None or slope >= SCALING_UNRELIABLE_SLOPE)
+        self.cv_ = cv
+        self.cv_mape_ = cv.get("mape")
+        self.cv_median_ape_ = cv.get("median_ape")
+        self.cv_p90_ape_ = cv.get("p90_ape")
+        self.cv_mape_clean_ = cv.get("clean", {}).get("mape") if cv["folds"] else None
+        self.mape_all_rows_ = cv.get("all_rows", {}).get("mape") if cv["folds"] else None
+        self.data_hash_ = _data_hash(np.column_stack([dedupe_keys[use]]), du)
+        self.train_ratio_range_ = [float(np.min(du / ru)), float(np.max(du / ru))]
+        self.trained_at_ = datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+    def _label(self) -> str:
+        return self.kind
+
+    # ------------------------------------------------------------------ persistence
+    def _stem(self) -> str:
+        raise NotImplementedError
+
+    def _metadata(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "feature_names": self.feature_names_, "target": TARGET_DESCRIPTION,
+            "lightgbm_params": {**self._full_params(), "objective": getattr(self, "objective_", None)},
+            "n_samples": self.n_samples_, "n_used": self.n_used_,
+            "n_outliers_removed": self.n_outliers_removed_, "outlier_filter": self.filter_report_,
+            "warnings": self.warnings_, "reliable": self.reliable_,
+            "reliable_rule": f"physically impossible rows <= {UNRELIABLE_FRACTION:.0%} and work-scaling slope >= "
+                             f"{SCALING_UNRELIABLE_SLOPE}",
+            "work_scaling_slope": self.work_scaling_slope_, "data_hash": self.data_hash_,
+            "cv_mape": self.cv_mape_, "cv_median_ape": self.cv_median_ape_, "cv_p90_ape": self.cv_p90_ape_,
+            "cv_mape_clean": self.cv_mape_clean_, "mape_all_rows": self.mape_all_rows_, "cv": self.cv_,
+            "train_ratio_range": self.train_ratio_range_, "versions": _versions(), "trained_at": self.trained_at_,
+            **getattr(self, "extra_metadata_", {}),
+        }
+
+    def save(self, directory: str | Path, **extra: Any) -> tuple[Path, Path]:
+        """Write `<stem>.txt` (LightGBM text) and `<stem>.json` (metadata) under `directory`."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        txt, meta = d / f"{self._stem()}.txt", d / f"{self._stem()}.json"
+        text = compact_model_text(self.booster_.model_to_string())
+        txt.write_text(text)
+        # what is on disk is what predicts from now on (the compaction rounds leaf values to 7 digits)
+        self.booster_ = lgb.Booster(model_str=text)
+        md = {**self._metadata(), **extra}
+        self.extra_metadata_ = {**getattr(self, "extra_metadata_", {}), **extra}
+        meta.write_text(json.dumps(_clean_json(md), indent=1, default=_json_default, sort_keys=False) + "\n")
+        return txt, meta
+
+    def _restore(self, booster: lgb.Booster, md: dict[str, Any]) -> None:
+        self.booster_ = booster
+        self.objective_ = (md.get("lightgbm_params") or {}).get("objective")
+        self.feature_names_ = list(md["feature_names"])
+        self.n_samples_ = md.get("n_samples")
+        self.n_used_ = md.get("n_used")
+        self.n_outliers_removed_ = md.get("n_outliers_removed")
+        self.filter_report_ = md.get("outlier_filter", {})
+        self.warnings_ = md.get("warnings", [])
+        self.reliable_ = md.get("reliable", True)
+        self.work_scaling_slope_ = md.get("work_scaling_slope")
+        self.physical_bound = (md.get("outlier_filter") or {}).get("physical_bound", {}).get("factor",
+                                                                                            self.physical_bound)
+        self.slow_bound = (md.get("outlier_filter") or {}).get("implausibly_slow", {}).get("rule") != "disabled"
+        self.data_hash_ = md.get("data_hash")
+        self.cv_ = md.get("cv", {})
+        self.cv_mape_ = md.get("cv_mape")
+        self.cv_median_ape_ = md.get("cv_median_ape")
+        self.cv_p90_ape_ = md.get("cv_p90_ape")
+        self.cv_mape_clean_ = md.get("cv_mape_clean")
+        self.mape_all_rows_ = md.get("mape_all_rows")
+        self.train_ratio_range_ = md.get("train_ratio_range")
+        self.trained_at_ = md.get("trained_at")
+        known = set(self._metadata_keys())
+        self.extra_metadata_ = {k: v for k, v in md.items() if k not in known}
+        self.metadata_ = md
+
+    def _metadata_keys(self) -> tuple[str, ...]:
+        return ("kind", "feature_names", "target", "lightgbm_params", "n_samples", "n_used", "n_outliers_removed",
+                "outlier_filter", "warnings", "reliable", "reliable_rule", "work_scaling_slope", "data_hash",
+                "cv_mape", "cv_median_ape", "cv_p90_ape",
+                "cv_mape_clean", "mape_all_rows", "cv", "train_ratio_range", "versions", "trained_at")
+
+
+def _read_pair(directory: Path, stem: str) -> tuple[lgb.Booster, dict[str, Any]]:
+    md = json.loads((directory / f"{stem}.json").read_text())
+    booster = lgb.Booster(model_file=str(directory / f"{stem}.txt"))
+    return booster, md
+
+
+# --------------------------------------------------------------------------- operators
+class OpRegressor(_LogEfficiencyRegressor):
+    """One (operator, pass) on one device: seconds from shape columns.
+
+    >>> r = OpRegressor("mlp_up", "fwd").fit(shapes_df, durations_s, device)
+    >>> r.predict(shapes_df, device)           # seconds
+    """
+
+    kind = "op"
+
+    def __init__(self, op: str, pass_: str, params: Mapping[str, Any] | None = None, *,
+                 physical_bound: float | None | str = "auto"):
+        if op not in ops.OPS:
+            raise KeyError(f"unknown op '{op}' (known: {', '.join(ops.OPS)})")
+        if pass_ not in ops.OPS[op].passes:
+            raise KeyError(f"op '{op}' has no pass '{pass_}' (passes: {', '.join(ops.OPS[op].passes)})")
+        super().__init__(params)
+        self.op = op
+        self.pass_ = pass_
+        auto = PHYSICAL_BOUND_COMPUTE if op in _COMPUTE_BOUND_OPS else PHYSICAL_BOUND_MEMORY
+        # None / 0 disables the physical bound (e.g. to score exactly as the paper did)
+        self.physical_bound = auto if physical_bound == "auto" else float(physical_bound or 0.0)
+
+    def _label(self) -> str:
+        return f"{self.op}.{self.pass_}"
+
+    def _stem(self) -> str:
+        return f"{self.op}.{self.pass_}"
+
+    def fit(self, shapes_df: pd.DataFrame, durations_s, device, precision: str = "fp16", *,
+            cv_folds: int = 0, groups=None, filter_outliers: bool = True,
+            progress: Callable[[str], None] | None = None) -> "OpRegressor":
+        """Fit on shape columns and measured seconds. `groups` (e.g. the optimizer variant) only
+        splits the CV report. `cv_folds` > 1 also runs the K-fold CV."""
+        a = F.shape_arrays(shapes_df)
+        X, roof = F.op_feature_matrix(self.op, self.pass_, a, device, precision)
+        names = list(F.feature_names(self.op))
+        keys = np.column_stack([a[c] for c in (*ops.SHAPE_COLUMNS, "variant")])
+        d = np.asarray(durations_s, dtype="float64")
+        g = None if groups is None else np.asarray(pd.Series(groups).astype(str))
+        self._fit_arrays(X, roof, d, names, dedupe_keys=keys, groups=g, cv_folds=cv_folds,
+                         filter_outliers=filter_outliers, progress=progress)
+        self.device_id_ = getattr(device, "device_id", None)
+        self.precision_ = precision
+        ranges = {}
+        for c in ops.SHAPE_COLUMNS:  # over the rows the model was trained on
+            col = a[c][self.used_mask_]
+            v = col[np.isfinite(col)]
+            if len(v):
+                ranges[c] = [float(v.min()), float(v.max())]
+        self.shape_ranges_ = ranges
+        return self
+
+    def predict(self, shapes_df, device, precision: str = "fp16") -> np.ndarray:
+        X, roof = F.op_feature_matrix(self.op, self.pass_, F.shape_arrays(shapes_df), device, precision)
+        return roof * np.exp(self.booster_.predict(X, num_threads=1))
+
+    def _metadata(self) -> dict[str, Any]:
+        md = super()._metadata()
+        return {"op": self.op, "pass": self.pass_, "device_id": getattr(self, "device_id_", None),
+                "precision": getattr(self, "precision_", None), "shape_ranges": getattr(self, "shape_ranges_", {}),
+                **md}
+
+    def _metadata_keys(self) -> tuple[str, ...]:
+        return (*super()._metadata_keys(), "op", "pass", "device_id", "precision", "shape_ranges")
+
+    @classmethod
+    def load(cls, directory: str | Path, op: str, pass_: str) -> "OpRegressor":
+        booster, md = _read_pair(Path(directory), f"{op}.{pass_}")
+        r = cls(op, pass_, md.get("lightgbm_params"))
+        r._restore(booster, md)
+        r.device_id_ = md.get("device_id")
+        r.precision_ = md.get("precision")
+        r.shape_ranges_ = md.get("shape_ranges", {})
+        return r
+
+
+# --------------------------------------------------------------------------- collectives
+class CollectiveRegressor(_LogEfficiencyRegressor):
+    """One collective on one platform, across all sampled topologies (nodes x GPUs per node)."""
+
+    kind = "collective"
+    physical_bound = PHYSICAL_BOUND_COLLECTIVE
+    capacity = COLLECTIVE_CAPACITY
+
+    def __init__(self, collective: str, params: Mapping[str, Any] | None = None, *,
+                 physical_bound: float | None | str = "auto"):
+        if collective not in ops.COLLECTIVES:
+            raise KeyError(f"unknown collective '{collective}' (known: {', '.join(ops.COLLECTIVES)})")
+        super().__init__(params)
+        self.collective = collective
+        self.physical_bound = PHYSICAL_BOUND_COLLECTIVE if physical_bound == "auto" else float(physical_bound or 0.0)
+
+    def _label(self) -> str:
+        return f"collective.{self.collective}"
+
+    def _stem(self) -> str:
+        return f"collective.{self.collective}"
+
+    def fit(self, message_bytes, nodes, gpus_per_node, durations_s, platform, *, cv_folds: int = 0,
+            groups=None, filter_outliers: bool = True,
+            progress: Callable[[str], None] | None = None) -> "CollectiveRegressor":
+        S = np.asarray(message_bytes, dtype="float64")
+        nn_ = np.asarray(nodes, dtype="float64")
+        gg = np.asarray(gpus_per_node, dtype="float64")
+        X, roof = F.collective_feature_matrix(self.collective, S, nn_, gg, platform)
+        names = list(F.COLLECTIVE_FEATURES)
+        d = np.asarray(durations_s, dtype="float64")
+        g = None if groups is None else np.asarray(pd.Series(groups).astype(str))
+        self._fit_arrays(X, roof, d, names, dedupe_keys=np.column_stack([S, nn_, gg]), groups=g,
+                         cv_folds=cv_folds, filter_outliers=filter_outliers, progress=progress)
+        # sampled ranges from the rows the model was trained on (rows dropped as impossible or
+        # corrupt do not count as coverage)
+        u = self.used_mask_
+        topo: dict[str, list[float]] = {}
+        for (a, b), m in pd.DataFrame({"n": nn_[u], "g": gg[u], "s": S[u]}).groupby(["n", "g"])["s"]:
+            topo[f"{int(a)}x{int(b)}"] = [float(m.min()), float(m.max()), int(len(m))]
+        self.topologies_ = topo
+        self.message_bytes_range_ = [float(S[u].min()), float(S[u].max())]
+        self.platform_id_ = getattr(platform, "platform_id", None)
+        return self
+
+    def predict(self, message_bytes, nodes, gpus_per_node, platform) -> np.ndarray:
+        X, roof = F.collective_feature_matrix(self.collective, message_bytes, nodes, gpus_per_node, platform)
+        return roof * np.exp(self.booster_.predict(X, num_threads=1))
+
+    def covers(self, message_bytes, nodes, gpus_per_node) -> np.ndarray:
+        """True where (nodes, gpus_per_node) was sampled and message_bytes lies in its sampled range."""
+        S, n, g = np.broadcast_arrays(np.atleast_1d(np.asarray(message_bytes, dtype="float64")),
+                                      np.atleast_1d(np.asarray(nodes)), np.atleast_1d(np.asarray(gpus_per_node)))
+        out = np.zeros(S.shape, bool)
+        for i in range(len(S)):
+            rng = self.topologies_.get(f"{int(n[i])}x{int(g[i])}")
+            out[i] = rng is not None and rng[0] <= S[i] <= rng[1]
+        return out
+
+    def _metadata(self) -> dict[str, Any]:
+        md = super()._metadata()
+        return {"collective": self.collective, "platform": getattr(self, "platform_id_", None),
+                "topologies": getattr(self, "topologies_", {}),
+                "topologies_note": "'<nodes>x<gpus_per_node>': [min message_bytes, max message_bytes, rows] over the "
+                                   "rows the model was trained on",
+                "message_bytes_range": getattr(self, "message_bytes_range_", None),
+                "message_bytes_convention": "allreduce/reducescatter: full buffer; allgather: per-rank input "
+                                            "(output is ranks x larger); p2p: the tensor sent",
+                **md}
+
+    def _metadata_keys(self) -> tuple[str, ...]:
+        return (*super()._metadata_keys(), "collective", "topologies", "topologies_note", "message_bytes_range",
+                "message_bytes_convention")
+
+    @classmethod
+    def load(cls, directory: str | Path, collective: str) -> "CollectiveRegressor":
+        booster, md = _read_pair(Path(directory), f"collective.{collective}")
+        r = cls(collective, md.get("lightgbm_params"))
+        r._restore(booster, md)
+        r.topologies_ = md.get("topologies", {})
+        r.message_bytes_range_ = md.get("message_bytes_range")
+        r.platform_id_ = md.get("platform")
+        return r
+
+
+# --------------------------------------------------------------------------- bank
+def _shape_key(shapes: Any) -> tuple | None:
+    """A hashable key for a one-row input (DataFrame or mapping of scalars); None if not one row."""
+    row = F.scalar_row(shapes)
+    return None if row is None else tuple(row.values())
+
+
+class ModelBank:
+    """All trained regressors of one platform, loaded lazily from `<models_dir>/<platform>/`."""
+
+    CACHE_SIZE = 4096
+
+    def __init__(self, platform_id: str, directory: Path):
+        self.platform_id = platform_id
+        self.directory = Path(directory)
+        self._meta: dict[str, dict[str, Any]] = {}
+        for p in sorted(self.directory.glob("*.json")):
+            if (p.with_suffix(".txt")).exists():
+                self._meta[p.stem] = json.loads(p.read_text())
+        self._boosters: dict[str, lgb.Booster] = {}
+        self._cache: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(cls, platform_id: str, models_dir: str | Path | None = None) -> "ModelBank":
+        d = Path(models_dir) if models_dir is not None else MODELS_DIR
+        path = d / platform_id
+        if not path.is_dir():
+            raise FileNotFoundError(f"no trained models for platform '{platform_id}' under {d} "
+                                    f"(train with predictor.training.train_platform('{platform_id}'))")
+        return cls(platform_id, path)
+
+    # ------------------------------------------------------------ introspection
+    def ops_available(self) -> list[tuple[str, str]]:
+        return sorted((m["op"], m["pass"]) for m in self._meta.values() if m.get("kind") == "op")
+
+    def collectives_available(self) -> list[str]:
+        return sorted(m["collective"] for m in self._meta.values() if m.get("kind") == "collective")
+
+    def has_op(self, op: str, pass_: str) -> bool:
+        return f"{op}.{pass_}" in self._meta
+
+    def op_info(self, op: str, pass_: str) -> dict[str, Any]:
+        try:
+            return self._meta[f"{op}.{pass_}"]
+        except KeyError:
+            raise KeyError(f"platform '{self.platform_id}' has no model for {op}/{pass_}") from None
+
+    def has_collective(self, collective: str) -> bool:
+        return f"collective.{collective}" in self._meta
+
+    def collective_info(self, collective: str) -> dict[str, Any]:
+        try:
+            return self._meta[f"collective.{collective}"]
+        except KeyError:
+            raise KeyError(f"platform '{self.platform_id}' has no model for collective {collective}") from None
+
+    def _booster(self, stem: str) -> lgb.Booster:
+        b = self._boosters.get(stem)
+        if b is None:
+            with self._lock:
+                b = self._boosters.get(stem)
+                if b is None:
+                    b = lgb.Booster(model_file=str(self.directory / f"{stem}.txt"))
+                    self._boosters[stem] = b
+        return b
+
+    def _cached(self, key, compute):
+        if key is not None:
+            hit = self._cache.get(key)
+            if hit is not None:
+                self._cache.move_to_end(key)
+                return hit.copy()
+        val = compute()
+        if key is not None:
+            self._cache[key] = val
+            if len(self._cache) > self.CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return val.copy()
+        return val
+
+    # ------------------------------------------------------------ prediction
+    def predict_op(self, op: str, pass_: str, shapes_df, device, precision: str = "fp16") -> np.ndarray:
+        """Seconds per row. `shapes_df`: a DataFrame of shape columns or a mapping of scalars (one row)."""
+        stem = f"{op}.{pass_}"
+        if stem not in self._meta:
+            raise KeyError(f"platform '{self.platform_id}' has no model for {op}/{pass_}")
+        sk = _shape_key(shapes_df)
+        key = None if sk is None else ("op", stem, getattr(device, "device_id", id(device)), precision, sk)
+
+        def compute() -> np.ndarray:
+            X, roof = F.op_feature_matrix(op, pass_, F.shape_arrays(shapes_df), device, precision)
+            return roof * np.exp(self._booster(stem).predict(X, num_threads=1))
+        return self._cached(key, compute)
+
+    def predict_collective(self, collective: str, message_bytes, nodes, gpus_per_node, platform) -> np.ndarray:
+        stem = f"collective.{collective}"
+        if stem not in self._meta:
+            raise KeyError(f"platform '{self.platform_id}' has no model for collective {collective}")
+        scalar = all(np.ndim(v) == 0 for v in (message_bytes, nodes, gpus_per_node))
+        key = ("coll", stem, getattr(platform, "platform_id", id(platform)), float(message_bytes), float(nodes),
+               float(gpus_per_node)) if scalar else None
+
+        def compute() -> np.ndarray:
+            X, roof = F.collective_feature_matrix(collective, message_bytes, nodes, gpus_per_node, platform)
+            return roof * np.exp(self._booster(stem).predict(X, num_threads=1))
+        return self._cached(key, compute)
+
+    def covers_collective(self, collective: str, message_bytes, nodes, gpus_per_node) -> np.ndarray:
+        topo = self.collective_info(collective).get("topologies", {})
+        S, n, g = np.broadcast_arrays(np.atleast_1d(np.asarray(message_bytes, dtype="float64")),
+                                      np.atleast_1d(np.asarray(nodes)), np.atleast_1d(np.asarray(gpus_per_node)))
+        out = np.zeros(S.shape, bool)
+        for i in range(len(S)):
+            rng = topo.get(f"{int(n[i])}x{int(g[i])}")
+            out[i] = rng is not None and rng[0] <= S[i] <= rng[1]
+        return out

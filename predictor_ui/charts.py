@@ -1,0 +1,433 @@
+"""Chart builders: plain functions from DataFrames / dicts to Altair charts.
+
+No streamlit here, so tests check the chart specs (`chart.to_dict()`) without a browser.
+Colours are fixed per category / provenance so every page reads the same way.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+CATEGORY_ORDER = ["compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
+CATEGORY_LABELS = {"compute": "compute", "tp_comm": "TP communication", "pp_comm": "PP communication",
+                   "dp_comm": "DP communication", "bubble": "pipeline bubble", "optimizer": "optimizer step"}
+CATEGORY_COLORS = {"compute": "#4c78a8", "tp_comm": "#f58518", "pp_comm": "#e45756", "dp_comm": "#72b7b2",
+                   "bubble": "#bab0ac", "optimizer": "#54a24b"}
+PROVENANCE_COLORS = {"measured": "#2e7d32", "transferred": "#1e88e5", "stand-in": "#f9a825",
+                     "analytical (calibrated)": "#8d6e63", "analytical": "#9e9e9e", "none": "#e0e0e0"}
+PHASE_COLORS = {"fwd": "#4c78a8", "bwd": "#f58518", "recompute": "#b279a2", "step": "#54a24b"}
+KIND_COLORS = {"forward": "#4c78a8", "backward": "#f58518", "busy": "#7f7f7f", "idle (bubble)": "#eeeeee"}
+MEMORY_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
+
+
+def _scale(mapping: dict[str, str], present: Iterable[str]) -> alt.Scale:
+    present = list(dict.fromkeys(present))
+    domain = [k for k in mapping if k in present] + [k for k in present if k not in mapping]
+    palette = list(mapping.values())
+    rng = [mapping.get(k, palette[i % len(palette)]) for i, k in enumerate(domain)]
+    return alt.Scale(domain=domain, range=rng)
+
+
+# --------------------------------------------------------------------------- breakdown
+def breakdown_frame(breakdowns: dict[str, dict[str, float]]) -> pd.DataFrame:
+    """{setup: {category: seconds}} -> long frame (setup, category, label, seconds, share, order)."""
+    rows = []
+    for setup, bd in breakdowns.items():
+        total = sum(float(v) for v in bd.values()) or 1.0
+        for cat, v in bd.items():
+            rows.append({"setup": setup, "category": cat, "label": CATEGORY_LABELS.get(cat, cat),
+                         "seconds": float(v), "share": float(v) / total,
+                         "order": CATEGORY_ORDER.index(cat) if cat in CATEGORY_ORDER else 99})
+    return pd.DataFrame(rows, columns=["setup", "category", "label", "seconds", "share", "order"])
+
+
+def breakdown_chart(breakdowns: dict[str, dict[str, float]], height: int | None = None) -> alt.Chart:
+    """Stacked horizontal bar per setup: where the step time goes (sums to the step time).
+    `height`: pixels per bar (Streamlit squeezes a fixed total height, so bands use alt.Step)."""
+    df = breakdown_frame(breakdowns)
+    labels = {CATEGORY_LABELS.get(k, k): v for k, v in CATEGORY_COLORS.items()}
+    return alt.Chart(df, height=alt.Step(height or 34)).mark_bar().encode(
+        x=alt.X("sum(seconds):Q", title="seconds per step", stack="zero"),
+        y=alt.Y("setup:N", title=None, sort=list(breakdowns)),
+        color=alt.Color("label:N", title="category", scale=_scale(labels, df["label"]),
+                        legend=alt.Legend(orient="bottom", columns=3)),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("setup:N"), alt.Tooltip("label:N", title="category"),
+                 alt.Tooltip("seconds:Q", format=".4g"), alt.Tooltip("share:Q", format=".1%")],
+    )
+
+
+# --------------------------------------------------------------------------- HTML bars
+def html_stacked_bar(parts: list[tuple[str, float, str]], unit: str = "s", fmt_value=None,
+                     height_px: int = 22) -> str:
+    """A 100 % stacked bar as plain HTML (no chart library: it paints with the page). `parts` are
+    (label, value, colour); hovering a segment names it; a legend with values and shares follows."""
+    total = sum(max(0.0, float(v)) for _, v, _ in parts) or 1.0
+    show = fmt_value or (lambda v: f"{v:.3g} {unit}".strip())
+    segs, legend = [], []
+    for label, v, color in parts:
+        v = max(0.0, float(v))
+        share = v / total
+        if share <= 0:
+            continue
+        tip = f"{label}: {show(v)} ({share:.1%})"
+        segs.append(f'<div title="{tip}" style="width:{100 * share:.3f}%;background:{color};height:100%"></div>')
+        legend.append(f'<span style="white-space:nowrap;margin-right:14px"><span style="display:inline-block;'
+                      f'width:10px;height:10px;background:{color};margin-right:5px;border-radius:2px"></span>'
+                      f'{label} <b>{share:.0%}</b> <span style="opacity:.65">{show(v)}</span></span>')
+    return (f'<div style="display:flex;width:100%;height:{height_px}px;border-radius:4px;overflow:hidden;'
+            f'background:#f0f2f6">{"".join(segs)}</div>'
+            f'<div style="font-size:0.82rem;line-height:1.9;margin-top:4px">{"".join(legend)}</div>')
+
+
+def breakdown_html(breakdown: dict[str, float]) -> str:
+    parts = [(CATEGORY_LABELS.get(k, k), v, CATEGORY_COLORS.get(k, "#999")) for k, v in
+             sorted(breakdown.items(), key=lambda kv: CATEGORY_ORDER.index(kv[0]) if kv[0] in CATEGORY_ORDER else 99)]
+    return html_stacked_bar(parts, "s", fmt_value=_fmt_seconds)
+
+
+def provenance_html(share: dict[str, float]) -> str:
+    order = list(PROVENANCE_COLORS)
+    items = sorted(share.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
+    return html_stacked_bar([(k, v, PROVENANCE_COLORS.get(k, "#bdbdbd")) for k, v in items], "",
+                            fmt_value=lambda v: "")
+
+
+def _fmt_seconds(v: float) -> str:
+    from .fmt import seconds
+    return seconds(v)
+
+
+# --------------------------------------------------------------------------- operators
+def ops_frame(ops: pd.DataFrame, stage: int | None = None, top: int = 15) -> pd.DataFrame:
+    """Seconds per operator and phase on one stage (all chunks), per micro-batch, ranked by total."""
+    df = ops if stage is None else ops[ops["stage"] == stage]
+    df = df[df["seconds_total"] > 0]
+    g = (df.groupby(["op", "phase"], as_index=False)
+         .agg(seconds=("seconds_total", "sum"), calls=("count", "sum"),
+              provenance=("provenance", lambda s: ", ".join(sorted(set(map(str, s))))),
+              category=("category", "first")))
+    if g.empty:
+        return g.assign(total=[], rank=[])
+    tot = g.groupby("op")["seconds"].sum().sort_values(ascending=False)
+    keep = list(tot.index[:top])
+    g = g[g["op"].isin(keep)].copy()
+    g["total"] = g["op"].map(tot)
+    g["rank"] = g["op"].map({op: i for i, op in enumerate(keep)})
+    return g.sort_values(["rank", "phase"]).reset_index(drop=True)
+
+
+def ops_chart(ops: pd.DataFrame, stage: int | None = None, top: int = 15) -> alt.Chart:
+    """Ranked horizontal bars: the operators that cost most, split into forward / backward / recompute."""
+    df = ops_frame(ops, stage, top)
+    order = list(dict.fromkeys(df["op"])) if len(df) else []
+    return alt.Chart(df, height=alt.Step(22)).mark_bar().encode(
+        x=alt.X("sum(seconds):Q", title="seconds per micro-batch on this stage"),
+        y=alt.Y("op:N", sort=order, title=None),
+        color=alt.Color("phase:N", scale=_scale(PHASE_COLORS, df["phase"] if len(df) else []),
+                        legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip("op:N"), alt.Tooltip("phase:N"), alt.Tooltip("seconds:Q", format=".4g"),
+                 alt.Tooltip("calls:Q", format=".0f"), alt.Tooltip("provenance:N")],
+    )
+
+
+# --------------------------------------------------------------------------- pipeline timeline
+def timeline_frame(timeline: list[dict[str, Any]], max_items: int = 3000) -> tuple[pd.DataFrame, bool]:
+    """Bars (forward / backward per micro-batch, plus idle gaps = bubbles) per pipeline stage.
+
+    With more than `max_items` bars, adjacent work on a stage merges into 'busy' spans (the bubbles
+    stay exact); returns (frame, merged).
+    """
+    cols = ["stage", "row", "kind", "micro_batch", "chunk", "start_s", "end_s", "seconds"]
+    if not timeline:
+        return pd.DataFrame(columns=cols), False
+    df = pd.DataFrame(timeline)
+    if "chunk" not in df:
+        df["chunk"] = 0
+    df = df.sort_values(["stage", "start_s"]).reset_index(drop=True)
+    end = float(df["end_s"].max())
+    merged = len(df) > max_items
+    out = []
+    eps = 1e-9 * max(end, 1e-12)
+    for stage, g in df.groupby("stage", sort=True):
+        cursor = 0.0
+        span_start = None
+        span_end = None
+        for r in g.itertuples(index=False):
+            if r.start_s > cursor + eps:
+                if merged and span_start is not None:
+                    out.append((stage, "busy", -1, -1, span_start, span_end))
+                    span_start = None
+                out.append((stage, "idle (bubble)", -1, -1, cursor, float(r.start_s)))
+            if merged:
+                span_start = float(r.start_s) if span_start is None else span_start
+                span_end = float(r.end_s)
+            else:
+                out.append((stage, r.kind, int(r.micro_batch), int(r.chunk), float(r.start_s), float(r.end_s)))
+            cursor = max(cursor, float(r.end_s))
+        if merged and span_start is not None:
+            out.append((stage, "busy", -1, -1, span_start, span_end))
+        if end > cursor + eps:
+            out.append((stage, "idle (bubble)", -1, -1, cursor, end))
+    f = pd.DataFrame(out, columns=["stage", "kind", "micro_batch", "chunk", "start_s", "end_s"])
+    f["seconds"] = f["end_s"] - f["start_s"]
+    f["row"] = "stage " + f["stage"].astype(str)
+    return f[cols], merged
+
+
+def timeline_chart(timeline: list[dict[str, Any]], max_items: int = 3000, width: int | None = None) -> alt.Chart:
+    """Gantt chart: one row per pipeline stage, micro-batches as bars, bubbles as light gaps."""
+    df, merged = timeline_frame(timeline, max_items)
+    stages = sorted(df["stage"].unique()) if len(df) else []
+    rows = [f"stage {s}" for s in stages]
+    base = alt.Chart(df, height=alt.Step(28 if len(rows) <= 16 else 16))
+    bars = base.mark_bar(stroke="white", strokeWidth=0.3 if len(df) < 600 else 0).encode(
+        x=alt.X("start_s:Q", title="seconds from the start of the step"),
+        x2="end_s:Q",
+        y=alt.Y("row:N", sort=rows, title=None),
+        color=alt.Color("kind:N", scale=_scale(KIND_COLORS, df["kind"] if len(df) else []),
+                        legend=alt.Legend(orient="bottom", title=None)),
+        tooltip=[alt.Tooltip("row:N", title="stage"), alt.Tooltip("kind:N"), alt.Tooltip("micro_batch:Q"),
+                 alt.Tooltip("chunk:Q"), alt.Tooltip("start_s:Q", format=".4g"),
+                 alt.Tooltip("seconds:Q", format=".4g")],
+    )
+    if not merged and 0 < len(df) <= 160:
+        work = df[df["micro_batch"] >= 0]
+        text = alt.Chart(work).mark_text(fontSize=9, color="white").encode(
+            x=alt.X("mid:Q"), y=alt.Y("row:N", sort=rows), text="micro_batch:Q"
+        ).transform_calculate(mid="(datum.start_s + datum.end_s) / 2")
+        return alt.layer(bars, text)
+    return bars
+
+
+# --------------------------------------------------------------------------- provenance
+def provenance_frame(share: dict[str, float]) -> pd.DataFrame:
+    rows = [{"what": "share of the predicted time", "provenance": k, "share": float(v)}
+            for k, v in share.items() if v > 0]
+    df = pd.DataFrame(rows, columns=["what", "provenance", "share"])
+    order = list(PROVENANCE_COLORS)
+    df["order"] = [order.index(p) if p in order else 99 for p in df["provenance"]]
+    return df.sort_values("order").reset_index(drop=True)
+
+
+def provenance_chart(share: dict[str, float]) -> alt.Chart:
+    """One 100 % bar: the share of predicted time resting on measured / transferred / ... data."""
+    df = provenance_frame(share)
+    return alt.Chart(df, height=alt.Step(26)).mark_bar().encode(
+        y=alt.Y("what:N", title=None, axis=None),
+        x=alt.X("sum(share):Q", title=None, axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
+        color=alt.Color("provenance:N", scale=_scale(PROVENANCE_COLORS, df["provenance"]),
+                        legend=alt.Legend(orient="right", title="data behind it")),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("provenance:N"), alt.Tooltip("share:Q", format=".1%")],
+    )
+
+
+# --------------------------------------------------------------------------- memory
+MEMORY_ORDER = ["weights", "gradients", "optimizer", "activations", "buffers", "framework"]
+
+
+def memory_frame(parts_gib: dict[str, float], setup: str = "this layout") -> pd.DataFrame:
+    """{part: GiB} -> (row, part, gib) for one bar."""
+    return pd.DataFrame([{"row": setup, "part": k, "gib": float(v)} for k, v in parts_gib.items()],
+                        columns=["row", "part", "gib"])
+
+
+def memory_chart(frame: pd.DataFrame | dict[str, float], capacity_gib: float, usable_gib: float | None = None
+                 ) -> alt.Chart:
+    """Stacked bars of memory per GPU by part (one bar per pipeline stage, or per setup), with the
+    usable memory (capacity less the allocator reserve) as a red rule and the HBM size dashed.
+
+    `frame`: columns (stage or row, part, gib), or a {part: GiB} dict for a single bar.
+    """
+    df = memory_frame(frame) if isinstance(frame, dict) else frame.copy()
+    if "row" not in df:
+        df["row"] = "stage " + df["stage"].astype(str)
+    rows = list(dict.fromkeys(df["row"]))
+    df["order"] = [MEMORY_ORDER.index(p) if p in MEMORY_ORDER else 99 for p in df["part"]]
+    peak = float(df.groupby("row")["gib"].sum().max()) if len(df) else 0.0
+    hi = max(capacity_gib, peak) * 1.06
+    parts = list(dict.fromkeys([p for p in MEMORY_ORDER if p in set(df["part"])] + list(df["part"])))
+    bars = alt.Chart(df, height=alt.Step(26)).mark_bar().encode(
+        x=alt.X("sum(gib):Q", title="GiB per GPU", scale=alt.Scale(domain=[0, hi])),
+        y=alt.Y("row:N", title=None, sort=rows),
+        color=alt.Color("part:N", scale=alt.Scale(domain=parts, range=MEMORY_COLORS[:len(parts)] or MEMORY_COLORS),
+                        legend=alt.Legend(orient="bottom", title=None)),
+        order=alt.Order("order:Q"),
+        tooltip=[alt.Tooltip("row:N", title="where"), alt.Tooltip("part:N"),
+                 alt.Tooltip("gib:Q", format=".3g", title="GiB")],
+    )
+    lines = pd.DataFrame({"gib": [capacity_gib] + ([usable_gib] if usable_gib else []),
+                          "what": ["device memory"] + (["usable (less allocator reserve)"] if usable_gib else [])})
+    rule = alt.Chart(lines).mark_rule(strokeWidth=2).encode(
+        x="gib:Q", color=alt.value("#d62728"),
+        strokeDash=alt.condition("datum.what == 'device memory'", alt.value([5, 3]), alt.value([1, 0])),
+        tooltip=[alt.Tooltip("what:N"), alt.Tooltip("gib:Q", format=".3g", title="GiB")])
+    return alt.layer(bars, rule)
+
+
+# --------------------------------------------------------------------------- search
+def search_scatter(df: pd.DataFrame, capacity_gib: float | None = None, selected_rank: int | None = None
+                   ) -> alt.Chart:
+    """Step time vs memory per GPU for every candidate layout; the capacity as a vertical rule."""
+    d = df.copy()
+    if "memory_gib" not in d:
+        d["memory_gib"] = np.nan
+    d["layout"] = d.apply(lambda r: _layout_label(r), axis=1) if len(d) else []
+    d["fits_label"] = d["fits"].map({True: "fits", False: "does not fit"}).fillna("unknown") if "fits" in d \
+        else "unknown"
+    d["selected"] = d["rank"] == selected_rank if selected_rank is not None and "rank" in d else False
+    tips = [alt.Tooltip("rank:Q"), alt.Tooltip("layout:N"), alt.Tooltip("step_time_s:Q", format=".4g"),
+            alt.Tooltip("memory_gib:Q", format=".3g")]
+    if "mfu" in d:
+        tips.append(alt.Tooltip("mfu:Q", format=".1%"))
+    pts = alt.Chart(d).mark_circle(size=70, opacity=0.8).encode(
+        x=alt.X("memory_gib:Q", title="memory per GPU (GiB)"),
+        y=alt.Y("step_time_s:Q", title="step time (s)", scale=alt.Scale(zero=False)),
+        color=alt.Color("fits_label:N", title=None,
+                        scale=alt.Scale(domain=["fits", "does not fit", "unknown"],
+                                        range=["#2e7d32", "#d62728", "#9e9e9e"]),
+                        legend=alt.Legend(orient="bottom")),
+        size=alt.condition("datum.selected", alt.value(260), alt.value(70)),
+        tooltip=tips,
+    )
+    layers = [pts]
+    if capacity_gib:
+        layers.append(alt.Chart(pd.DataFrame({"capacity": [capacity_gib]})).mark_rule(
+            color="#d62728", strokeDash=[6, 4]).encode(x="capacity:Q"))
+    return alt.layer(*layers).properties(height=320)
+
+
+def _layout_label(r: pd.Series) -> str:
+    parts = [f"TP{int(r['tp'])}" if "tp" in r and pd.notna(r.get("tp")) else "",
+             f"PP{int(r['pp'])}" if "pp" in r and pd.notna(r.get("pp")) else "",
+             f"DP{int(r['dp'])}" if "dp" in r and pd.notna(r.get("dp")) else "",
+             f"mb{int(r['micro_batch'])}" if "micro_batch" in r and pd.notna(r.get("micro_batch")) else ""]
+    if "schedule" in r and pd.notna(r.get("schedule")):
+        parts.append(str(r["schedule"]) + (f"×{int(r['vpp'])}" if "vpp" in r and pd.notna(r.get("vpp"))
+                                           and int(r["vpp"]) > 1 else ""))
+    if "recompute" in r and pd.notna(r.get("recompute")) and r["recompute"] != "none":
+        parts.append(f"rc-{r['recompute']}")
+    return " ".join(p for p in parts if p)
+
+
+# --------------------------------------------------------------------------- samples
+def samples_chart(points: pd.DataFrame, x: str, y: str = "duration_s", color: str | None = None,
+                  curve: pd.DataFrame | None = None, log_x: bool = True, log_y: bool = True,
+                  highlight: str | None = None) -> alt.Chart:
+    """Measured samples (dots) and the regressor's curve (black line) over them.
+
+    `curve` has columns x and `predicted_s`. `highlight` names a boolean column of `points`: the
+    samples on the curve's slice, drawn in colour; the others faint grey. Without it the dots are
+    coloured by `color`.
+    """
+    p = points.copy()
+    xs = alt.Scale(type="log" if log_x and (p[x] > 0).all() else "linear", nice=False, zero=False)
+    ys = alt.Scale(type="log" if log_y else "linear", nice=False, zero=False)
+    tips = [alt.Tooltip(c) for c in p.columns if c in (x, y, "tp", "batch", "seq", "hidden", "heads", "ffn_hidden",
+                                                        "vocab", "message_bytes", "nodes", "gpus_per_node")]
+    if "predicted_s" in p:
+        tips.append(alt.Tooltip("predicted_s:Q", format=".4g", title="regressor s"))
+    X = alt.X(f"{x}:Q", scale=xs, title=x)
+    Y = alt.Y(f"{y}:Q", scale=ys, title="seconds")
+    layers = []
+    if highlight and highlight in p:
+        p["sample"] = np.where(p[highlight].astype(bool), "on the slice", "other samples")
+        legend = alt.Color("sample:N", title=None, legend=alt.Legend(orient="bottom"),
+                           scale=alt.Scale(domain=["on the slice", "other samples", "regressor"],
+                                           range=["#e45756", "#bdbdbd", "#111111"]))
+        off = p[~p[highlight].astype(bool)]
+        on = p[p[highlight].astype(bool)]
+        layers.append(alt.Chart(off).mark_circle(size=22, opacity=0.35).encode(x=X, y=Y, color=legend, tooltip=tips))
+        layers.append(alt.Chart(on).mark_circle(size=70, opacity=0.95).encode(x=X, y=Y, color=legend, tooltip=tips))
+    else:
+        enc: dict[str, Any] = {"x": X, "y": Y, "tooltip": tips}
+        if color and color in p:
+            enc["color"] = alt.Color(f"{color}:N", legend=alt.Legend(orient="right"))
+        layers.append(alt.Chart(p).mark_circle(size=36, opacity=0.7).encode(**enc))
+    if curve is not None and len(curve) and curve["predicted_s"].notna().any():
+        c = curve.dropna(subset=["predicted_s"]).assign(sample="regressor")
+        layers.append(alt.Chart(c).mark_line(color="#111", strokeWidth=2.5).encode(
+            x=X, y=alt.Y("predicted_s:Q", scale=ys),
+            tooltip=[alt.Tooltip(f"{x}:Q"), alt.Tooltip("predicted_s:Q", format=".4g", title="regressor s")]))
+    return alt.layer(*layers).properties(height=380)
+
+
+# --------------------------------------------------------------------------- accuracy
+def accuracy_scatter(df: pd.DataFrame, color: str = "platform") -> alt.Chart:
+    """Predicted vs measured step time (log-log) with the y = x line and a ±20 % band."""
+    d = df[df["predicted_s"].notna() & df["measured_s"].notna()].copy()
+    if d.empty:
+        lo, hi = 0.01, 10.0
+    else:
+        lo = float(min(d["predicted_s"].min(), d["measured_s"].min())) * 0.8
+        hi = float(max(d["predicted_s"].max(), d["measured_s"].max())) * 1.25
+    xs = np.geomspace(max(lo, 1e-9), max(hi, 2e-9), 20)
+    ref = pd.DataFrame({"measured_s": xs, "ideal": xs, "plus20": xs * 1.2, "minus20": xs * 0.8})
+    scale = alt.Scale(type="log", domain=[lo, hi])
+    tips = [alt.Tooltip(c) for c in ("run_id", "platform", "arch", "layers", "hidden", "num_gpus", "tp", "pp", "dp",
+                                     "micro_batch", "global_batch") if c in d]
+    tips += [alt.Tooltip("measured_s:Q", format=".4g"), alt.Tooltip("predicted_s:Q", format=".4g"),
+             alt.Tooltip("ape:Q", format=".1%", title="error")]
+    pts = alt.Chart(d).mark_circle(size=34, opacity=0.65).encode(
+        x=alt.X("measured_s:Q", scale=scale, title="measured step time (s)"),
+        y=alt.Y("predicted_s:Q", scale=scale, title="predicted step time (s)"),
+        color=alt.Color(f"{color}:N", legend=alt.Legend(orient="bottom")) if color in d else alt.value("#4c78a8"),
+        tooltip=tips,
+    )
+    ideal = alt.Chart(ref).mark_line(color="#333").encode(x="measured_s:Q", y="ideal:Q")
+    band = alt.Chart(ref).mark_area(opacity=0.12, color="#2e7d32").encode(
+        x="measured_s:Q", y="minus20:Q", y2="plus20:Q")
+    return alt.layer(band, ideal, pts).properties(height=400)
+
+
+def op_error_chart(summary: pd.DataFrame) -> alt.Chart:
+    """CV MAPE per operator model (bars) and the paper's best error (ticks) where known."""
+    d = summary.copy()
+    if d.empty:
+        return alt.Chart(pd.DataFrame({"model": [], "cv_mape": []})).mark_bar()
+    d["label"] = d.apply(lambda r: f"{r['model']}.{r['pass']}" if r.get("pass") else f"{r['kind']} {r['model']}",
+                         axis=1)
+    order = list(d.sort_values("cv_mape", ascending=False)["label"].drop_duplicates())
+    bars = alt.Chart(d).mark_bar().encode(
+        y=alt.Y("label:N", sort=order, title=None),
+        x=alt.X("cv_mape:Q", title="cross-validated MAPE", axis=alt.Axis(format="%")),
+        yOffset=alt.YOffset("platform:N"),
+        color=alt.Color("platform:N", legend=alt.Legend(orient="bottom")),
+        tooltip=[alt.Tooltip(c) for c in ("platform", "label", "n_samples") if c in d]
+        + [alt.Tooltip("cv_mape:Q", format=".1%"),
+           alt.Tooltip("paper_best_error:Q", format=".1%", title="paper best error")],
+    )
+    layers = [bars]
+    if "paper_best_error" in d and d["paper_best_error"].notna().any():
+        layers.append(alt.Chart(d[d["paper_best_error"].notna()]).mark_tick(color="black", thickness=2).encode(
+            y=alt.Y("label:N", sort=order), yOffset=alt.YOffset("platform:N"), x="paper_best_error:Q"))
+    return alt.layer(*layers).properties(height=alt.Step(max(20, 12 * max(1, d["platform"].nunique()))))
+
+
+def error_hist(df: pd.DataFrame) -> alt.Chart:
+    """Distribution of the signed error of end-to-end predictions."""
+    d = df[df["signed_error"].notna()] if "signed_error" in df else df.iloc[0:0]
+    return alt.Chart(d).mark_bar().encode(
+        x=alt.X("signed_error:Q", bin=alt.Bin(maxbins=40), title="(predicted − measured) / measured",
+                axis=alt.Axis(format="%")),
+        y=alt.Y("count():Q", title="runs"),
+        color=alt.Color("platform:N", legend=None) if "platform" in d else alt.value("#4c78a8"),
+        tooltip=[alt.Tooltip("count():Q", title="runs")],
+    ).properties(height=260)
+
+
+def sweep(lo: float, hi: float, n: int = 60, integer: bool = True) -> np.ndarray:
+    """Log-spaced points between lo and hi (integers when the column is integral)."""
+    lo, hi = float(lo), float(hi)
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= 0:
+        return np.array([])
+    lo = max(lo, 1.0 if integer else hi * 1e-6)
+    xs = np.geomspace(lo, hi, n) if hi > lo else np.array([lo])
+    if integer:
+        xs = np.unique(np.round(xs).astype(np.int64))
+    return xs

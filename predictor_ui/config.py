@@ -1,0 +1,81 @@
+"""Where the dashboard reads and writes, and cheap version stamps used as cache keys.
+
+Environment:
+  PREDICTOR_STORE        the DuckDB sample store (the predictor's own variable; default data/samples.duckdb)
+  PREDICTOR_MODELS_DIR   trained regressors (default: the predictor's models_store/)
+  PREDICTOR_CLUSTERS     a JSON/YAML file of extra cluster definitions (default: data/clusters.local.json
+                         when it exists); the Predict page's custom clusters and Calibrate write here
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV_MODELS = "PREDICTOR_MODELS_DIR"
+ENV_CLUSTERS = "PREDICTOR_CLUSTERS"
+STORE_HINT = ".venv/bin/python -m predictor ingest ../shared/datasets/paper-samples"
+TRAIN_HINT = ".venv/bin/python -m predictor train --platform {platform}"
+
+
+def store_path() -> Path:
+    """The store the predictor will open (its own default rule)."""
+    from predictor.store import default_store_path
+    return default_store_path()
+
+
+def models_dir() -> Path:
+    env = os.environ.get(ENV_MODELS)
+    if env:
+        return Path(env).expanduser()
+    from predictor.predict import MODELS_DIR
+    return Path(MODELS_DIR)
+
+
+def models_dir_arg() -> str | None:
+    """What to pass as `models_dir` to predictor calls: None keeps the predictor's default."""
+    env = os.environ.get(ENV_MODELS)
+    return str(Path(env).expanduser()) if env else None
+
+
+def clusters_file() -> Path:
+    """The user cluster file (may not exist yet)."""
+    env = os.environ.get(ENV_CLUSTERS)
+    if env:
+        return Path(env).expanduser()
+    return store_path().parent / "clusters.local.json"
+
+
+def clusters_file_arg() -> str | None:
+    p = clusters_file()
+    return str(p) if p.is_file() else None
+
+
+def _stat_stamp(p: Path) -> str:
+    try:
+        st = p.stat()
+    except OSError:
+        return "missing"
+    return f"{st.st_mtime_ns}-{st.st_size}"
+
+
+def store_version() -> str:
+    """Changes whenever the store file changes (new ingest), so cached reads refresh."""
+    p = store_path()
+    return f"{p}:{_stat_stamp(p)}:{_stat_stamp(p.with_name(p.name + '.wal'))}"
+
+
+def models_version() -> str:
+    """Changes whenever a model file is (re)written, so cached predictors and predictions refresh."""
+    d = models_dir()
+    h = hashlib.sha1(str(d).encode())
+    if d.is_dir():
+        for p in sorted(d.glob("*/*")):
+            h.update(f"{p.relative_to(d)}:{_stat_stamp(p)}".encode())
+    return h.hexdigest()[:16]
+
+
+def clusters_version() -> str:
+    p = clusters_file()
+    return f"{p}:{_stat_stamp(p)}"

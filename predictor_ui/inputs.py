@@ -1,0 +1,258 @@
+"""Input widgets. Every widget has a key and is bound to the URL query string
+(`bind="query-params"`), so the address bar is always a shareable link to what is on screen;
+values equal to the default stay out of the URL. Field names are the CLI / predict-batch names
+(model, platform, num_gpus, tp, pp, dp, micro_batch, global_batch, seq_len, ...), with a prefix
+("a_", "b_", ...) on the Compare page.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import streamlit as st
+
+from predictor.layout_io import llama_ffn
+from predictor.presets import get_preset, list_presets
+from predictor.specs import PRECISIONS, RECOMPUTES, SCHEDULES
+
+from . import adapters, config, fmt
+
+CUSTOM = "custom"
+BIND = "query-params"
+
+# The planner's canonical question: Llama-3 70B on 512 H100s.
+DEFAULT_SETUP: dict[str, Any] = {
+    "model": "llama3-70b", "platform": "dgx-h100", "num_gpus": 512, "tp": 8, "pp": 4, "dp": None,
+    "micro_batch": 1, "global_batch": 1024, "seq_len": 4096, "schedule": "1f1b", "vpp": 1,
+    "recompute": "selective", "sequence_parallel": True, "zero_stage": 1, "precision": "bf16",
+    "attention": "flash",
+}
+CUSTOM_MODEL_DEFAULT = {"arch": "llama", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
+                        "ffn_hidden": 14336, "vocab": 128256}
+CUSTOM_CLUSTER_DEFAULT = {"c_name": "my-cluster", "c_device": "h100-sxm5-80gb", "c_gpn": 8, "c_intra_bw": 450.0,
+                          "c_intra_lat": 8.0, "c_inter_bw": 50.0, "c_inter_lat": 10.0, "c_models": "auto"}
+TARGET_DEFAULT = {"tokens_b": 2000.0, "price": None}
+SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def _k(prefix: str, name: str) -> str:
+    return f"{prefix}{name}"
+
+
+# --------------------------------------------------------------------------- model
+def _fill_custom_from_preset(prefix: str) -> None:
+    """When the user switches the model to 'custom', start from the preset they had."""
+    key = _k(prefix, "model")
+    if st.session_state.get(key) != CUSTOM:
+        return
+    last = st.session_state.get(_k(prefix, "_last_preset"))
+    if not last:
+        return
+    m = get_preset(last)
+    vals = {"arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
+            "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size}
+    for f, v in vals.items():
+        st.session_state[_k(prefix, f)] = v
+
+
+def model_inputs(prefix: str = "", container=None, default: str | None = None) -> dict[str, Any]:
+    """Preset or custom transformer; returns the model fields (layout_io names)."""
+    c = container or st
+    options = list_presets() + [CUSTOM]
+    default = default or DEFAULT_SETUP["model"]
+
+    # Bound selectboxes show the raw option (the URL holds it), details go in a caption.
+    name = c.selectbox("Model", options, index=options.index(default), key=_k(prefix, "model"),
+                       bind=BIND, on_change=_fill_custom_from_preset, args=(prefix,),
+                       help="A published architecture, or 'custom' to enter layers, hidden size, heads, ...")
+    if name != CUSTOM:
+        st.session_state[_k(prefix, "_last_preset")] = name
+        m = get_preset(name)
+        c.caption(f"{m.total_params() / 1e9:.3g} B parameters · {m.num_layers} layers · hidden {m.hidden_size} · "
+                  f"{m.num_heads} heads" + (f" ({m.kv_heads} KV)" if m.kv_heads != m.num_heads else "")
+                  + f" · {m.arch}")
+        return {"model": name}
+    d = CUSTOM_MODEL_DEFAULT
+    arch = c.selectbox("Architecture", ["llama", "gpt"], index=0 if d["arch"] == "llama" else 1,
+                       key=_k(prefix, "arch"), bind=BIND,
+                       help="llama: RMSNorm, RoPE, SwiGLU, GQA. gpt: LayerNorm, GeLU, MHA, learned positions.")
+    a, b = c.columns(2)
+    layers = a.number_input("Layers", 1, 1000, d["layers"], key=_k(prefix, "layers"), bind=BIND)
+    hidden = b.number_input("Hidden size", 64, 131072, d["hidden"], step=128, key=_k(prefix, "hidden"), bind=BIND)
+    heads = a.number_input("Heads", 1, 1024, d["heads"], key=_k(prefix, "heads"), bind=BIND)
+    kv = b.number_input("KV heads", 1, 1024, d["kv_heads"], key=_k(prefix, "kv_heads"), bind=BIND,
+                        help="Key/value heads: = heads for multi-head attention, fewer for grouped-query attention.")
+    ffn = a.number_input("FFN hidden", 0, 1_000_000, d["ffn_hidden"], step=256, key=_k(prefix, "ffn_hidden"),
+                         bind=BIND, help="MLP inner width (each of gate and up for SwiGLU). 0 = the architecture's "
+                                         f"rule (4·hidden for gpt, {llama_ffn(4096)} for a 4096 llama).")
+    vocab = b.number_input("Vocabulary", 1, 2_000_000, d["vocab"], key=_k(prefix, "vocab"), bind=BIND)
+    return {"arch": arch, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
+            "ffn_hidden": ffn or None, "vocab": vocab, "name": "custom"}
+
+
+# --------------------------------------------------------------------------- platform
+def platform_options() -> dict[str, Any]:
+    """The platform catalog (+ the user's clusters file); a broken catalog stops the page with its message."""
+    try:
+        return adapters.platforms(config.clusters_file_arg())
+    except Exception as e:  # noqa: BLE001 - a catalog / clusters file that does not parse
+        fix = f" Fix: {e.fix}" if getattr(e, "fix", "") else ""
+        st.error(f"The platform catalog cannot be read: {getattr(e, 'field', '')} {getattr(e, 'problem', e)}{fix}"
+                 f" (catalog: predictor/catalog/*.json; your clusters: `{config.clusters_file()}`)",
+                 icon=":material/error:")
+        st.stop()
+
+
+def platform_inputs(prefix: str = "", container=None, default: str | None = None,
+                    allow_custom: bool = True, describe=None) -> dict[str, Any]:
+    """Catalog platform or a custom cluster. Returns {'platform': id} or {'platform': 'custom', c_*...}."""
+    c = container or st
+    plats = platform_options()
+    options = sorted(plats) + ([CUSTOM] if allow_custom else [])
+    default = default if default in options else (DEFAULT_SETUP["platform"] if DEFAULT_SETUP["platform"] in options
+                                                  else options[0])
+
+    pid = c.selectbox("Platform", options, index=options.index(default),
+                      key=_k(prefix, "platform"), bind=BIND,
+                      help="A cluster from the catalog (device + network), or 'custom' to enter one.")
+    if pid != CUSTOM:
+        p = plats[pid]
+        c.caption(f"{p.gpus_per_node}× {p.device.name.replace('NVIDIA ', '')} per node · "
+                  f"{p.intra_node.kind} {p.intra_node.bandwidth_gbps:g} GB/s · "
+                  f"{p.inter_node.kind} {p.inter_node.bandwidth_gbps:g} GB/s"
+                  + (f" · {describe(pid)}" if describe else ""))
+        return {"platform": pid}
+    return {"platform": CUSTOM, **custom_cluster_inputs(prefix, c, plats)}
+
+
+def custom_cluster_inputs(prefix: str, c, plats: dict[str, Any]) -> dict[str, Any]:
+    d = CUSTOM_CLUSTER_DEFAULT
+    devs = adapters.devices()
+    dev_ids = sorted(devs)
+    backed = sorted({p.op_models for p in plats.values() if p.op_models})
+    name = c.text_input("Cluster name", d["c_name"], key=_k(prefix, "c_name"), bind=BIND)
+    dev = c.selectbox("Device", dev_ids, index=dev_ids.index(d["c_device"]) if d["c_device"] in dev_ids else 0,
+                      key=_k(prefix, "c_device"), bind=BIND, help="Catalog device id")
+    c.caption(f"{devs[dev].name}: {devs[dev].hbm_gib:g} GiB, {devs[dev].peak_flops('bf16') / 1e12:g} TFLOP/s bf16")
+    a, b = c.columns(2)
+    gpn = a.number_input("GPUs per node", 1, 72, d["c_gpn"], key=_k(prefix, "c_gpn"), bind=BIND)
+    intra = b.number_input("Intra-node GB/s", 0.0, 5000.0, d["c_intra_bw"], key=_k(prefix, "c_intra_bw"), bind=BIND,
+                           help="Per GPU, one direction (NVLink 3: 300, NVLink 4: 450).")
+    inter = a.number_input("Inter-node GB/s", 0.0, 1000.0, d["c_inter_bw"], key=_k(prefix, "c_inter_bw"), bind=BIND,
+                           help="Per GPU, one direction (one 200 Gb/s NIC per GPU = 25, 400 Gb/s = 50).")
+    lat = b.number_input("Inter-node latency µs", 0.0, 1000.0, d["c_inter_lat"], key=_k(prefix, "c_inter_lat"),
+                         bind=BIND)
+    opts = ["auto", "none"] + backed
+    src = getattr(devs[dev], "transfer_source", None)
+    models = c.selectbox("Operator times from", opts, index=0, key=_k(prefix, "c_models"), bind=BIND,
+                         help=f"auto: the device's closest sampled relative ({src or 'none'}), rescaled to this "
+                              "device (transferred). none: roofline estimates from the device specs (analytical). "
+                              "A platform: its trained regressors, rescaled to this device.")
+    fields = {"c_name": name, "c_device": dev, "c_gpn": gpn, "c_intra_bw": intra, "c_intra_lat": d["c_intra_lat"],
+              "c_inter_bw": inter, "c_inter_lat": lat, "c_models": models}
+    if c.button("Save to my clusters", key=_k(prefix, "c_save"), icon=":material/save:",
+                help=f"Adds it to {config.clusters_file()}, so every page (and `python -m predictor ... --clusters`) "
+                     "can pick it by name"):
+        try:
+            p = adapters.custom_platform(fields)
+        except Exception as e:  # noqa: BLE001 - InfeasibleConfig: shown below the inputs by the page
+            c.warning(f"Not saved: {e}")
+        else:
+            if p.platform_id in plats:
+                c.warning(f"'{p.platform_id}' is already a platform; choose another cluster name.")
+            else:
+                adapters.save_cluster(config.clusters_file(), p.platform_id, adapters.platform_to_catalog_entry(p))
+                c.success(f"Saved '{p.platform_id}': pick it in the platform list.")
+    return fields
+
+
+def platform_key(fields: dict[str, Any]) -> str:
+    """A hashable, cache-friendly name of the platform choice."""
+    if fields.get("platform") != CUSTOM:
+        return str(fields["platform"])
+    return CUSTOM + ":" + json.dumps({k: fields.get(k) for k in adapters.CUSTOM_FIELDS}, sort_keys=True)
+
+
+# --------------------------------------------------------------------------- layout
+def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | None = None,
+                  show_gpus: bool = True, stage_layers: bool = False, more: str | None = None) -> dict[str, Any]:
+    """TP, PP, DP, micro-batch, global batch, sequence, schedule, virtual stages, recomputation, SP, ZeRO.
+    `more`: the label of a collapsed expander that holds everything after the batch sizes."""
+    c = container or st
+    d = {**DEFAULT_SETUP, **(defaults or {})}
+    out: dict[str, Any] = {}
+    if show_gpus:
+        out["num_gpus"] = c.number_input("GPUs", 1, 1_000_000, d["num_gpus"], key=_k(prefix, "num_gpus"), bind=BIND,
+                                         help="Total GPUs = TP × PP × DP.")
+    a, b, e = c.columns(3)
+    out["tp"] = a.number_input("TP", 1, 512, d["tp"], key=_k(prefix, "tp"), bind=BIND, help="Tensor-parallel degree")
+    out["pp"] = b.number_input("PP", 1, 512, d["pp"], key=_k(prefix, "pp"), bind=BIND, help="Pipeline stages")
+    if show_gpus:
+        out["dp"] = e.number_input("DP", 1, 1_000_000, d["dp"], key=_k(prefix, "dp"), bind=BIND, placeholder="auto",
+                                   help="Data-parallel degree; leave empty for GPUs / (TP × PP).")
+    a, b = c.columns(2)
+    out["micro_batch"] = a.number_input("Micro-batch", 1, 4096, d["micro_batch"], key=_k(prefix, "micro_batch"),
+                                        bind=BIND, help="Sequences per micro-batch per GPU")
+    out["global_batch"] = b.number_input("Global batch", 1, 10_000_000, d["global_batch"],
+                                         key=_k(prefix, "global_batch"), bind=BIND,
+                                         help="Sequences per optimizer step (a multiple of micro-batch × DP)")
+    if more is not None:
+        c = c.expander(more)
+        a, b = c.columns(2)
+    seqs = list(SEQ_LENS)
+    if d["seq_len"] not in seqs:
+        seqs = sorted(seqs + [d["seq_len"]])
+    out["seq_len"] = a.selectbox("Sequence length", seqs, index=seqs.index(d["seq_len"]), key=_k(prefix, "seq_len"),
+                                 bind=BIND)
+    out["precision"] = b.selectbox("Precision", list(PRECISIONS), index=list(PRECISIONS).index(d["precision"]),
+                                   key=_k(prefix, "precision"), bind=BIND)
+    out["schedule"] = a.selectbox("Schedule", list(SCHEDULES), index=list(SCHEDULES).index(d["schedule"]),
+                                  key=_k(prefix, "schedule"), bind=BIND,
+                                  help="gpipe: all forwards then all backwards; 1f1b: one forward one backward; "
+                                       "interleaved: 1F1B over virtual stages (needs virtual stages ≥ 2)")
+    out["vpp"] = b.number_input("Virtual stages", 1, 64, d["vpp"], key=_k(prefix, "vpp"), bind=BIND,
+                                disabled=out["schedule"] != "interleaved",
+                                help="Model chunks per GPU for the interleaved schedule")
+    if out["schedule"] != "interleaved":
+        out["vpp"] = 1
+    out["recompute"] = a.selectbox("Recomputation", list(RECOMPUTES), index=list(RECOMPUTES).index(d["recompute"]),
+                                   key=_k(prefix, "recompute"), bind=BIND,
+                                   help="Activation recomputation: none, selective (attention), full (whole layer)")
+    out["zero_stage"] = b.selectbox("ZeRO stage", [0, 1, 2, 3], index=int(d["zero_stage"]),
+                                    key=_k(prefix, "zero_stage"), bind=BIND,
+                                    help="0: replicated optimizer; 1: optimizer states sharded over DP; "
+                                         "2: + gradients; 3: + parameters")
+    out["sequence_parallel"] = c.toggle("Sequence parallelism", d["sequence_parallel"],
+                                        key=_k(prefix, "sequence_parallel"), bind=BIND,
+                                        help="Megatron SP: norms/dropout split along the sequence over TP ranks")
+    if stage_layers:
+        out["stage_layers"] = c.text_input("Layers per stage (optional)", "", key=_k(prefix, "stage_layers"),
+                                           bind=BIND, placeholder="even split",
+                                           help="An uneven split, e.g. 19,21,21,19: PP × virtual-stage entries, "
+                                                "first stage first, summing to the layers") or None
+    return out
+
+
+def target_inputs(prefix: str = "", container=None, default_price: float | None = None) -> dict[str, Any]:
+    c = container or st
+    a, b = c.columns(2)
+    tokens_b = a.number_input("Token target (billions)", 0.001, 1e6, TARGET_DEFAULT["tokens_b"],
+                              key=_k(prefix, "tokens_b"), bind=BIND, help="2000 = 2T tokens")
+    price = b.number_input("$ per GPU-hour", 0.0, 1000.0, None, step=0.1, key=_k(prefix, "price"), bind=BIND,
+                           placeholder=f"{default_price:.2f}" if default_price else "enter a price",
+                           help="Your rate per GPU-hour" + (f"; empty = list price {default_price:.2f}"
+                                                             if default_price else ""))
+    return {"tokens": float(tokens_b) * 1e9, "price": price if price is not None else default_price,
+            "price_is_default": price is None and default_price is not None}
+
+
+def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], layout: Any) -> str:
+    name = model_fields.get("model") or "custom model"
+    pid = plat_fields.get("c_name") if plat_fields.get("platform") == CUSTOM else plat_fields.get("platform")
+    L = layout
+    extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [f"recompute {L.recompute}"] + \
+        (["SP"] if L.sequence_parallel else []) + ([f"ZeRO-{L.zero_stage}"] if L.zero_stage else []) + [L.precision] + \
+        ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else [])
+    return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × DP {L.dp} · micro-batch "
+            f"{L.micro_batch}, global batch {L.global_batch} ({L.num_micro_batches} micro-batches), seq "
+            f"{L.seq_len} · {', '.join(extra)} · {fmt.count(L.tokens_per_step)} tokens/step")

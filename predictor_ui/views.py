@@ -1,0 +1,108 @@
+"""Small rendering helpers shared by the pages."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from predictor.specs import InfeasibleConfig
+
+from . import fmt
+
+PROVENANCE_HELP = ("**measured**: regressors trained on this device's own samples · **transferred**: another "
+                   "device's regressors rescaled by the specs · **stand-in**: an op nobody sampled, timed as a "
+                   "sampled relative scaled by its work · **analytical**: roofline / link specs only")
+
+
+def page_setup() -> None:
+    """First call of every page.
+
+    Streamlit treats a `pages/` folder next to app.py as a v1 multipage app until app.py has called
+    st.navigation once in the process; a fresh server's first request for e.g. /compare would run
+    pages/compare.py directly (no top navigation, no page config). Switch the process to
+    st.navigation mode and rerun, so the request goes through app.py.
+    """
+    try:
+        from streamlit.runtime.pages_manager import PagesManager
+    except ImportError:  # a Streamlit without it has no v1 fallback either
+        return
+    if getattr(PagesManager, "uses_pages_directory", False):
+        PagesManager.uses_pages_directory = False
+        # Only a session's first run can be in this mode on a real server; rerunning later would drop
+        # the widget event that triggered the run (AppTest resets the flag on every run).
+        if not list(st.session_state.keys()):
+            st.rerun()
+
+
+def infeasible(e: InfeasibleConfig, where: str = "") -> None:
+    """What is wrong (the field) and how to fix it; never a traceback."""
+    fix = f"\n\n**How to fix:** {e.fix}" if getattr(e, "fix", "") else ""
+    st.warning(f"**{where}Infeasible input · `{e.field}`**: {e.problem}{fix}", icon=":material/warning:")
+
+
+def failed(e: Exception, what: str, platform: str | None = None) -> None:
+    """A failure that is not the user's input (stale or broken model files, an unreadable store):
+    what went wrong and what to run, without a traceback."""
+    hint = ""
+    if platform and ("feature" in str(e).lower() or "lightgbm" in type(e).__module__.lower()
+                     or "model" in type(e).__name__.lower()):
+        hint = (f"\n\nThe trained regressors of **{platform}** do not match this version of the predictor. "
+                f"Retrain them: `.venv/bin/python -m predictor train --platform {platform}` (or on **Calibrate**).")
+    st.error(f"**{what} failed**: {type(e).__name__}: {str(e)[:400]}{hint}", icon=":material/error:")
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, (np.bool_,)):
+        return bool(o)
+    if isinstance(o, (pd.Timestamp,)):
+        return o.isoformat()
+    if isinstance(o, (set, tuple)):
+        return list(o)
+    return str(o)
+
+
+def to_json(obj: Any) -> str:
+    if isinstance(obj, pd.DataFrame):
+        obj = obj.replace({np.nan: None}).to_dict(orient="records")
+    return json.dumps(obj, indent=2, default=_json_default)
+
+
+def export(df: pd.DataFrame, name: str, key: str, container=None) -> None:
+    """CSV and JSON downloads of a table."""
+    c = container or st
+    a, b, _ = c.columns([1, 1, 4])
+    a.download_button("CSV", df.to_csv(index=False).encode(), file_name=f"{name}.csv", mime="text/csv",
+                      key=f"{key}_csv", icon=":material/download:", on_click="ignore")
+    b.download_button("JSON", to_json(df).encode(), file_name=f"{name}.json", mime="application/json",
+                      key=f"{key}_json", icon=":material/download:", on_click="ignore")
+
+
+def table(df: pd.DataFrame, name: str, key: str, height: int | str = "auto", **kwargs: Any) -> Any:
+    """A dataframe with its CSV / JSON export underneath."""
+    ev = st.dataframe(df, height=height, hide_index=True, key=key, **kwargs)
+    export(df, name, key + "_x")
+    return ev
+
+
+def store_missing(message: str) -> None:
+    st.info(message, icon=":material/database:")
+
+
+def share_hint() -> None:
+    st.caption(":material/link: The address bar holds every input: copy it to share this view.")
+
+
+def step_band(pred) -> str:
+    lo, hi = pred.step_time_s * (1 - pred.expected_error), pred.step_time_s * (1 + pred.expected_error)
+    return f"± {fmt.pct(pred.expected_error)} ({fmt.seconds(lo)} – {fmt.seconds(hi)})"
+
+
+def short_prov(share: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v >= 0.005)

@@ -1,0 +1,1 @@
+"""Benchmarks: accuracy and speed checks that take longer than the unit tests."""

@@ -1,0 +1,313 @@
+"""End-to-end validation on real training runs on this machine's CPU: prints tables.
+
+    python -m tests.benchmarks.cpu_end_to_end [--mode both|single|ddp] [--steps 6] [--save]
+
+Trains real models nobody here wrote (Hugging Face transformers GPT-2 and Llama, random weights, fp32,
+torch.optim.AdamW, SDPA attention), measures the step time (zero_grad, forward with the causal-LM
+loss, backward, optimizer step; median of `--steps` after 2 warm-ups) and compares it with
+`predictor.predict`:
+
+  * single process, 2 threads            -> platform cpu-2t
+  * torch DistributedDataParallel, 2 gloo ranks of 1 thread each (dp=2), launched with torchrun
+                                         -> platform cpu-1t (the step time is the slowest rank's)
+
+Benchmark settings (disclosed, not special cases in the predictor): dropout 0 (the decomposition has
+no dropout; Llama has none anyway) and GPT-2 with `activation_function="gelu_pytorch_tanh"` (HF's
+fused-kernel spelling of the same tanh GeLU as its default `gelu_new`). A last table runs two GPT-2
+configs with the HF defaults (dropout 0.1, `gelu_new`) to show what those choices are worth.
+The predictor is not told anything about HF: HF Llama runs gate and up as two GEMMs (the
+decomposition fuses them), HF GPT-2 uses Conv1D (addmm with a transposed weight), HF computes RoPE
+tables per step, does not pad the vocabulary, and so on; all of that is part of the error shown.
+
+Measurement rule: the machine is shared, so each phase first waits (up to 20 min) for the 1-minute
+load average to drop below 0.5 and the tables print the load seen; besides, a step during which other
+processes took CPU time (/proc/stat, `bench.env.Interference`, the same guard the samplers use) is
+thrown away and run again once the machine is calm (column `redone`). `--save` writes the measured runs
+(predict-batch columns + step_time_s) to bench/samples/e2e/ and the MAPE to
+models_store/<platform>/validation.json (predictions then carry it in their expected error).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# name, arch, layers, hidden, heads, kv_heads, ffn (llama), seq, batch, vocab
+CONFIGS = [
+    ("gpt-a", "gpt", 4, 256, 4, None, None, 256, 4, 8192),
+    ("gpt-b", "gpt", 6, 512, 8, None, None, 256, 2, 32000),
+    ("gpt-c", "gpt", 2, 768, 12, None, None, 256, 1, 50257),
+    ("gpt-d", "gpt", 8, 384, 6, None, None, 128, 8, 16384),
+    ("gpt-e", "gpt", 4, 1024, 16, None, None, 128, 2, 8192),
+    ("gpt-f", "gpt", 12, 256, 8, None, None, 512, 1, 4096),
+    ("llama-a", "llama", 4, 256, 4, 4, 688, 256, 4, 8192),
+    ("llama-b", "llama", 6, 512, 8, 2, 1376, 256, 2, 32000),
+    ("llama-c", "llama", 2, 768, 12, 4, 2048, 256, 2, 32000),
+    ("llama-d", "llama", 8, 384, 6, 1, 1024, 128, 8, 16384),
+    ("llama-e", "llama", 4, 1024, 16, 8, 2816, 128, 2, 8192),
+    ("llama-f", "llama", 12, 256, 8, 2, 704, 1024, 1, 4096),
+]
+QUICK = ("gpt-a", "llama-a")
+HF_DEFAULT_ROWS = ("gpt-a", "gpt-b")
+FIELDS = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab")
+
+
+def cfg_dict(c) -> dict:
+    return dict(zip(FIELDS, c))
+
+
+# --------------------------------------------------------------------------- the real training
+def build_model(c: dict, hf_defaults: bool = False):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    if c["arch"] == "gpt":
+        kw = {} if hf_defaults else dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                         activation_function="gelu_pytorch_tanh")
+        cfg = GPT2Config(vocab_size=c["vocab"], n_positions=max(1024, c["seq"]), n_embd=c["hidden"],
+                         n_layer=c["layers"], n_head=c["heads"], **kw)
+        cfg._attn_implementation = "sdpa"
+        model = GPT2LMHeadModel(cfg)
+    else:
+        cfg = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["ffn"],
+                          num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
+                          num_key_value_heads=c["kv_heads"], max_position_embeddings=max(2048, c["seq"]),
+                          tie_word_embeddings=False)
+        cfg._attn_implementation = "sdpa"
+        model = LlamaForCausalLM(cfg)
+    return model.float().train()
+
+
+def time_steps(model, c: dict, steps: int, warmup: int, seed: int = 0, ddp_group=None) -> tuple[list[float], dict]:
+    """Step times (s) and what was thrown away. Under DDP every step starts after a barrier and counts
+    the slowest rank. A step during which other processes took CPU time (bench.env.Interference) is
+    discarded and, after waiting for calm, run again (at most 3 * steps extra steps)."""
+    import torch
+
+    from bench.env import Interference, wait_calm
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, c["vocab"], (c["batch"], c["seq"]), generator=g)
+    meter = Interference()
+    dist = None
+    if ddp_group is not None:
+        import torch.distributed as dist
+
+    def allmax(x: float) -> float:
+        if dist is None:
+            return x
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t[0])
+    out, info = [], {"discarded_steps": 0, "waited_for_calm_s": 0.0, "others_cores": []}
+    i = 0
+    while len(out) < steps:
+        if dist is not None:
+            dist.barrier()
+        s0 = meter.snap()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        dt = time.perf_counter() - t0
+        wall, tot_j, own_j = meter.delta(s0)
+        if dist is not None:
+            t = torch.tensor([own_j], dtype=torch.int64)
+            dist.all_reduce(t)
+            own_j = int(t[0])
+        others, disturbed = Interference.others(wall, tot_j, own_j)
+        dt, others, disturbed = allmax(dt), allmax(others), bool(allmax(float(disturbed)))
+        i += 1
+        if i <= warmup:
+            continue
+        if disturbed and meter.available and info["discarded_steps"] < 3 * steps:
+            info["discarded_steps"] += 1
+            info["waited_for_calm_s"] += wait_calm(600, allreduce_max=allmax if dist is not None else None)
+            continue
+        out.append(dt)
+        info["others_cores"].append(round(others, 3))
+    return out, info
+
+
+def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, hf_defaults: bool = False
+               ) -> list[dict]:
+    import torch
+    torch.set_num_threads(threads)
+    res = []
+    for c in configs:
+        model = build_model(c, hf_defaults)
+        ts, info = time_steps(model, c, steps, warmup)
+        res.append({**c, "measured_s": statistics.median(ts), "steps_s": ts, "load": os.getloadavg()[0], **info})
+        print(f"  {c['name']:8s} {statistics.median(ts):.3f} s  (load {os.getloadavg()[0]:.2f})", file=sys.stderr,
+              flush=True)
+        del model
+    return res
+
+
+def ddp_worker(a) -> None:
+    """One rank of the DDP benchmark (launched by torchrun)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    configs = [cfg_dict(c) for c in CONFIGS if c[0] in a.names]
+    res = []
+    for c in configs:
+        model = DDP(build_model(c))
+        ts, info = time_steps(model, c, a.steps, a.warmup, seed=rank, ddp_group=True)
+        if rank == 0:
+            res.append({**c, "measured_s": statistics.median(ts), "steps_s": ts, "load": os.getloadavg()[0], **info})
+            print(f"  {c['name']:8s} {statistics.median(ts):.3f} s  (load {os.getloadavg()[0]:.2f})",
+                  file=sys.stderr, flush=True)
+        del model
+    if rank == 0:
+        Path(a.worker_out).write_text(json.dumps(res))
+    dist.destroy_process_group()
+
+
+def run_ddp(names: list[str], steps: int, warmup: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as td:
+        out = Path(td) / "ddp.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               "-m", "tests.benchmarks.cpu_end_to_end", "--worker-ddp", "--worker-out", str(out),
+               "--steps", str(steps), "--warmup", str(warmup), "--names", *names]
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "PYTHONWARNINGS": "ignore"}
+        subprocess.run(cmd, cwd=REPO, env=env, check=True)
+        return json.loads(out.read_text())
+
+
+# --------------------------------------------------------------------------- prediction
+def spec_and_layout(c: dict, dp: int):
+    from predictor.specs import Layout, ModelSpec
+    m = ModelSpec(name=c["name"], arch=c["arch"], num_layers=c["layers"], hidden_size=c["hidden"],
+                  num_heads=c["heads"], num_kv_heads=c["kv_heads"], ffn_hidden_size=c["ffn"],
+                  vocab_size=c["vocab"], tied_embeddings=c["arch"] == "gpt", attention_impl="flash")
+    L = Layout(num_gpus=dp, dp=dp, micro_batch=c["batch"], global_batch=c["batch"] * dp, seq_len=c["seq"],
+               schedule="1f1b", recompute="none", precision="fp32")
+    return m, L
+
+
+def predict_rows(rows: list[dict], platform: str, dp: int, models_dir: str | None = None) -> list[dict]:
+    from predictor.predict import Predictor
+    pr = Predictor(platform, models_dir)
+    out = []
+    for r in rows:
+        m, L = spec_and_layout(r, dp)
+        p = pr.predict(m, L, timeline=False)
+        out.append({**r, "predicted_s": p.step_time_s, "ape": abs(p.step_time_s - r["measured_s"]) / r["measured_s"],
+                    "signed": (p.step_time_s - r["measured_s"]) / r["measured_s"], "provenance": p.provenance,
+                    **{f"pred_{k}": v for k, v in p.breakdown_s.items() if v > 0}})
+    return out
+
+
+def print_table(title: str, rows: list[dict]) -> float:
+    import pandas as pd
+    df = pd.DataFrame(rows)
+    cols = ["name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab", "measured_s",
+            "predicted_s", "signed", "load", "discarded_steps"]
+    t = df[cols].copy()
+    for c in ("kv_heads", "ffn"):
+        t[c] = t[c].map(lambda v: "-" if v is None or v != v else str(int(v)))
+    t["signed"] = t["signed"].map(lambda v: f"{v:+.1%}")
+    t["load"] = t["load"].map(lambda v: f"{v:.2f}")
+    t = t.rename(columns={"discarded_steps": "redone"})
+    mape = float(df["ape"].mean())
+    print(f"\n== {title} ==")
+    print(t.rename(columns={"signed": "error"}).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    by = df.groupby("arch")["ape"].mean()
+    print(f"MAPE {mape:.1%} over {len(df)} runs ({', '.join(f'{k} {v:.1%}' for k, v in by.items())}); "
+          f"max |error| {df['ape'].max():.1%}; mean signed {df['signed'].mean():+.1%}")
+    return mape
+
+
+def save_runs(rows: list[dict], platform: str, dp: int, quiet: dict, models_dir: str | None) -> None:
+    import pandas as pd
+
+    from predictor.validate import save_validation
+    out_dir = REPO / "bench" / "samples" / "e2e"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    recs = []
+    for r in rows:
+        recs.append({"case_id": f"{platform}:{r['name']}", "platform": platform, "arch": r["arch"],
+                     "layers": r["layers"], "hidden": r["hidden"], "heads": r["heads"],
+                     "kv_heads": r["kv_heads"] or r["heads"], "ffn_hidden": r["ffn"] or 4 * r["hidden"],
+                     "vocab": r["vocab"], "seq_len": r["seq"], "num_gpus": dp, "tp": 1, "pp": 1, "dp": dp,
+                     "micro_batch": r["batch"], "global_batch": r["batch"] * dp, "vpp": 1, "schedule": "1f1b",
+                     "recompute": "none", "sequence_parallel": False, "zero_stage": 0, "precision": "fp32",
+                     "step_time_s": r["measured_s"],
+                     "source": "tests/benchmarks/cpu_end_to_end.py (HF transformers, AdamW, fp32) on this machine"})
+    pd.DataFrame(recs).to_csv(out_dir / f"{platform}-runs.csv", index=False)
+    (out_dir / f"{platform}-runs.json").write_text(json.dumps({"platform": platform, "quiet": quiet, "runs": rows},
+                                                              indent=1, default=str))
+    res = pd.DataFrame([{"platform": platform, "ape": r["ape"], "source": "cpu_end_to_end (HF transformers)"}
+                        for r in rows])
+    save_validation(platform, res, models_dir)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mode", default="both", choices=["both", "single", "ddp"])
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="two configs only")
+    ap.add_argument("--names", nargs="+", help="configs to run (default all)")
+    ap.add_argument("--no-hf-defaults", action="store_true", help="skip the HF-defaults table")
+    ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
+    ap.add_argument("--save", action="store_true", help="write bench/samples/e2e/*.csv and validation.json")
+    ap.add_argument("--models-dir")
+    ap.add_argument("--worker-ddp", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker_ddp:
+        ddp_worker(a)
+        return 0
+    sys.path.insert(0, str(REPO))
+    from bench.env import wait_quiet
+    names = list(a.names or ([*QUICK] if a.quick else [c[0] for c in CONFIGS]))
+    configs = [cfg_dict(c) for c in CONFIGS if c[0] in names]
+    log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    wait = (lambda: {"quiet": None, "note": "--no-wait", "loadavg_end": list(os.getloadavg())}) if a.no_wait else \
+        (lambda: wait_quiet(log=log))
+    results = {}
+    if a.mode in ("both", "single"):
+        q = wait()
+        log(f"single process, 2 threads (load {os.getloadavg()[0]:.2f}, quiet check {q})")
+        meas = run_single(configs, a.steps, a.warmup)
+        rows = predict_rows(meas, "cpu-2t", 1, a.models_dir)
+        results["cpu-2t"] = print_table("HF single process, 2 threads vs predict on cpu-2t", rows)
+        if a.save:
+            save_runs(rows, "cpu-2t", 1, q, a.models_dir)
+        if not a.no_hf_defaults and not a.quick:
+            hf = [c for c in configs if c["name"] in HF_DEFAULT_ROWS]
+            if hf:
+                meas = run_single(hf, a.steps, a.warmup, hf_defaults=True)
+                print_table("HF GPT-2 defaults (dropout 0.1, gelu_new) vs predict on cpu-2t (not in the MAPE above)",
+                            predict_rows(meas, "cpu-2t", 1, a.models_dir))
+    if a.mode in ("both", "ddp"):
+        q = wait()
+        log(f"DDP 2 ranks x 1 thread (load {os.getloadavg()[0]:.2f}, quiet check {q})")
+        meas = run_ddp(names, a.steps, a.warmup)
+        rows = predict_rows(meas, "cpu-1t", 2, a.models_dir)
+        results["cpu-1t"] = print_table("HF DDP 2 gloo ranks x 1 thread (dp=2) vs predict on cpu-1t", rows)
+        if a.save:
+            save_runs(rows, "cpu-1t", 2, q, a.models_dir)
+    print("\nTargets: cpu-2t MAPE <= 10 %, cpu-1t DDP MAPE <= 15 %: " +
+          ", ".join(f"{k} {v:.1%} ({'met' if v <= (0.10 if k == 'cpu-2t' else 0.15) else 'NOT met'})"
+                    for k, v in results.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

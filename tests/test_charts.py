@@ -1,0 +1,243 @@
+"""Chart builders and UI helpers, without a browser: the Altair specs and the frames behind them."""
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from predictor.predict import get_predictor
+from predictor.presets import get_preset
+from predictor.specs import Layout
+from predictor_ui import adapters, charts, fmt
+
+
+@pytest.fixture(scope="module")
+def pred():
+    layout = Layout(num_gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=32, seq_len=2048)
+    return get_predictor("perlmutter-a100").predict(get_preset("llama2-7b"), layout)
+
+
+def spec(chart) -> dict:
+    d = chart.to_dict()
+    json.dumps(d)  # serialisable as Streamlit sends it
+    return d
+
+
+def encodings(d: dict) -> list[dict]:
+    if "layer" in d:
+        return [l.get("encoding", {}) for l in d["layer"]]
+    return [d.get("encoding", {})]
+
+
+def test_breakdown_chart_sums_to_step_time(pred):
+    df = charts.breakdown_frame({"A": pred.breakdown_s, "B": pred.breakdown_s})
+    assert set(df["setup"]) == {"A", "B"}
+    assert df[df["setup"] == "A"]["seconds"].sum() == pytest.approx(pred.step_time_s, rel=1e-9)
+    assert df.groupby("setup")["share"].sum().tolist() == pytest.approx([1.0, 1.0])
+    d = spec(charts.breakdown_chart({"A": pred.breakdown_s}))
+    enc = d["encoding"]
+    assert enc["x"]["aggregate"] == "sum" and enc["x"]["field"] == "seconds"
+    assert enc["color"]["field"] == "label"
+    # fixed colours per category, and a step height (a fixed total height gets squeezed by Streamlit)
+    assert "compute" in enc["color"]["scale"]["domain"]
+    assert d["height"] == {"step": 34}
+
+
+def test_html_bars(pred):
+    h = charts.breakdown_html(pred.breakdown_s)
+    assert h.count('title="') == sum(1 for v in pred.breakdown_s.values() if v > 0)
+    assert "compute" in h and charts.CATEGORY_COLORS["compute"] in h
+    widths = [float(w) for w in re.findall(r'title="[^"]*" style="width:([0-9.]+)%', h)]
+    assert sum(widths) == pytest.approx(100.0, abs=0.01)
+    p = charts.provenance_html({"measured": 0.75, "analytical": 0.25})
+    assert "measured <b>75%</b>" in p and charts.PROVENANCE_COLORS["measured"] in p
+    assert charts.html_stacked_bar([]).count("<div") == 2
+
+
+def test_ops_frame_ranks_by_total(pred):
+    f = charts.ops_frame(pred.ops, pred.critical_stage, top=5)
+    assert f["op"].nunique() == 5
+    totals = f.drop_duplicates("op")["total"].tolist()
+    assert totals == sorted(totals, reverse=True)
+    assert set(f["phase"]) <= {"fwd", "bwd", "recompute", "step"}
+    d = spec(charts.ops_chart(pred.ops, pred.critical_stage, top=5))
+    assert d["encoding"]["y"]["sort"] == list(dict.fromkeys(f["op"]))
+
+
+def test_timeline_shows_every_microbatch_and_the_bubbles(pred):
+    f, merged = charts.timeline_frame(pred.timeline)
+    assert not merged
+    work = f[f["micro_batch"] >= 0]
+    m = pred.layout.num_micro_batches
+    assert len(work) == len(pred.timeline)
+    assert set(work["kind"]) == {"forward", "backward"}
+    assert work.groupby(["stage", "kind"]).size().eq(m).all()
+    idle = f[f["kind"] == "idle (bubble)"]
+    assert len(idle) > 0  # a pipeline has warm-up / cool-down bubbles
+    end = max(t["end_s"] for t in pred.timeline)
+    for s, g in f.groupby("stage"):  # busy + idle cover each stage from 0 to the end
+        assert g["seconds"].sum() == pytest.approx(end, rel=1e-6)
+    spec(charts.timeline_chart(pred.timeline))
+
+
+def test_timeline_merges_when_huge_but_keeps_bubbles(pred):
+    f, merged = charts.timeline_frame(pred.timeline, max_items=10)
+    assert merged
+    assert set(f["kind"]) <= {"busy", "idle (bubble)"}
+    end = max(t["end_s"] for t in pred.timeline)
+    for _, g in f.groupby("stage"):
+        assert g["seconds"].sum() == pytest.approx(end, rel=1e-6)
+    d = spec(charts.timeline_chart(pred.timeline, max_items=10))
+    assert "layer" not in d  # no per-micro-batch labels when merged
+
+
+def test_empty_timeline():
+    f, merged = charts.timeline_frame([])
+    assert f.empty and not merged
+    spec(charts.timeline_chart([]))
+
+
+def test_provenance_chart_orders_and_colours():
+    share = {"analytical": 0.25, "measured": 0.7, "transferred": 0.05}
+    f = charts.provenance_frame(share)
+    assert f["provenance"].tolist() == ["measured", "transferred", "analytical"]
+    d = spec(charts.provenance_chart(share))
+    sc = d["encoding"]["color"]["scale"]
+    assert sc["range"][sc["domain"].index("measured")] == charts.PROVENANCE_COLORS["measured"]
+
+
+def test_memory_chart_has_capacity_rules():
+    frame = pd.DataFrame([{"stage": s, "part": p, "gib": 5.0 + s} for s in range(3)
+                          for p in ("weights", "optimizer", "activations")])
+    d = spec(charts.memory_chart(frame, 80.0, 76.0))
+    assert len(d["layer"]) == 2
+    rule_data = [v for k, v in d["datasets"].items() if any("what" in r for r in v)][0]
+    assert {r["gib"] for r in rule_data} == {80.0, 76.0}
+    spec(charts.memory_chart({"weights": 10.0, "activations": 20.0}, 80.0))
+
+
+def test_search_scatter_marks_fit():
+    df = pd.DataFrame({"rank": [1, 2, 0], "tp": [4, 8, 1], "pp": [4, 2, 1], "dp": [4, 4, 64], "micro_batch": [1, 1, 1],
+                       "schedule": ["1f1b", "interleaved", "1f1b"], "vpp": [1, 2, 1], "recompute": ["none"] * 3,
+                       "step_time_s": [10.0, 11.0, 9.0], "memory_gib": [60.0, 50.0, 200.0],
+                       "fits": [True, True, False], "mfu": [0.4, 0.38, 0.45]})
+    d = spec(charts.search_scatter(df, capacity_gib=80.0, selected_rank=1))
+    data = list(d["datasets"].values())[0]
+    assert {r["fits_label"] for r in data} == {"fits", "does not fit"}
+    assert any(r["layout"].startswith("TP8 PP2 DP4 mb1 interleaved×2") for r in data)
+
+
+def test_samples_chart_with_curve():
+    pts = pd.DataFrame({"seq": [512, 1024, 2048, 4096], "duration_s": [1e-3, 2e-3, 4e-3, 8e-3],
+                        "tp": [1, 1, 2, 2], "on_slice": [True, True, False, False]})
+    curve = pd.DataFrame({"seq": [512, 4096], "predicted_s": [1.1e-3, 7.9e-3]})
+    d = spec(charts.samples_chart(pts, "seq", curve=curve, highlight="on_slice"))
+    assert len(d["layer"]) == 3  # other samples, samples on the slice, the regressor
+    assert d["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"
+    on = [v for k, v in d["datasets"].items() if v and all(r.get("sample") == "on the slice" for r in v)]
+    assert on and len(on[0]) == 2
+    # no curve when the regressor is missing; coloured by a column without a slice
+    d2 = spec(charts.samples_chart(pts, "seq", color="tp", curve=pd.DataFrame({"seq": [1], "predicted_s": [np.nan]})))
+    assert len(d2["layer"]) == 1 and d2["layer"][0]["encoding"]["color"]["field"] == "tp"
+
+
+def test_accuracy_scatter_and_hist():
+    df = pd.DataFrame({"platform": ["p"] * 3, "measured_s": [1.0, 2.0, 3.0], "predicted_s": [1.1, 1.8, np.nan],
+                       "ape": [0.1, 0.1, np.nan], "signed_error": [0.1, -0.1, np.nan]})
+    d = spec(charts.accuracy_scatter(df))
+    assert len(d["layer"]) == 3
+    spec(charts.error_hist(df))
+    spec(charts.accuracy_scatter(df.iloc[0:0]))
+
+
+def test_op_error_chart():
+    s = pd.DataFrame({"platform": ["a", "a", "b"], "kind": ["op"] * 3, "model": ["mlp_up", "qkv_proj", "mlp_up"],
+                      "pass": ["fwd", "bwd", "fwd"], "n_samples": [10, 20, 30], "cv_mape": [0.05, 0.1, 0.07],
+                      "paper_best_error": [0.04, None, None]})
+    d = spec(charts.op_error_chart(s))
+    assert len(d["layer"]) == 2
+    spec(charts.op_error_chart(pd.DataFrame()))
+
+
+def test_sweep():
+    xs = charts.sweep(1, 1000, 20)
+    assert xs[0] == 1 and xs[-1] == 1000 and np.all(np.diff(xs) > 0)
+    assert len(charts.sweep(5, 5)) == 1
+    assert len(charts.sweep(0, 0)) == 0
+
+
+def test_fmt():
+    assert fmt.seconds(0.0123) == "12.3 ms"
+    assert fmt.seconds(16.9) == "16.9 s"
+    assert fmt.seconds(5e-5) == "50 µs"
+    assert fmt.duration(3 * 86400) == "3 days"
+    assert fmt.duration(800 * 86400) == "2.19 years"
+    assert fmt.count(1.23e6) == "1.23 M"
+    assert fmt.money(2.5e6) == "$2.5 M"
+    assert fmt.pct(0.345) == "34%"
+    assert fmt.seconds(None) == "–"
+
+
+def test_cost_adapter_matches_arithmetic(pred):
+    c = adapters.cost(pred, 1e9, 2.0)
+    steps = int(np.ceil(1e9 / pred.layout.tokens_per_step))
+    assert c["steps"] == steps
+    assert c["wall_time_s"] == pytest.approx(steps * pred.step_time_s)
+    assert c["gpu_hours"] == pytest.approx(c["wall_time_s"] * 16 / 3600)
+    assert c["cost"] == pytest.approx(2.0 * c["gpu_hours"])
+    lo, hi = c["wall_time_range_s"]
+    assert lo < c["wall_time_s"] < hi
+    assert adapters.cost(pred, 1e9, None)["cost"] is None
+
+
+def test_memory_adapter(pred):
+    plat = get_predictor("perlmutter-a100").platform
+    if not adapters.memory_available():
+        with pytest.raises(adapters.Unavailable):
+            adapters.memory(pred.model, pred.layout, plat)
+        return
+    m = adapters.memory(pred.model, pred.layout, plat)
+    assert m["total_gib"] > 0 and m["capacity_gib"] == pytest.approx(plat.device.hbm_gib)
+    assert m["fits"] in (True, False)
+    assert sum(m["parts_gib"].values()) == pytest.approx(m["total_gib"], rel=1e-6)
+    assert set(m["stages"]["stage"]) == set(range(pred.layout.pp))
+
+
+def test_search_adapter_and_row_fields():
+    if not adapters.search_available():
+        pytest.skip("predictor.search not available")
+    plat = get_predictor("perlmutter-a100").platform
+    res = adapters.search(get_preset("llama2-7b"), plat, num_gpus=16, global_batch=32, seq_len=2048,
+                          precision="bf16", constraints={"schedules": ["1f1b"], "max_micro_batch": 2},
+                          tokens=1e9, price_per_gpu_hour=2.0)
+    t = res["table"]
+    assert res["enumerated"] == len(t) and res["feasible"] == int(t["fits"].sum()) > 0
+    feas = t[t["fits"]]
+    assert feas["step_time_s"].is_monotonic_increasing
+    assert set(feas["schedule"]) == {"1f1b"}
+    assert {"memory_gib", "tokens_per_s", "mfu", "reason"} <= set(t.columns)
+    assert t["expected_error"].notna().sum() >= 1  # the refined top rows
+    f = adapters.search_row_fields(feas.iloc[0])
+    from predictor.layout_io import layout_from_fields
+    L = layout_from_fields(f)
+    L.validate(get_preset("llama2-7b"))
+    assert L.tp * L.pp * L.dp == 16
+
+
+def test_custom_platform_and_catalog_entry(tmp_path):
+    p = adapters.custom_platform({"c_name": "mine", "c_device": "a100-sxm4-80gb", "c_gpn": 8, "c_intra_bw": 300,
+                                  "c_inter_bw": 50, "c_models": "none"})
+    assert p.platform_id == "mine" and p.op_models is None and p.gpus_per_node == 8
+    from predictor.specs import InfeasibleConfig
+    with pytest.raises(InfeasibleConfig) as e:
+        adapters.custom_platform({"c_device": "nope"})
+    assert e.value.field == "c_device"
+    with pytest.raises(InfeasibleConfig) as e:
+        adapters.custom_platform({"c_device": "a100-sxm4-80gb", "c_gpn": 8, "c_intra_bw": 300, "c_inter_bw": 0})
+    assert e.value.field == "c_inter_bw"
+    path = adapters.save_cluster(tmp_path / "clusters.json", "mine", adapters.platform_to_catalog_entry(p))
+    plats = adapters.platforms(str(path))
+    assert "mine" in plats and plats["mine"].inter_node.bandwidth_gbps == 50

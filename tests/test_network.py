@@ -1,0 +1,160 @@
+"""Analytic collectives: algorithms, calibration, persistence, and the measured sweeps."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from predictor import network as N
+from predictor.platforms import get_platform, make_cluster
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+GiB = 2**30
+
+
+def busbw(net, coll, S, nodes, gpn):
+    t = N.analytic_time_s(net, coll, S, nodes, gpn)
+    return N.bus_bandwidth_gbps(coll, S, nodes * gpn, t)
+
+
+def test_single_rank_is_free_and_time_grows_with_size():
+    net = N.spec_network(get_platform("dgx-h100"))
+    assert N.analytic_time_s(net, "allreduce", 1e9, 1, 1)[0] == 0.0
+    sizes = np.logspace(4, 10, 30)
+    for coll in ("allreduce", "allgather", "reducescatter", "p2p", "alltoall"):
+        t = N.analytic_time_s(net, coll, sizes, 2, 8)
+        assert np.all(np.diff(t) > 0), coll
+
+
+def test_large_message_bus_bandwidth_is_the_slowest_hop():
+    p = get_platform("dgx-a100-80gb")
+    net = N.spec_network(p)
+    intra = busbw(net, "allreduce", 16 * GiB, 1, 8)[0]
+    assert intra == pytest.approx(net.intra.bandwidth_gbps, rel=0.03)
+    multi = busbw(net, "allreduce", 16 * GiB, 4, 8)[0]  # min(intra, 8 x 25 x eff)
+    assert multi == pytest.approx(min(net.intra.bandwidth_gbps, 8 * net.inter.bandwidth_gbps), rel=0.06)
+    one_gpu_nodes = busbw(net, "allreduce", 16 * GiB, 4, 1)[0]
+    assert one_gpu_nodes == pytest.approx(net.inter.bandwidth_gbps, rel=0.05)
+
+
+def test_mesh_topology_scales_with_peers():
+    net = N.spec_network(get_platform("perlmutter-a100"))  # NVLink all-to-all, 4 GPUs
+    assert net.intra_topology == "mesh"
+    b2 = busbw(net, "allreduce", 4 * GiB, 1, 2)[0]
+    b4 = busbw(net, "allreduce", 4 * GiB, 1, 4)[0]
+    assert b4 / b2 == pytest.approx(3.0, rel=0.05)
+
+
+def test_algorithm_choice_like_nccl():
+    h200 = N.spec_network(get_platform("dgx-h200"))
+    _, algo8 = N.analytic_choice(h200, "allreduce", [8 * GiB], [1], [8])
+    _, algo4 = N.analytic_choice(h200, "allreduce", [8 * GiB], [1], [4])
+    assert algo8[0].startswith("nvls") and algo4[0].startswith("ring")
+    _, small = N.analytic_choice(h200, "allreduce", [32 * 1024], [1], [8])
+    assert small[0].endswith("/ll")
+    a100 = N.spec_network(get_platform("dgx-a100-80gb"))
+    _, a = N.analytic_choice(a100, "allreduce", [8 * GiB], [1], [8])
+    assert not a[0].startswith("nvls")
+    _, t = N.analytic_choice(a100, "allreduce", [1 << 20], [64], [8])  # many nodes, small message: tree
+    assert t[0].startswith("tree")
+    _, r = N.analytic_choice(a100, "allreduce", [16 * GiB], [2], [8])
+    assert r[0].startswith("ring")
+
+
+def test_json_roundtrip_and_old_format():
+    net = N.spec_network(get_platform("dgx-b200"))
+    back = N.NetworkModel.from_json(net.to_json())
+    assert back == net
+    old = {"intra": {"bandwidth_gbps": 200, "latency_us": 5, "source": "link spec", "n_samples": 0, "fit_mape": None},
+           "inter": {"bandwidth_gbps": 20, "latency_us": 10, "source": "fitted", "n_samples": 3, "fit_mape": 0.1}}
+    o = N.NetworkModel.from_json(json.dumps(old))
+    assert o.intra.bandwidth_gbps == 200 and o.nvls is None and o.calibrated
+    assert N.analytic_time_s(o, "allreduce", 1e9, 2, 8)[0] > 0
+
+
+def test_calibrate_recovers_a_known_network():
+    plat = get_platform("dgx-h100")
+    truth = N.spec_network(plat)
+    truth = replace(truth, intra=replace(truth.intra, bandwidth_gbps=300.0, base_latency_us=40.0),
+                    inter=replace(truth.inter, bandwidth_gbps=35.0, base_latency_us=120.0))
+    rng = np.random.default_rng(0)
+    rows = []
+    for nodes, gpn in ((1, 4), (1, 8), (2, 8), (4, 8)):
+        S = np.logspace(7, 10, 25)
+        t = N.analytic_time_s(truth, "allreduce", S, nodes, gpn) * np.exp(rng.normal(0, 0.02, len(S)))
+        rows.append(pd.DataFrame({"collective": "allreduce", "message_bytes": S, "nodes": nodes, "gpus_per_node": gpn,
+                                  "duration_s": t, "source": "synthetic"}))
+    fit = N.calibrate(plat, pd.concat(rows, ignore_index=True), source="synthetic")
+    assert fit.intra.bandwidth_gbps == pytest.approx(300, rel=0.05)
+    assert fit.inter.bandwidth_gbps == pytest.approx(35, rel=0.05)
+    assert fit.calibrated and fit.validation["fit"]["median_ape"] < 0.03
+    assert fit.intra.source.startswith("fitted")
+
+
+def test_calibrate_converts_the_allgather_convention():
+    plat = get_platform("vista-gh200")
+    truth = replace(N.spec_network(plat), inter=replace(N.spec_network(plat).inter, bandwidth_gbps=40.0))
+    S_full = np.logspace(8, 10, 20)
+    rows = []
+    for nodes in (2, 4, 8):
+        t = N.analytic_time_s(truth, "allgather", S_full, nodes, 1)
+        rows.append(pd.DataFrame({"collective": "allgather", "message_bytes": S_full / nodes,  # store: per-rank input
+                                  "nodes": nodes, "gpus_per_node": 1, "duration_s": t}))
+        t = N.analytic_time_s(truth, "allreduce", S_full, nodes, 1)
+        rows.append(pd.DataFrame({"collective": "allreduce", "message_bytes": S_full, "nodes": nodes,
+                                  "gpus_per_node": 1, "duration_s": t}))
+    fit = N.calibrate(plat, pd.concat(rows, ignore_index=True))
+    assert fit.inter.bandwidth_gbps == pytest.approx(40, rel=0.05)
+    assert fit.collective_efficiency.get("allgather", 1.0) == pytest.approx(1.0, rel=0.05)
+
+
+def test_load_network_own_borrowed_and_spec(tmp_path):
+    h200 = get_platform("dgx-h200")
+    fitted = replace(N.spec_network(h200), intra=replace(N.spec_network(h200).intra, bandwidth_gbps=360.0,
+                                                        source="fitted on test"),
+                     validation={"fit": {"median_ape": 0.02, "n": 10}})
+    N.save_network(fitted, tmp_path / "dgx-h200" / "network.json")
+    own = N.load_network(h200, tmp_path)
+    assert own.intra.bandwidth_gbps == 360 and own.calibrated
+    h100 = get_platform("dgx-h100")  # collective_calibration: dgx-h200, same link specs
+    b = N.load_network(h100, tmp_path)
+    assert b.intra.bandwidth_gbps == pytest.approx(360) and "borrowed" in b.intra.source
+    g = make_cluster("h100-sxm5-80gb", 8, 900.0)  # no calibration of its own: spec
+    assert N.load_network(g, tmp_path).intra.source == "link spec"
+    e, basis = N.expected_error(own)
+    assert e == pytest.approx(0.03) and "fitted" in basis
+    e2, basis2 = N.expected_error(b)
+    assert 0 < e2 < 1 and "borrowed" in basis2
+    e3, _ = N.expected_error(N.spec_network(g))
+    assert e3 == pytest.approx(0.30)
+
+
+@pytest.mark.skipif(not (SHARED / "ml-engineering").exists(), reason="shared datasets absent")
+def test_sweeps_load_in_full_buffer_convention():
+    from predictor import calibrate_network as C
+    ml = C.load_ml_engineering()
+    a100 = ml[ml["dataset"] == "ml-eng A100 8-GPU nccl-tests"]
+    assert len(a100) == 20 and a100["duration_s"].min() > 0
+    h = ml[(ml["dataset"] == "ml-eng H200 8-GPU collectives 16 GiB")]
+    # nccl-tests bus bandwidth of the rows comes back (all-gather: size = output buffer)
+    bw = N.bus_bandwidth_gbps(h["collective"].iloc[2], h["message_bytes"].iloc[2], 8, h["duration_s"].iloc[2])
+    assert float(bw) == pytest.approx(361.4, rel=1e-3)
+    pap = C.load_paper_nccl("vista-gh200")
+    assert set(pap["collective"]) == {"allreduce", "allgather", "p2p"}
+
+
+@pytest.mark.skipif(not (SHARED / "ml-engineering").exists(), reason="shared datasets absent")
+def test_calibrated_h200_and_b200_curves_within_15_percent():
+    from predictor import calibrate_network as C
+    data = C.measured_sweeps()
+    for pid, ds in (("dgx-h200", "ml-eng H200 8-GPU all_reduce_bench"),
+                    ("dgx-b200", "ml-eng B200 all_reduce_bench 4 nodes")):
+        d = data[data["platform"] == pid]
+        net = C.calibrate_platform(pid, d)
+        ev = C.evaluate(net, d[d["dataset"] == ds])
+        err = (ev["duration_s"] / ev["predicted_s"] - 1).abs().median()
+        assert err < 0.15, (pid, err)
