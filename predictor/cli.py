@@ -69,13 +69,15 @@ def cmd_platforms(a: argparse.Namespace) -> int:
         if pr.coll_bank is not None:
             coll = f"measured: {p.collective_models}; analytic beyond the sampled range"
         else:
-            coll = "analytic " + ("(calibrated: " + pr.network.intra.source + ")" if pr.network.intra.source != "link spec" else "(link specs)")
+            coll = "analytic " + (f"(calibrated: {pr.network.intra.source})" if pr.network.calibrated else "(link specs)")
         val = pr.validation
+        host = (f"{pr.host.host_s_per_layer_pass * 1e3:.2f} ms/layer-pass (CV {pr.host.cv_mape:.1%})"
+                if pr.host is not None else "not modelled")
         v = f"MAPE {val['mape']:.1%} on {val.get('n_runs')} runs" if val and val.get("mape") is not None else "-"
         rows.append({"platform": pid, "device": p.device.name, "gpus_per_node": p.gpus_per_node,
                      "intra": f"{p.intra_node.kind} {p.intra_node.bandwidth_gbps:g} GB/s",
                      "inter": f"{p.inter_node.kind} {p.inter_node.bandwidth_gbps:g} GB/s",
-                     "operators": ops, "collectives": coll, "end_to_end": v})
+                     "operators": ops, "collectives": coll, "host_overhead": host, "end_to_end": v})
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -130,8 +132,12 @@ def print_prediction(pred, console=None) -> None:
     t.add_column("seconds", justify="right")
     t.add_column("share", justify="right")
     for k, v in pred.breakdown_s.items():
+        if k == "host_overhead" and v == 0:
+            continue  # not modelled on this platform (see the warnings)
         t.add_row(k, f"{v:.4g}", f"{v / pred.step_time_s:.1%}")
     c.print(t)
+    for w in pred.warnings:
+        c.print(f"[yellow]warning:[/yellow] {w}")
     ops = pred.ops[pred.ops["stage"] == pred.critical_stage]
     top = (ops.groupby(["op", "phase", "provenance"], as_index=False)["seconds_total"].sum()
            .sort_values("seconds_total", ascending=False).head(12))
@@ -231,6 +237,23 @@ def cmd_validate(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_calibrate_host(a: argparse.Namespace) -> int:
+    from .calibrate_host import calibrate_host
+    log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    ho, report, path = calibrate_host(a.platform, store_path=a.store, models_dir=a.models_dir, folds=a.folds,
+                                      progress=log, save=not a.dry_run)
+    out = {"platform": a.platform, "host_s_per_layer_pass": ho.host_s_per_layer_pass, "blend_p": ho.blend_p,
+           **report, "written": str(path) if path else None}
+    if a.json:
+        print(json.dumps(out, indent=2, default=float))
+    else:
+        print(f"{a.platform}: host {ho.host_s_per_layer_pass * 1e3:.3f} ms per layer-pass, blend p = {ho.blend_p:g}\n"
+              f"  end-to-end MAPE without host term {report['no_host_mape']:.1%}, fitted {report['fit_mape']:.1%}, "
+              f"cross-validated on held-out models ({report['folds']} folds, {report['groups']} models) "
+              f"{report['cv_mape']:.1%}" + (f"\n  written: {path}" if path else ""))
+    return 0
+
+
 # ---- parser ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m predictor", description="Predict LLM training step time from measured operator samples.")
@@ -288,6 +311,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--output", required=True)
     common(sp, store=False)
     sp.set_defaults(func=cmd_predict_batch)
+
+    sp = sub.add_parser("calibrate-host", help="fit a platform's host (framework) overhead on its measured runs")
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--folds", type=int, default=5, help="cross-validation folds over held-out models")
+    sp.add_argument("--dry-run", action="store_true", help="fit and report, write nothing")
+    common(sp)
+    sp.set_defaults(func=cmd_calibrate_host)
 
     sp = sub.add_parser("validate", help="predict every measured run in the store and print the error table")
     sp.add_argument("--platform")

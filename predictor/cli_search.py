@@ -10,6 +10,8 @@ i.e. 512, 1024, 2048).
 """
 from __future__ import annotations
 
+from .compose import CATEGORIES
+
 import argparse
 import json
 import sys
@@ -136,7 +138,7 @@ def _print_report(rep, table, cols, a) -> None:
             ("tflops_per_gpu", "TFLOP/s/GPU"), ("mfu", "MFU"), ("peak_mem_gib", "mem GiB")]
     extra = [(k, lbl) for k, lbl in (("days", "days"), ("gpu_hours", "GPU-h"), ("cost", "cost"),
                                      ("cost_per_mtok", "cost/Mtok")) if k in table.columns]
-    show += extra + [("_bd", "compute / tp / pp / dp / bubble / opt (%)")]
+    show += extra + [("_bd", "compute / host / tp / pp / dp / bubble / opt (%)")]
     if a.all:
         show.append(("reason", "reason"))
     for _, lbl in show:
@@ -146,7 +148,7 @@ def _print_report(rep, table, cols, a) -> None:
         for k, _ in show:
             if k == "_bd":
                 st = r["step_time_s"]
-                parts = [r[f"{x}_s"] for x in ("compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")]
+                parts = [r[f"{x}_s"] for x in CATEGORIES]
                 cells.append(" / ".join(f"{max(0.0, p) / st * 100:.0f}" for p in parts) if st == st else "-")
                 continue
             v = r[k]

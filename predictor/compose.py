@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-CATEGORIES = ("compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+CATEGORIES = ("compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
 
 
 @dataclass
@@ -53,6 +53,7 @@ class ComposeOptions:
     grad_buckets: int = 8  # buckets per stage's gradients; the last one cannot overlap
     simulate: bool = True  # event simulation of the schedule (timeline); else closed form only
     max_simulated_tasks: int = 50_000
+    host_overhead: bool = True  # add the fitted host (framework) overhead where the platform has one
 
 
 @dataclass

@@ -38,6 +38,12 @@ class OpCall:
     phase: str          # fwd | bwd | recompute | step
     part: str           # layer | embedding | head | loss | optimizer
     scale: float = 1.0  # multiplier on the predicted time (e.g. a stand-in's work ratio)
+    variant: str | None = None  # optimizer: which pipeline stage it updates (first | middle | last)
+
+    @property
+    def key(self) -> tuple:
+        """What the predicted time depends on (the predictor caches by it, with the precision)."""
+        return (self.op, self.pass_, self.shape, self.variant)
 
 
 @dataclass(frozen=True)
@@ -267,9 +273,13 @@ def _add_step_work(plan: StagePlan, model: ModelSpec, layout: Layout, dp_topo: t
     gelem = grad_comm_bytes(layout.precision)
     params = plan.params_per_gpu
     shard = layout.dp if layout.zero_stage >= 1 else 1
+    # the paper samples the optimizer per pipeline-stage kind; a single stage (pp = 1) holds the
+    # embedding like a first stage
+    variant = "first" if plan.is_first else "last" if plan.is_last else "middle"
     plan.step_ops.append(OpCall("optimizer", "step",
                                 make_shape(tp=layout.tp, hidden=model.hidden_size, layers=plan.layers,
-                                           params=max(1, params // shard)), 1, "step", "optimizer"))
+                                           params=max(1, params // shard)), 1, "step", "optimizer",
+                                variant=variant))
     if layout.dp == 1:
         return
     if layout.zero_stage == 0:
@@ -293,7 +303,7 @@ def _add_step_work(plan: StagePlan, model: ModelSpec, layout: Layout, dp_topo: t
 
 
 def _times(c: OpCall, k: float) -> OpCall:
-    return OpCall(c.op, c.pass_, c.shape, c.count * k, c.phase, c.part, c.scale)
+    return OpCall(c.op, c.pass_, c.shape, c.count * k, c.phase, c.part, c.scale, c.variant)
 
 
 def _ctimes(c: CommCall, k: float) -> CommCall:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -25,16 +26,26 @@ from . import features
 from .compose import ChunkTimes, ComposeOptions, StageTail, compose
 from .decompose import CommCall, OpCall, StagePlan, decompose
 from .network import analytic_time_s, load_network
+from .overhead import HostOverhead, load_host_overhead
 from .ops import SHAPE_COLUMNS, STAND_INS
 from .platforms import Platform, get_platform
 from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict, padded_vocab
 
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models_store"
+
+
+def default_models_dir() -> Path:
+    """$PREDICTOR_MODELS_DIR if set, else the project's models_store/."""
+    env = os.environ.get("PREDICTOR_MODELS_DIR")
+    return Path(env) if env else MODELS_DIR
 # Efficiency assumed where only the roofline is known (no samples at all): compute-bound ops
 # reach about 60 % of peak, memory-bound ones about 70 % of HBM bandwidth.
 ANALYTIC_EFFICIENCY = 0.6
 # Expected error of parts without validation data behind them.
 ASSUMED_ERROR = {"measured": None, "transferred": 0.15, "stand-in": 0.20, "analytical": 0.30}
+HOST_PROVENANCE = "host overhead (fitted on measured runs)"
+# Below this much GPU work per layer forward, host (framework) time matters (predictor.overhead).
+SHORT_LAYER_PASS_S = 2e-3
 GEMM_OPS = {"qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "attn_scores", "attn_context", "flash_attn"}
 
 
@@ -95,30 +106,33 @@ class Predictor:
     def __init__(self, platform: str | Platform, models_dir: str | Path | None = None,
                  options: ComposeOptions = ComposeOptions()):
         self.platform = platform if isinstance(platform, Platform) else get_platform(platform)
-        self.models_dir = Path(models_dir) if models_dir else MODELS_DIR
+        self.models_dir = Path(models_dir) if models_dir else default_models_dir()
         self.options = options
         self.bank = _load_bank(self.platform.op_models, str(self.models_dir)) if self.platform.op_models else None
         self.coll_bank = (_load_bank(self.platform.collective_models, str(self.models_dir))
                           if self.platform.collective_models else None)
         self.network = load_network(self.platform, self.models_dir)
         self.validation = _load_validation(self.models_dir, self.platform.platform_id)
+        self.host = load_host_overhead(self.models_dir, self.platform.platform_id) if options.host_overhead else None
         self._op_cache: dict[tuple, tuple[float, str, float | None]] = {}
         self._comm_cache: dict[tuple, tuple[float, str]] = {}
 
     # ---- operator times -------------------------------------------------------------------
     def time_ops(self, calls: list[OpCall], precision: str) -> None:
         """Fill the cache for all (op, pass, shape) in `calls`, one regressor call per (op, pass)."""
-        todo: dict[tuple[str, str], set] = {}
+        todo: dict[tuple[str, str, str | None], set] = {}
         for c in calls:
-            key = (c.op, c.pass_, c.shape, precision)
+            key = (*c.key, precision)
             if key not in self._op_cache:
-                todo.setdefault((c.op, c.pass_), set()).add(c.shape)
-        for (op, pass_), shapes in todo.items():
+                todo.setdefault((c.op, c.pass_, c.variant), set()).add(c.shape)
+        for (op, pass_, variant), shapes in todo.items():
             shapes = sorted(shapes, key=lambda t: tuple(-1 if v is None else v for v in t))
             df = pd.DataFrame(shapes, columns=list(SHAPE_COLUMNS))
+            if variant is not None:
+                df["variant"] = variant
             secs, prov, err = self._predict_op_group(op, pass_, df, precision)
             for shp, t in zip(shapes, secs):
-                self._op_cache[(op, pass_, shp, precision)] = (float(t), prov, err)
+                self._op_cache[(op, pass_, shp, variant, precision)] = (float(t), prov, err)
 
     def _predict_op_group(self, op: str, pass_: str, df: pd.DataFrame, precision: str):
         """Seconds per shape row, provenance, and the expected relative error of those seconds.
@@ -185,10 +199,13 @@ class Predictor:
         res = None
         cb = self.coll_bank
         if cb is not None and cb.has_collective(c.collective):
-            covers = cb.covers_collective(c.collective, np.array([c.message_bytes]), np.array([c.nodes]),
+            # the sample store (and so the regressors) keeps the paper's convention: an all-gather's
+            # message is the per-rank input; decompose passes the full output buffer
+            msg = max(1, c.message_bytes // (c.nodes * c.gpus_per_node)) if c.collective == "allgather" else c.message_bytes
+            covers = cb.covers_collective(c.collective, np.array([msg]), np.array([c.nodes]),
                                           np.array([c.gpus_per_node]))
             if bool(np.asarray(covers)[0]):
-                t = cb.predict_collective(c.collective, np.array([c.message_bytes]), np.array([c.nodes]),
+                t = cb.predict_collective(c.collective, np.array([msg]), np.array([c.nodes]),
                                           np.array([c.gpus_per_node]), self.platform)
                 res = (float(np.asarray(t)[0]), "measured")
         if res is None:
@@ -200,7 +217,40 @@ class Predictor:
         return res
 
     # ---- the step -------------------------------------------------------------------------
+    @staticmethod
+    def _add_host(ch: ChunkTimes, layers: int, recompute: str, host: HostOverhead) -> None:
+        """Blend the host time of issuing this chunk's layers with its GPU time (predictor.overhead)."""
+        for phase, d in (("fwd", ch.fwd), ("bwd", ch.bwd)):
+            g = d.get("compute", 0.0) + d.get("tp_comm", 0.0)
+            d["host_overhead"] = float(host.extra_s(g, layers, phase, recompute))
+
     def predict(self, model: ModelSpec, layout: Layout, *, timeline: bool = True) -> StepPrediction:
+        plans, rows, chunks, tails = self.chunk_times(model, layout)
+        if self.host is not None:
+            for plan, ch in zip(plans, chunks):
+                self._add_host(ch, plan.layers, layout.recompute, self.host)
+                for phase, d in (("fwd", ch.fwd), ("bwd", ch.bwd)):
+                    if d.get("host_overhead", 0.0) > 0:
+                        rows.append((plan.stage, plan.chunk, "layer", phase, "host overhead", phase, "host_overhead",
+                                     1, d["host_overhead"], d["host_overhead"], HOST_PROVENANCE, self.host.cv_mape))
+        notes = []
+        if self.host is None and self.options.host_overhead:
+            per_pass = [(ch.fwd["compute"] + ch.fwd["tp_comm"]) / pl.layers for pl, ch in zip(plans, chunks) if pl.layers]
+            if per_pass and min(per_pass) < SHORT_LAYER_PASS_S:
+                notes.append(f"Kernels are short here ({min(per_pass) * 1e3:.2f} ms of GPU work per layer forward) and "
+                             f"this platform has no fitted host overhead: eager frameworks add host time per layer "
+                             f"(about 1 ms per layer pass on dgx-a100-80gb, fitted on measured runs), so this "
+                             f"prediction may be low. Fit one with `python -m predictor calibrate-host` on your runs.")
+        opts = self.options if timeline else ComposeOptions(**{**asdict(self.options), "simulate": False})
+        comp = compose(chunks, tails, pp=layout.pp, vpp=layout.vpp,
+                       m=layout.num_micro_batches, schedule=layout.schedule, options=opts)
+        pred = self._finish(model, layout, comp, rows)
+        pred.warnings.extend(notes)
+        return pred
+
+    def chunk_times(self, model: ModelSpec, layout: Layout):
+        """Decompose and time: (plans, op rows, per-chunk micro-batch times without host overhead,
+        per-stage tails), the inputs of `compose`."""
         plans = decompose(model, layout, self.platform)
         all_calls = [c for p in plans for c in p.ops + p.step_ops]
         self.time_ops(all_calls, layout.precision)
@@ -212,7 +262,7 @@ class Predictor:
             bwd = dict(fwd)
             recompute = 0.0
             for c in plan.ops:
-                t, prov, err = self._op_cache[(c.op, c.pass_, c.shape, layout.precision)]
+                t, prov, err = self._op_cache[(*c.key, layout.precision)]
                 total = t * c.count * c.scale
                 (fwd if c.phase == "fwd" else bwd)["compute"] += total
                 if c.phase == "recompute":
@@ -252,16 +302,16 @@ class Predictor:
                              1, t, t, prov, None))
             opt_s = 0.0
             for c in plan.step_ops:
-                t, prov, err = self._op_cache[(c.op, c.pass_, c.shape, layout.precision)]
+                t, prov, err = self._op_cache[(*c.key, layout.precision)]
                 opt_s += t * c.count
                 rows.append((plan.stage, plan.chunk, c.part, "step", c.op, c.pass_, "optimizer", c.count, t, t * c.count, prov, err))
             last_bwd = bwd["compute"] - recompute
             tails[plan.stage] = StageTail(plan.stage, tail.dp_comm_s + dp_s, tail.param_gather_s + gather_s,
                                           tail.embedding_sync_s + emb_s, tail.optimizer_s + opt_s,
                                           tail.last_bwd_compute_s + last_bwd)
-        opts = self.options if timeline else ComposeOptions(**{**asdict(self.options), "simulate": False})
-        comp = compose(chunks, [tails[s] for s in sorted(tails)], pp=layout.pp, vpp=layout.vpp,
-                       m=layout.num_micro_batches, schedule=layout.schedule, options=opts)
+        return plans, rows, chunks, [tails[st] for st in sorted(tails)]
+
+    def _finish(self, model: ModelSpec, layout: Layout, comp, rows: list[tuple]) -> StepPrediction:
         ops = pd.DataFrame(rows, columns=["stage", "chunk", "part", "phase", "op", "pass", "category", "count",
                                           "seconds_each", "seconds_total", "provenance", "cv_mape"])
         share, err, basis = self._confidence(ops, comp.breakdown_s, layout)
@@ -286,34 +336,44 @@ class Predictor:
         ASSUMED_ERROR), combined with the end-to-end validation error of the platform where one has
         been measured. The basis names each part's share and error."""
         from .network import expected_error
-        crit = ops[(ops["seconds_total"] > 0)].copy()
-        # per-micro-batch rows happen num_micro_batches times per step, "step" rows once
-        crit["seconds_total"] = crit["seconds_total"] * np.where(crit["phase"] == "step", 1.0,
-                                                                 float(max(layout.num_micro_batches, 1)))
-        by = crit.groupby("provenance")["seconds_total"].sum()
-        share = (by / by.sum()).to_dict() if by.sum() > 0 else {}
         comm_cats = {"tp_comm", "pp_comm", "dp_comm"}
         net_err, net_basis = expected_error(self.network, self.models_dir)
-        op_err_parts, notes = [], []
-        total_s = float(crit["seconds_total"].sum()) if len(crit) else 0.0
-        for prov, g in crit.groupby("provenance"):
+        m = float(max(layout.num_micro_batches, 1))
+        # plain Python over the rows: this runs once per prediction and pandas' groupby costs ms
+        secs: dict[str, float] = {}
+        werr: dict[str, float] = {}
+        any_comm = False
+        cols = list(ops.columns)
+        i_phase, i_cat, i_tot, i_prov, i_cv = (cols.index(c) for c in ("phase", "category", "seconds_total",
+                                                                         "provenance", "cv_mape"))
+        for r in ops.itertuples(index=False, name=None):
+            t = r[i_tot]
+            if not t > 0:
+                continue
+            t = t * (1.0 if r[i_phase] == "step" else m)
+            prov, cat, cv = r[i_prov], r[i_cat], r[i_cv]
+            comm = cat in comm_cats
+            any_comm = any_comm or comm
             base = prov.split(" ")[0]
-            comm = g["category"].isin(comm_cats)
+            cv = None if cv is None or cv != cv else float(cv)
             if base == "measured":
-                e = g["cv_mape"].astype(float).fillna(0.10)
-            elif base == "transferred":
-                e = g["cv_mape"].astype(float).fillna(ASSUMED_ERROR["transferred"])
+                e = 0.10 if cv is None else cv
+            elif base in ("transferred", "host"):
+                e = ASSUMED_ERROR["transferred"] if cv is None else cv
             elif base == "analytical":
-                e = pd.Series(np.where(comm, net_err, ASSUMED_ERROR["analytical"]), index=g.index)
+                e = net_err if comm else ASSUMED_ERROR["analytical"]
             else:
-                e = pd.Series(ASSUMED_ERROR.get(base) or 0.3, index=g.index)
-            part_s = float(g["seconds_total"].sum())
-            op_err_parts.append(float((g["seconds_total"] * e).sum()))
-            if total_s > 0 and part_s / total_s >= 0.005:
-                notes.append(f"{prov} {part_s / total_s:.0%} (+/-{float((g['seconds_total'] * e).sum()) / part_s:.0%})")
+                e = ASSUMED_ERROR.get(base) or 0.3
+            secs[prov] = secs.get(prov, 0.0) + t
+            werr[prov] = werr.get(prov, 0.0) + t * e
+        total_s = sum(secs.values())
+        share = {k: v / total_s for k, v in secs.items()} if total_s > 0 else {}
+        op_err_parts = list(werr.values())
+        notes = [f"{prov} {secs[prov] / total_s:.0%} (+/-{werr[prov] / secs[prov]:.0%})"
+                 for prov in sorted(secs) if total_s > 0 and secs[prov] / total_s >= 0.005]
         op_err = float(sum(op_err_parts) / total_s) if total_s > 0 else 0.3
         parts = "; ".join(notes)
-        if any(n.startswith("analytical") for n in notes) and (crit["category"].isin(comm_cats)).any():
+        if any(n.startswith("analytical") for n in notes) and any_comm:
             parts += f" [{net_basis}]"
         if any(n.startswith("transferred") for n in notes):
             parts += " [transfer error measured A100<->GH200, python -m tests.benchmarks.transfer_accuracy]"

@@ -38,6 +38,7 @@ import pandas as pd
 
 from . import memory as mem
 from .compose import CATEGORIES, ComposeOptions
+from .overhead import RECOMPUTE_PASSES, blend
 from .costing import TrainingEstimate, training_estimate
 from .decompose import CommCall, StagePlan, _add_step_work, decompose, group_topology, split_layers
 from .network import analytic_time_s
@@ -336,7 +337,7 @@ class FastEvaluator:
             for p in plans:
                 a = dict.fromkeys(_PART_FIELDS, 0.0)
                 for c in p.ops:
-                    t = cache[(c.op, c.pass_, c.shape, precision)][0] * c.count * c.scale
+                    t = cache[(*c.key, precision)][0] * c.count * c.scale
                     if c.phase == "fwd":
                         a["fc"] += t
                     else:
@@ -386,7 +387,7 @@ class FastEvaluator:
         prime_comm_cache(self.P, comms)
         cache = self.P._op_cache
         for key, plan in plans.items():
-            opt = sum(cache[(c.op, c.pass_, c.shape, precision)][0] * c.count for c in plan.step_ops)
+            opt = sum(cache[(*c.key, precision)][0] * c.count for c in plan.step_ops)
             dp_s = gather_s = 0.0
             for c in plan.step_comms:
                 t = self.P.time_comm(c)[0]
@@ -525,8 +526,16 @@ class FastEvaluator:
             zf_tot, zf_unit, zb_tot, zb_unit = W[..., 3], W[..., 4], W[..., 5], W[..., 6]
             fdp = np.where(zf_tot > 0, np.maximum(zf_unit, zf_tot - fc), 0.0)
             bdp = np.where(zb_tot > 0, np.maximum(zb_unit, zb_tot - bc), 0.0)
-            f_tot = fc + ft + ppc + fdp
-            b_tot = bc + bt + ppc + bdp
+            host = self.P.host if opts.host_overhead else None
+            if host is not None:  # as Predictor._add_host: blend the host time of each chunk's layers
+                hs = host.host_s_per_layer_pass * cn[None, :]
+                bpasses = 1.0 + np.array([RECOMPUTE_PASSES[RC[int(v)]] for v in rc_a[idx]])[:, None]
+                fh = blend(fc + ft, hs, host.blend_p) - (fc + ft)
+                bh = blend(bc + bt, hs * bpasses, host.blend_p) - (bc + bt)
+            else:
+                fh = bh = np.zeros_like(fc)
+            f_tot = fc + ft + ppc + fdp + fh
+            b_tot = bc + bt + ppc + bdp + bh
             # to stages
             onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)  # [chunks, pp]
             F = f_tot @ onehot
@@ -562,6 +571,7 @@ class FastEvaluator:
             rr = np.arange(len(idx))
             cat = {
                 "compute": m * ((fc + bc) @ onehot)[rr, crit],
+                "host_overhead": m * ((fh + bh) @ onehot)[rr, crit],
                 "tp_comm": m * ((ft + bt) @ onehot)[rr, crit],
                 "pp_comm": m * ((2 * ppc) @ onehot)[rr, crit],
                 "dp_comm": m * ((fdp + bdp) @ onehot)[rr, crit],
@@ -695,9 +705,11 @@ def prime_comm_cache(P: Predictor, calls: Iterable[CommCall]) -> None:
         prov = [label] * len(keys)
         cb = P.coll_bank
         if cb is not None and cb.has_collective(coll):
-            cov = np.asarray(cb.covers_collective(coll, S, N, G), bool)
+            # regressors keep the store's convention: all-gather message = per-rank input (as time_comm)
+            Sr = np.maximum(1, (S // (N * G))) if coll == "allgather" else S
+            cov = np.asarray(cb.covers_collective(coll, Sr, N, G), bool)
             if cov.any():
-                tb = np.asarray(cb.predict_collective(coll, S[cov], N[cov], G[cov], P.platform), float)
+                tb = np.asarray(cb.predict_collective(coll, Sr[cov], N[cov], G[cov], P.platform), float)
                 t = t.copy()
                 t[cov] = tb
                 for i in np.nonzero(cov)[0]:

@@ -12,12 +12,12 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-CATEGORY_ORDER = ["compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
-CATEGORY_LABELS = {"compute": "compute", "tp_comm": "TP communication", "pp_comm": "PP communication",
+CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
+CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework overhead", "tp_comm": "TP communication", "pp_comm": "PP communication",
                    "dp_comm": "DP communication", "bubble": "pipeline bubble", "optimizer": "optimizer step"}
-CATEGORY_COLORS = {"compute": "#4c78a8", "tp_comm": "#f58518", "pp_comm": "#e45756", "dp_comm": "#72b7b2",
+CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "pp_comm": "#e45756", "dp_comm": "#72b7b2",
                    "bubble": "#bab0ac", "optimizer": "#54a24b"}
-PROVENANCE_COLORS = {"measured": "#2e7d32", "transferred": "#1e88e5", "stand-in": "#f9a825",
+PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured runs)": "#6a1b9a", "transferred": "#1e88e5", "stand-in": "#f9a825",
                      "analytical (calibrated)": "#8d6e63", "analytical": "#9e9e9e", "none": "#e0e0e0"}
 PHASE_COLORS = {"fwd": "#4c78a8", "bwd": "#f58518", "recompute": "#b279a2", "step": "#54a24b"}
 KIND_COLORS = {"forward": "#4c78a8", "backward": "#f58518", "busy": "#7f7f7f", "idle (bubble)": "#eeeeee"}

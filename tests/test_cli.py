@@ -3,6 +3,7 @@ import json
 import pandas as pd
 import pytest
 
+from predictor.compose import CATEGORIES
 from predictor.cli import main
 from predictor.layout_io import BATCH_COLUMNS
 
@@ -66,7 +67,7 @@ def test_predict_batch_keeps_going_past_bad_rows(tmp_path, capsys):
     assert list(res.columns[:len(BATCH_COLUMNS) - 1]) == BATCH_COLUMNS[1:]
     for ok in ("ok", "pp", "gpt"):
         assert res.loc[ok, "error"] == "" and float(res.loc[ok, "step_time_s"]) > 0
-        parts = sum(float(res.loc[ok, f"{k}_s"]) for k in ("compute", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"))
+        parts = sum(float(res.loc[ok, f"{k}_s"]) for k in CATEGORIES)
         assert parts == pytest.approx(float(res.loc[ok, "step_time_s"]), rel=1e-6)
         assert res.loc[ok, "provenance"]
     assert res.loc["badtp", "error"].startswith("num_gpus:")

@@ -158,3 +158,23 @@ def test_calibrated_h200_and_b200_curves_within_15_percent():
         ev = C.evaluate(net, d[d["dataset"] == ds])
         err = (ev["duration_s"] / ev["predicted_s"] - 1).abs().median()
         assert err < 0.15, (pid, err)
+
+
+def test_allgather_regressor_gets_the_per_rank_input():
+    """decompose passes an all-gather's full output buffer; the sample store and the regressors keep
+    the paper's per-rank input convention, so the predictor divides by the group size."""
+    from predictor.decompose import CommCall
+    from predictor.predict import Predictor
+    pr = Predictor("perlmutter-a100")
+    cb = pr.coll_bank
+    full = 64 * 2 ** 20
+    for nodes, g in ((1, 4), (2, 4)):
+        n = nodes * g
+        t, prov = pr.time_comm(CommCall("allgather", full, "dp", "step", 1, n, nodes, g))
+        per_rank = np.array([full // n])
+        if prov == "measured":
+            want = cb.predict_collective("allgather", per_rank, np.array([nodes]), np.array([g]), pr.platform)[0]
+            assert t == pytest.approx(float(want), rel=1e-9)
+        # either way, gathering a bigger buffer never gets cheaper
+        t2, _ = pr.time_comm(CommCall("allgather", 4 * full, "dp", "step", 1, n, nodes, g))
+        assert t2 > t

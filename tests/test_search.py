@@ -1,6 +1,5 @@
 """Configuration search, the vectorised fast path, ZeRO / FSDP timing, costing and the CLI."""
 import json
-import time
 from dataclasses import replace
 
 import numpy as np
@@ -110,17 +109,6 @@ def test_search_space_covers_the_dimensions(llama70):
     sl = t[t["stage_layers"] != ""]["stage_layers"].iloc[0]
     counts = [int(x) for x in sl.split(",")]
     assert sum(counts) == 80 and counts[0] < max(counts) and counts[-1] < max(counts)
-
-
-def test_search_speed_target(P):
-    """Target: every layout of llama3-70b on 1,024 GPUs ranked in <= 2 s on a 2-core machine;
-    asserted with slack for shared CI machines (the benchmark prints the real figure)."""
-    m = get_preset("llama3-70b")
-    c0 = time.process_time()
-    rep = search(m, P, 1024, 1024, 4096, top_k=10)
-    cpu = time.process_time() - c0
-    assert cpu < 6.0
-    assert cpu / rep.n_enumerated < 2e-3  # amortised per layout
 
 
 def test_objectives_and_num_gpu_ranges(P):

@@ -1,0 +1,146 @@
+"""Host (framework) overhead: the time the CPU side of an eager framework needs to issue the
+kernels of one transformer layer, which sampled kernel times do not contain.
+
+Operator samples time kernels alone. A real eager-mode step also spends host time in Python,
+the autograd engine, checkpointing wrappers and kernel launches. The host runs ahead of the GPU
+while kernels are long; when they are short the GPU waits for the host. Per pipeline chunk and
+micro-batch, with G the GPU time (compute + TP communication) of a pass and H the host time to
+issue it,
+
+    T = (G**p + H**p) ** (1/p)        (p = 1: no overlap, p -> inf: perfect overlap, max(G, H))
+
+H = layers * host_s_per_layer_pass * passes, where the forward group has one pass and the backward
+group has one pass plus one more per layer recomputed in full (selective recomputation re-runs the
+attention core only and is counted as a quarter pass).
+
+The two numbers (host_s_per_layer_pass, blend_p) are not guessed: `fit_host_overhead` fits them on
+measured end-to-end runs of a platform (`python -m predictor calibrate-host`), with K-fold
+cross-validation grouped by model so that every scored run belongs to a model the fit did not
+see. The result lives in models_store/<platform>/host_overhead.json with its provenance; a
+platform without that file has no host term (its predictions are kernel time only, and say so).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HOST_OVERHEAD_FILE = "host_overhead.json"
+RECOMPUTE_PASSES = {"none": 0.0, "selective": 0.25, "full": 1.0}
+
+
+@dataclass(frozen=True)
+class HostOverhead:
+    host_s_per_layer_pass: float
+    blend_p: float
+    source: str = ""
+    fitted_on_runs: int = 0
+    cv_mape: float | None = None
+    fit_mape: float | None = None
+
+    def passes(self, phase: str, recompute: str) -> float:
+        """Host passes per layer: 1 for the forward group; 1 + recomputation for the backward group."""
+        return 1.0 if phase == "fwd" else 1.0 + RECOMPUTE_PASSES.get(recompute, 0.0)
+
+    def extra_s(self, gpu_s, layers, phase: str, recompute: str):
+        """Seconds the host adds to a chunk's pass of `gpu_s` GPU time over `layers` layers
+        (works on floats and numpy arrays)."""
+        g = np.asarray(gpu_s, dtype="float64")
+        h = np.asarray(layers, dtype="float64") * self.host_s_per_layer_pass * self.passes(phase, recompute)
+        return blend(g, h, self.blend_p) - g
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def blend(g, h, p: float):
+    g = np.asarray(g, dtype="float64")
+    h = np.asarray(h, dtype="float64")
+    if not np.isfinite(p):
+        return np.maximum(g, h)
+    # scale for numerical safety with large p
+    m = np.maximum(np.maximum(g, h), 1e-30)
+    return m * ((g / m) ** p + (h / m) ** p) ** (1.0 / p)
+
+
+def load_host_overhead(models_dir: str | Path, platform_id: str) -> HostOverhead | None:
+    path = Path(models_dir) / platform_id / HOST_OVERHEAD_FILE
+    if not path.exists():
+        return None
+    try:
+        d = json.loads(path.read_text())
+        return HostOverhead(**{k: d[k] for k in HostOverhead.__dataclass_fields__ if k in d})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# --------------------------------------------------------------------------- fitting
+def _mape(pred: np.ndarray, meas: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - meas) / meas))
+
+
+def _search(evaluate: Callable[[float, float], np.ndarray], meas: np.ndarray, idx: np.ndarray,
+            grid_h: np.ndarray, grid_p: tuple[float, ...]) -> tuple[float, float]:
+    """Coarse grid over (h, p), then a finer grid of h around the best, minimising MAPE on idx."""
+    best = (np.inf, 0.0, 1.0)
+    for p in grid_p:
+        for h in grid_h:
+            e = _mape(evaluate(h, p)[idx], meas[idx])
+            if e < best[0]:
+                best = (e, h, p)
+    _, h0, p0 = best
+    step = (grid_h[1] - grid_h[0]) if len(grid_h) > 1 else h0 * 0.1
+    for h in np.linspace(max(0.0, h0 - step), h0 + step, 21):
+        e = _mape(evaluate(h, p0)[idx], meas[idx])
+        if e < best[0]:
+            best = (e, h, p0)
+    return best[1], best[2]
+
+
+def fit_host_overhead(evaluate: Callable[[float, float], np.ndarray], measured_s: np.ndarray,
+                      groups: np.ndarray, *, folds: int = 5, source: str = "",
+                      grid_h: np.ndarray | None = None, grid_p: tuple[float, ...] = (1.0, 1.5, 2.0, 3.0, 4.0),
+                      progress: Callable[[str], None] | None = None) -> tuple[HostOverhead, dict[str, Any]]:
+    """Fit (host_s_per_layer_pass, blend_p). `evaluate(h, p)` returns the predicted step time of every
+    run with those parameters. Cross-validation holds out whole groups (models), `folds` of them."""
+    meas = np.asarray(measured_s, dtype="float64")
+    groups = np.asarray(groups)
+    grid_h = np.linspace(0.0, 3e-3, 31) if grid_h is None else grid_h
+    uniq = np.unique(groups)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(uniq))
+    fold_of = {uniq[j]: i % folds for i, j in enumerate(order)}
+    f = np.array([fold_of[g] for g in groups])
+    held = np.zeros_like(meas)
+    for k in range(folds):
+        train = np.nonzero(f != k)[0]
+        test = np.nonzero(f == k)[0]
+        if not len(test) or not len(train):
+            continue
+        h, p = _search(evaluate, meas, train, grid_h, grid_p)
+        held[test] = evaluate(h, p)[test]
+        if progress:
+            progress(f"fold {k + 1}/{folds}: host {h * 1e3:.3f} ms/layer-pass, p {p:g}, "
+                     f"held-out MAPE {_mape(held[test], meas[test]):.1%}")
+    h, p = _search(evaluate, meas, np.arange(len(meas)), grid_h, grid_p)
+    fit_pred = evaluate(h, p)
+    none_pred = evaluate(0.0, 1.0)
+    ho = HostOverhead(host_s_per_layer_pass=float(h), blend_p=float(p), source=source,
+                      fitted_on_runs=int(len(meas)), cv_mape=_mape(held, meas), fit_mape=_mape(fit_pred, meas))
+    report = {"cv_mape": ho.cv_mape, "fit_mape": ho.fit_mape, "no_host_mape": _mape(none_pred, meas),
+              "folds": folds, "groups": int(len(uniq)), "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    return ho, report
+
+
+def save_host_overhead(models_dir: str | Path, platform_id: str, ho: HostOverhead, report: dict[str, Any]) -> Path:
+    path = Path(models_dir) / platform_id / HOST_OVERHEAD_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    d = {**asdict(ho), "report": report,
+         "model": "per chunk and micro-batch pass: T = (G**p + H**p)**(1/p), H = layers * host_s_per_layer_pass * "
+                  "passes (forward 1; backward 1 + 1 per fully recomputed layer, 0.25 selective); see predictor/overhead.py"}
+    path.write_text(json.dumps(d, indent=2))
+    return path
