@@ -19,20 +19,43 @@ def _log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+QUIET_ENV = "BENCH_QUIET_INFO"  # the quiet-machine check a parent process made, passed to its torchrun ranks
+
+
 def _quiet(a) -> dict | None:
     from .env import wait_quiet
     if getattr(a, "no_wait", False):
         from .env import loadavg
+        parent = os.environ.get(QUIET_ENV)
+        if parent:
+            return {**json.loads(parent), "loadavg_at_rank_start": list(loadavg())}
         return {"quiet": None, "waited_s": 0, "loadavg_end": list(loadavg()), "note": "--no-wait"}
     return wait_quiet(a.quiet_load, a.max_wait_s, log=_log)
 
 
-def _torchrun(nproc: int, args: list[str], timeout: float | None = None) -> int:
+def _gate(a, first: bool) -> dict:
+    """The check before a sampling phase of `cpu-platform`. The first phase waits for a quiet machine
+    (1-min load average below --quiet-load). Later phases follow our own work, which holds the load
+    average up for minutes (it decays with a 1-minute time constant), so they instead wait until
+    other processes use under OTHERS_MAX_SHARE of a core (/proc/stat, bench.env.wait_calm)."""
+    from .env import OTHERS_MAX_SHARE, loadavg, wait_calm
+    if first or getattr(a, "no_wait", False):
+        return _quiet(a)
+    w = wait_calm(a.max_wait_s, log=_log)
+    return {"quiet": "calm", "waited_s": round(w, 1), "loadavg_end": list(loadavg()),
+            "note": f"follows this run's own previous phase: other processes used < {OTHERS_MAX_SHARE} core "
+                    f"for 3 s (/proc/stat) before it started"}
+
+
+def _torchrun(nproc: int, args: list[str], timeout: float | None = None, quiet: dict | None = None) -> int:
     """Run `python -m bench <args>` under torchrun (torch.distributed.run) on this machine."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "bench", *args]
     _log("launch: torchrun " + " ".join(cmd[3:]))
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if quiet:
+        env[QUIET_ENV] = json.dumps(quiet, default=str)
     return subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout).returncode
 
 
@@ -66,9 +89,8 @@ def cmd_ops(a) -> int:
         args = list(a._argv)
         i = args.index("--ranks")
         del args[i:i + 2]
-        if not a.no_wait:
-            _quiet(a)
-        return _torchrun(a.ranks, args + ["--no-wait"])
+        q = None if a.no_wait else _quiet(a)
+        return _torchrun(a.ranks, args + ["--no-wait"], quiet=q)
     q = _quiet(a) if int(os.environ.get("RANK", "0")) == 0 else None
     ops = tuple(a.ops) if a.ops else (D.DEFAULT_OPS + (D.UNFUSED_ATTENTION_OPS if a.unfused else ()))
     run_ops(a.platform, a.out or SAMPLES / a.platform, ops=ops, device=a.device, dtype=a.dtype,
@@ -88,10 +110,9 @@ def cmd_collectives(a) -> int:
         args = list(a._argv)
         i = args.index("--launch-local")
         del args[i:i + 2]
-        if not a.no_wait:
-            _quiet(a)
-        return _torchrun(a.launch_local, args + ["--no-wait"])
-    q = _quiet(a) if os.environ.get("RANK") == "0" and not a.no_wait else None
+        q = None if a.no_wait else _quiet(a)
+        return _torchrun(a.launch_local, args + ["--no-wait"], quiet=q)
+    q = _quiet(a) if os.environ.get("RANK") == "0" else None
     run_collectives(a.platform, a.out or SAMPLES / a.platform, device=a.device, dtype=a.dtype,
                     collectives=tuple(a.collectives), n_sizes=a.sizes, min_bytes=a.min_bytes,
                     max_bytes=a.max_bytes, budget_s=a.budget_s, threads=a.threads, quiet_info=q,
@@ -127,6 +148,12 @@ def fit_network(samples_dir: Path, platform: str):
 def cmd_fit_network(a) -> int:
     net = fit_network(Path(a.samples), a.platform)
     print(net.to_json())
+    if a.write:
+        from predictor.network import save_network
+        from predictor.regressors import MODELS_DIR
+        path = Path(a.models_dir or MODELS_DIR) / a.platform / "network.json"
+        save_network(net, path)
+        _log(f"wrote {path}")
     return 0
 
 
@@ -139,11 +166,15 @@ def cmd_cpu_platform(a) -> int:
     budgets = {}
     root = Path(a.out_root)
     steps = set(a.steps)
+    first = True
     if "device" in steps:
-        q = _quiet(a)
+        q = _gate(a, first)
+        first = False
         from .env import wait_calm
         q["waited_for_calm_s"] = round(wait_calm(300, log=_log), 1)
+        t0 = time.monotonic()
         m = measure("cpu", 2, "fp32")
+        budgets["cpu-host device"] = time.monotonic() - t0
         entry = cpu_device_entry(m)
         entry["sources"].append(f"quiet-machine check before measuring: {json.dumps(q)}")
         upsert_catalog_entry(CATALOG / "devices.json", "cpu-host", entry)
@@ -155,36 +186,49 @@ def cmd_cpu_platform(a) -> int:
             upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(None))
     common = ["--quiet-load", str(a.quiet_load), "--max-wait-s", str(a.max_wait_s)]
     if "ops2t" in steps:
+        q = _gate(a, first)
+        first = False
         t0 = time.monotonic()
-        q = _quiet(a)
         from .sampler import run_ops
         run_ops("cpu-2t", root / "cpu-2t", threads=2, budget_s=a.budget_2t, n_per_op=a.n_per_op, quiet_info=q,
-                log=_log)
-        budgets["cpu-2t ops"] = time.monotonic() - t0
+                show_progress=not a.no_progress, log=_log)
+        budgets["cpu-2t ops"] = _phase_s(root / "cpu-2t", "ops", t0)
     if "coll" in steps:
+        q = _gate(a, first)
+        first = False
         t0 = time.monotonic()
-        _quiet(a)
         rc = _torchrun(2, ["collectives", "--platform", "cpu-1t", "--out", str(root / "cpu-1t"), "--threads", "1",
-                           "--budget-s", str(a.budget_coll), "--sizes", str(a.coll_sizes), "--no-wait", *common])
+                           "--budget-s", str(a.budget_coll), "--sizes", str(a.coll_sizes), "--no-wait", "--no-progress",
+                           *common], quiet=q)
         if rc:
             return rc
-        budgets["cpu-1t collectives"] = time.monotonic() - t0
+        budgets["cpu-1t collectives"] = _phase_s(root / "cpu-1t", "collectives", t0)
         net = fit_network(root / "cpu-1t", "cpu-1t")
         upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(net))
         _log(f"cpu-1t loopback: {net.intra.bandwidth_gbps:.2f} GB/s, {net.intra.latency_us:.1f} us "
              f"(fit MAPE {net.intra.fit_mape})")
     if "ops1t" in steps:
+        q = _gate(a, first)
+        first = False
         t0 = time.monotonic()
-        _quiet(a)
         rc = _torchrun(2, ["ops", "--platform", "cpu-1t", "--out", str(root / "cpu-1t"), "--threads", "1",
-                           "--budget-s", str(a.budget_1t), "--n-per-op", str(a.n_per_op), "--no-wait", *common])
+                           "--budget-s", str(a.budget_1t), "--n-per-op", str(a.n_per_op), "--no-wait", "--no-progress",
+                           *common], quiet=q)
         if rc:
             return rc
-        budgets["cpu-1t ops"] = time.monotonic() - t0
+        budgets["cpu-1t ops"] = _phase_s(root / "cpu-1t", "ops", t0)
     if "train" in steps:
         train_platforms(root, a.store, a.models_dir)
     for k, v in budgets.items():
         _log(f"sampling time {k}: {v / 60:.1f} min")
+    if budgets:
+        rec = root / "cpu_sampling_time.json"
+        prev = json.loads(rec.read_text()) if rec.exists() else {}
+        phases = {**prev.get("phases_s", {}), **{k: round(v, 1) for k, v in budgets.items()}}
+        rec.write_text(json.dumps({"phases_s": phases, "total_s": round(sum(phases.values()), 1),
+                                   "budget_limit_s": 900, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                   "note": "wall time of each sampling phase (waits for a quiet machine excluded)"},
+                                  indent=1) + "\n")
     if "curve" in steps:
         from .curve import print_curve
         for p in ("cpu-2t", "cpu-1t"):
@@ -192,6 +236,16 @@ def cmd_cpu_platform(a) -> int:
                 print_curve(root / p, p)
     _log(f"cpu-platform done in {(time.monotonic() - t_all) / 60:.1f} min; load average now {loadavg()}")
     return 0
+
+
+def _phase_s(out: Path, kind: str, t0: float) -> float:
+    """Wall time of a sampling phase less the time its sampler spent waiting for other processes
+    to stop (from the run's manifest entry); launch overhead (torchrun start-up) included."""
+    from .store_io import read_manifest
+    wall = time.monotonic() - t0
+    runs = [r for r in read_manifest(out).get("runs", []) if r.get("kind") == kind]
+    waited = float(runs[-1].get("waited_for_calm_s") or 0.0) if runs else 0.0
+    return max(0.0, wall - waited)
 
 
 def train_platforms(root: Path, store: str | None, models_dir: str | None,
@@ -336,15 +390,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("fit-network", help="calibrate a platform's link from its collective samples")
     sp.add_argument("--samples", required=True)
     sp.add_argument("--platform", required=True)
+    sp.add_argument("--write", action="store_true", help="save it as models_store/<platform>/network.json")
+    sp.add_argument("--models-dir")
     sp.set_defaults(fn=cmd_fit_network)
 
     sp = sub.add_parser("cpu-platform", help="sample, train and register this machine's CPU (cpu-2t, cpu-1t)")
     sp.add_argument("--out-root", default=str(SAMPLES))
     sp.add_argument("--store", help="sample store (default: the project's store)")
     sp.add_argument("--models-dir")
-    sp.add_argument("--budget-2t", type=float, default=540)
-    sp.add_argument("--budget-1t", type=float, default=540)
-    sp.add_argument("--budget-coll", type=float, default=120)
+    sp.add_argument("--budget-2t", type=float, default=330, help="seconds of cpu-2t op sampling")
+    sp.add_argument("--budget-1t", type=float, default=330, help="seconds of cpu-1t op sampling (2 ranks)")
+    sp.add_argument("--budget-coll", type=float, default=75, help="seconds of gloo collective sampling")
+    sp.add_argument("--no-progress", action="store_true")
     sp.add_argument("--coll-sizes", type=int, default=20)
     sp.add_argument("--n-per-op", type=int, default=96)
     sp.add_argument("--steps", nargs="+", default=["device", "ops2t", "coll", "ops1t", "train", "curve"],

@@ -199,7 +199,7 @@ def wait_calm(max_wait_s: float = 600.0, slice_s: float = 1.0, calm_slices: int 
     m = Interference()
     t0 = time.monotonic()
     calm = 0
-    last_log = 0.0
+    last_log = t0  # first message after a minute of waiting
     while calm < calm_slices and time.monotonic() - t0 < max_wait_s:
         s = m.snap()
         time.sleep(slice_s)

@@ -24,7 +24,8 @@ COLS_CFG = {"mape": st.column_config.NumberColumn("MAPE", format="percent"),
             "ape": st.column_config.NumberColumn("error", format="percent"),
             "signed_error": st.column_config.NumberColumn("signed", format="percent"),
             "measured_s": st.column_config.NumberColumn("measured s", format="%.4g"),
-            "predicted_s": st.column_config.NumberColumn("predicted s", format="%.4g")}
+            "predicted_s": st.column_config.NumberColumn("predicted s", format="%.4g"),
+            "pred_host_overhead_s": st.column_config.NumberColumn("host overhead s", format="%.3g")}
 RUN_COLS = ["run_id", "case_id", "platform", "arch", "layers", "hidden", "heads", "seq_len", "num_gpus", "tp", "pp",
             "dp", "micro_batch", "global_batch", "schedule", "recompute", "measured_s", "predicted_s", "ape",
             "signed_error", "provenance", "error"]
@@ -42,43 +43,107 @@ def show_results(res: pd.DataFrame, name: str, key: str) -> None:
         st.altair_chart(charts.error_hist(res), width="stretch")
         st.caption("Below zero: the prediction is faster than the measurement.")
     st.markdown("**Per run** (worst first)")
-    shown = res.sort_values("ape", ascending=False, na_position="first")
-    views.table(shown[[c for c in RUN_COLS if c in shown]], f"{name}_runs", f"{key}_runs", height=320,
-                column_config=COLS_CFG)
+    shown = adapters.mark_unmodelled_host(res).sort_values("ape", ascending=False, na_position="first")
+    cols = [c for c in RUN_COLS if c in shown]
+    if "pred_host_overhead_s" in shown and shown["pred_host_overhead_s"].notna().any():
+        cols.insert(cols.index("predicted_s") + 1, "pred_host_overhead_s")
+        st.caption("*host overhead s*: the fitted host / framework overhead within the predicted step time "
+                   "(empty where the platform has no fitted host overhead: not modelled).")
+    views.table(shown[cols], f"{name}_runs", f"{key}_runs", height=320, column_config=COLS_CFG)
+
+
+AUTO_PREDICT_MAX = 150  # measured runs predicted on load when nothing is saved (about 1 s); more on request
+SECONDS_PER_RUN = 0.008  # rough, for the button's estimate
+
+
+def _progress(bar):
+    def prog(done: int, total: int, msg: str) -> None:
+        bar.progress(min(1.0, done / max(total, 1)), text=f"{done:,} of {total:,} {msg}")
+    return prog
+
+
+def _predict_runs(plat: str, n: int, recompute: bool) -> pd.DataFrame | None:
+    bar = st.progress(0.0, text=f"Predicting {n:,} measured runs on {plat} with the current models...")
+    try:
+        res = data.validation(plat, progress=_progress(bar), recompute=recompute)
+    except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor version
+        bar.empty()
+        views.failed(e, "Predicting the measured runs", plat)
+        return None
+    bar.empty()
+    return res
 
 
 if t_e2e.open:
     with t_e2e:
         ok, msg = data.store_status()
-        if not ok:
-            views.store_missing(msg)
-        else:
+        runs = None
+        if ok:
             try:
                 runs = data.measured_runs()
             except data.StoreMissing as e:
-                views.store_missing(str(e))
-                runs = None
-            if runs is not None and runs.empty:
-                st.info("No measured runs in the store yet. Ingest some, e.g.\n\n```bash\n.venv/bin/python -m "
-                        "predictor ingest ../shared/datasets/vtrain/ground_truth_single.csv\n```\n\nor upload your "
-                        "own under **Your runs**.", icon=":material/database:")
-            elif runs is not None:
-                counts = runs.groupby("platform").size()
-                plats = list(counts.index)
-                plat = st.selectbox("Platform", plats, key="acc_platform", bind="query-params",
-                                    help="Platforms with measured runs in the store")
-                bar = None if data.validation_cached(plat) else st.progress(
-                    0.0, text=f"Predicting {counts[plat]:,} measured runs on {plat} (once; kept afterwards)...")
-
-                def prog(done: int, total: int, msg: str) -> None:
-                    bar.progress(min(1.0, done / max(total, 1)), text=f"{done:,} of {total:,} {msg}")
-                try:
-                    res = data.validation(plat, progress=prog if bar is not None else None)
-                except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor version
-                    views.failed(e, "Predicting the measured runs", plat)
-                    st.stop()
-                if bar is not None:
-                    bar.empty()
+                msg, ok = str(e), False
+        counts = runs.groupby("platform").size() if runs is not None and len(runs) else pd.Series(dtype=int)
+        saved_plats = data.saved_validation_platforms()
+        plats = sorted(set(counts.index) | set(saved_plats))
+        if not plats and not ok:
+            views.store_missing(msg)
+        elif not plats:
+            st.info("No measured runs in the store yet. Ingest some, e.g.\n\n```bash\n.venv/bin/python -m "
+                    "predictor ingest ../shared/datasets/vtrain/ground_truth_single.csv\n```\n\nor upload your "
+                    "own under **Your runs**.", icon=":material/database:")
+        else:
+            c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
+            plat = c1.selectbox("Platform", plats, key="acc_platform", bind="query-params",
+                                help="Platforms with measured runs in the store or a saved validation")
+            n_store = int(counts.get(plat, 0))
+            try:
+                saved = data.saved_validation(plat)
+            except adapters.Unavailable as e:
+                st.warning(str(e), icon=":material/warning:")
+                saved = None
+            go = c2.button("Recompute with the current models", key="acc_recompute", icon=":material/refresh:",
+                           disabled=n_store == 0,
+                           help=(f"Predict the {n_store:,} measured runs of {plat} again (about "
+                                 f"{max(1, round(n_store * SECONDS_PER_RUN))} s)" if n_store else
+                                 "Needs the measured runs in the sample store"))
+            res, origin = None, ""
+            if go:
+                res, origin = _predict_runs(plat, n_store, recompute=True), "now"
+            elif data.validation_cached(plat):
+                res, origin = data.validation(plat), "now"
+            elif saved is not None:
+                res, origin = saved["runs"], "saved"
+            elif n_store and n_store <= AUTO_PREDICT_MAX:
+                res, origin = _predict_runs(plat, n_store, recompute=False), "now"
+            elif n_store:
+                st.info(f"No saved validation for **{plat}** yet. **Recompute** predicts its {n_store:,} measured "
+                        f"runs (about {max(1, round(n_store * SECONDS_PER_RUN))} s); "
+                        f"`.venv/bin/python -m predictor validate --platform {plat} --save` saves them for every "
+                        "visitor.", icon=":material/info:")
+            if res is not None:
+                meta = (saved or {}).get("meta") or {}
+                if origin == "saved":
+                    st.caption(f":material/save: The saved end-to-end validation of **{plat}** "
+                               f"({meta.get('validated_at', 'date unknown')}"
+                               + (f", {meta['source']}" if meta.get("source") else "")
+                               + "), written by `python -m predictor validate --save`. **Recompute** predicts the "
+                               "runs again with the current models.")
+                    if n_store and n_store != len(res):
+                        st.info(f"The store now has {n_store:,} measured runs on {plat}; the saved validation "
+                                f"has {len(res):,}. **Recompute** to include them all.", icon=":material/info:")
+                else:
+                    ok_now = res[res["ape"].notna()] if "ape" in res else res.iloc[0:0]
+                    line = f":material/refresh: Predicted now with the current models ({len(res):,} runs)."
+                    if meta.get("mape") is not None and len(ok_now):
+                        line += (f" Saved validation ({meta.get('validated_at', '?')}): MAPE "
+                                 f"{fmt.pct(meta['mape'], 1)}; now {fmt.pct(ok_now['ape'].mean(), 1)}.")
+                    st.caption(line)
+                    if st.button(f"Save as the validation of {plat}", key="acc_save", icon=":material/save:",
+                                 help="Writes validation.json (the expected-error band of its predictions) and "
+                                      "validation_runs.csv next to its models, as `predictor validate --save`"):
+                        adapters.save_validation(plat, res, config.models_dir_arg())
+                        st.success(f"Saved under `{config.models_dir() / plat}`.", icon=":material/save:")
                 ok_res = res[res["ape"].notna()] if "ape" in res else res.iloc[0:0]
                 if len(ok_res):
                     m = st.columns(4)

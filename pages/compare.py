@@ -63,13 +63,21 @@ for name, mf, pf, lf in setups:
     price = target["price"] if target["price"] is not None else data.default_price(key)
     cost = adapters.cost(pred, target["tokens"], price)
     results.append({"name": name, "key": key, "model": model, "layout": layout, "pred": pred, "mem": mem,
-                    "cost": cost, "mf": mf, "pf": pf, "lf": lf})
+                    "cost": cost, "mf": mf, "pf": pf, "lf": lf,
+                    "host": adapters.host_modelled(data.predictor(key))})
 
 ok = [r for r in results if r is not None]
 if not ok:
     st.stop()
 
 with results_area:
+    # the predictions' warnings (e.g. short kernels on a platform without a fitted host overhead), once each
+    notes: dict[str, list[str]] = {}
+    for r in ok:
+        for w in r["pred"].warnings + (r["mem"].get("warnings") or []):
+            notes.setdefault(w, []).append(r["name"])
+    for w, names in notes.items():
+        st.warning(f"**Setup {', '.join(names)}**: {w}", icon=":material/info:")
     base = ok[0]["pred"].step_time_s
     rows = {}
     for r in ok:
@@ -83,6 +91,8 @@ with results_area:
             "ZeRO stage": L.zero_stage, "precision": L.precision,
             "step time": f"{fmt.seconds(p.step_time_s)} ± {fmt.pct(p.expected_error)}",
             "vs setup A": "–" if r is ok[0] else f"{p.step_time_s / base:.2f}×",
+            "host / framework overhead": (fmt.seconds(p.breakdown_s.get("host_overhead", 0.0)) if r["host"]
+                                          else "not modelled"),
             "tokens / s": fmt.count(p.tokens_per_s), "MFU": fmt.pct(p.mfu, 1),
             "memory / GPU": (f"{mem['total_gib']:.3g} GiB ({'fits' if mem['fits'] else 'does NOT fit'})"
                              if has_mem else "–"),
@@ -121,8 +131,21 @@ with results_area:
     views.export(flat, "comparison", "cmp_x")
 
     st.subheader("Where the time goes")
-    st.altair_chart(charts.breakdown_chart({f"Setup {r['name']}": r["pred"].breakdown_s for r in ok}),
+    st.altair_chart(charts.breakdown_chart({f"Setup {r['name']}": charts.visible_breakdown(r["pred"].breakdown_s,
+                                                                                          r["host"]) for r in ok}),
                     width="stretch")
+    if not all(r["host"] for r in ok):
+        st.caption("Host / framework overhead: not modelled for setup "
+                   + ", ".join(r["name"] for r in ok if not r["host"])
+                   + " (its platform has no fitted host overhead), so it is left out there rather than drawn as 0.")
+    bds = pd.concat([charts.breakdown_table(r["pred"].breakdown_s, r["pred"].step_time_s, r["host"])
+                     .assign(setup=f"Setup {r['name']}") for r in ok])
+    with st.expander("Breakdown per setup (table)"):
+        wide = bds.pivot_table(index="category", columns="setup", values="seconds", aggfunc="first", dropna=False,
+                               sort=False)
+        st.dataframe(wide, column_config={c: st.column_config.NumberColumn(format="%.4g") for c in wide.columns})
+        views.export(bds[["setup", "category_id", "category", "seconds", "share", "note"]], "breakdown_per_setup",
+                     "cmp_bd_x")
     mem_frames = [charts.memory_frame(r["mem"]["parts_gib"], f"Setup {r['name']}") for r in ok
                   if "unavailable" not in r["mem"] and r["mem"].get("parts_gib")]
     if mem_frames:

@@ -34,6 +34,7 @@ except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor
     st.stop()
 
 st.markdown(inputs.setup_caption(model_fields, plat_fields, layout))
+host_modelled = adapters.host_modelled(data.predictor(key))
 mem = data.memory(key, model, layout)
 cost = adapters.cost(pred, target["tokens"], target["price"])
 
@@ -69,7 +70,7 @@ c[2].metric("Cost", fmt.money(cost["cost"]),
 top_prov = max(pred.provenance_share.items(), key=lambda kv: kv[1]) if pred.provenance_share else ("-", 0.0)
 c[3].metric("Data behind it", top_prov[0].split(" (")[0], views.short_prov(pred.provenance_share) or "-",
             delta_color="off", delta_arrow="off", border=True, help=views.PROVENANCE_HELP)
-# Charts (and Altair) only now: on a cold start the numbers above reach the browser first. Above the fold
+# Charts only now: on a cold start the numbers above reach the browser first. Above the fold
 # and on the first tab the bars are plain HTML, so the first paint needs no chart library.
 from predictor_ui import charts  # noqa: E402
 
@@ -92,12 +93,14 @@ t_break, t_ops, t_time, t_mem, t_data, t_export = st.tabs(
 
 if t_break.open:
     with t_break:
-        st.html(charts.breakdown_html(pred.breakdown_s))
-        bd = pd.DataFrame([{"category": charts.CATEGORY_LABELS.get(k, k), "seconds": v,
-                            "share": v / pred.step_time_s} for k, v in pred.breakdown_s.items()])
+        st.html(charts.breakdown_html(charts.visible_breakdown(pred.breakdown_s, host_modelled)))
+        bd = charts.breakdown_table(pred.breakdown_s, pred.step_time_s, host_modelled)
         detail = ", ".join(f"{k.replace('_', ' ')} {fmt.seconds(v)}" for k, v in pred.detail_s.items())
-        st.caption(f"Along the critical path (stage {pred.critical_stage}); compute splits into {detail}.")
-        st.table(bd.style.format({"seconds": "{:.4g}", "share": "{:.1%}"}).hide(axis="index"))
+        st.caption(f"Along the critical path (stage {pred.critical_stage}); compute splits into {detail}."
+                   + ("" if host_modelled else " Host / framework overhead is not modelled on this platform "
+                      "(no fitted host overhead), so it is left out rather than shown as 0."))
+        st.html(charts.html_table(bd.drop(columns=["category_id"]),
+                                  {"seconds": fmt.seconds, "share": lambda v: fmt.pct(v, 1)}))
         views.export(bd, "breakdown", "t_breakdown")
 
 if t_ops.open:
@@ -159,7 +162,8 @@ if t_data.open:
 if t_export.open:
     with t_export:
         views.share_hint()
-        st.download_button("Prediction (JSON)", views.to_json(pred.to_dict()).encode(), "prediction.json",
+        st.download_button("Prediction (JSON)", views.to_json(adapters.prediction_dict(pred, host_modelled)).encode(),
+                           "prediction.json",
                            "application/json", key="x_pred", icon=":material/download:", on_click="ignore")
         st.caption("Every operator and collective call behind the prediction:")
         views.table(pred.ops, "operator_calls", "t_calls", height=300)

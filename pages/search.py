@@ -116,9 +116,17 @@ if "days" in view:
                  else f"{fmt.count(float(best['gpu_hours']))} GPU-hours"), delta_color="off", delta_arrow="off",
                 border=True)
 
+if isinstance(best.get("warnings"), str) and best["warnings"]:
+    st.warning(f"**Best layout**: {best['warnings']}", icon=":material/info:")
+host_on = rep.get("host_modelled", True)
 shown = [col for col in ["rank", "tp", "pp", "dp", "micro_batch", "vpp", "schedule", "stage_layers", "recompute",
                          "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s", "mfu", "memory_gib",
-                         "fits", "days", "cost", "expected_error", "reason"] if col in view]
+                         "fits", "days", "cost", "expected_error", "compute_s"]
+         + (["host_overhead_s"] if host_on else [])
+         + ["tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "reason"] if col in view]
+if not host_on:
+    st.caption("Host / framework overhead is not modelled on this platform (no fitted host overhead): the "
+               "table leaves it out, and its `host_overhead_s` column in the exports is empty, not 0.")
 ev = st.dataframe(
     view[shown], hide_index=True, key="search_table", on_select="rerun", selection_mode="single-row",
     height=min(460, 35 * (len(view) + 1) + 3), width="stretch",
@@ -129,6 +137,8 @@ ev = st.dataframe(
                    "days": st.column_config.NumberColumn("days", format="%.4g"),
                    "cost": st.column_config.NumberColumn("cost ($)", format="%.4g"),
                    "expected_error": st.column_config.NumberColumn("± error", format="percent"),
+                   **{f"{c}_s": st.column_config.NumberColumn(f"{charts.CATEGORY_LABELS[c]} (s)", format="%.3g")
+                      for c in ("compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm", "bubble")},
                    "stage_layers": st.column_config.TextColumn("layers/stage")})
 views.export(view, "search_results", "search_x")
 

@@ -53,9 +53,33 @@ def summarize_validation(res: pd.DataFrame, by: tuple[str, ...] = ("platform",))
     return pd.DataFrame(rows)
 
 
+VALIDATION_RUNS_FILE = "validation_runs.csv"
+# What the per-run file keeps (a subset of validate_runs' columns, plus every pred_<category>_s), to 6
+# significant digits.
+RUN_COLUMNS = ("run_id", "case_id", "platform", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
+               "seq_len", "num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute",
+               "sequence_parallel", "zero_stage", "precision", "attention", "source", "measured_s", "predicted_s",
+               "ape", "signed_error", "provenance", "error")
+
+
+def save_validation_runs(platform_id: str, res: pd.DataFrame, models_dir=None) -> Path:
+    """The per-run results behind validation.json, as a small CSV next to it
+    (models_store/<platform>/validation_runs.csv), so a dashboard can show them without predicting
+    every run again."""
+    from .predict import MODELS_DIR
+    cols = [c for c in RUN_COLUMNS if c in res] + [c for c in res.columns
+                                                   if c.startswith("pred_") and c.endswith("_s")]
+    if "source" in res and res["source"].nunique() <= 1:
+        cols.remove("source")  # one source: validation.json names it
+    path = Path(models_dir or MODELS_DIR) / platform_id / VALIDATION_RUNS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    res[cols].to_csv(path, index=False, float_format="%.6g")
+    return path
+
+
 def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None) -> Path:
-    """Record the measured end-to-end error next to the platform's models; predictions use it
-    for their expected-error band."""
+    """Record the measured end-to-end error next to the platform's models (validation.json; predictions
+    use it for their expected-error band) and the per-run results (validation_runs.csv)."""
     from .predict import MODELS_DIR
     ok = res[res["ape"].notna()]
     d = {"platform": platform_id, "n_runs": int(len(ok)), "mape": float(ok["ape"].mean()) if len(ok) else None,
@@ -66,4 +90,5 @@ def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None) -> Pat
     path = Path(models_dir or MODELS_DIR) / platform_id / "validation.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(d, indent=2))
+    save_validation_runs(platform_id, res, models_dir)
     return path

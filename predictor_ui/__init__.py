@@ -8,6 +8,7 @@
 - `charts`   Altair chart builders: plain functions of DataFrames / dicts, testable without a browser
 - `views`    small rendering helpers shared by pages (infeasible warnings, exports, headline metrics)
 - `fmt`      human formatting of seconds, tokens, money
+- `warm`     after the first page of a fresh server is drawn, imports the chart library in the background
 
 predictor/ never imports this package; this package may import streamlit.
 """

@@ -24,6 +24,22 @@ from predictor.specs import InfeasibleConfig, Layout, ModelSpec, as_dict
 Progress = Callable[[int, int, str], None]
 
 
+def import_lightgbm_fast() -> None:
+    """Import lightgbm without its scikit-learn wrappers, which pull in scikit-learn and scipy.stats:
+    about 1.2 s of the 1.5 s that `import lightgbm` takes on a cold start, on the path of the first
+    prediction. The predictor uses only `lgb.Booster` / `lgb.train`. Training imports scikit-learn
+    itself later (KFold), which then loads normally. A no-op when either is already imported."""
+    import sys
+    if "lightgbm" in sys.modules or "sklearn" in sys.modules:
+        return
+    sys.modules["sklearn"] = None  # type: ignore[assignment]  # lightgbm.compat: ImportError -> no wrappers
+    try:
+        import lightgbm  # noqa: F401
+    finally:
+        if sys.modules.get("sklearn", 0) is None:
+            del sys.modules["sklearn"]
+
+
 class Unavailable(RuntimeError):
     """A predictor capability the dashboard wants is not there (yet); the message says what."""
 
@@ -161,6 +177,7 @@ def save_cluster(path: Path, platform_id: str, entry: dict[str, Any]) -> Path:
 
 def make_predictor(platform, models_dir: str | None):
     """A fresh Predictor (callers cache it)."""
+    import_lightgbm_fast()
     from predictor.predict import Predictor, get_predictor
     if isinstance(platform, str):
         return get_predictor(platform, models_dir)
@@ -183,10 +200,35 @@ def platform_backing(pr) -> dict[str, str]:
     else:
         src = pr.network.intra.source
         coll = "analytic " + (f"(calibrated: {src})" if src != "link spec" else "(link specs)")
+    host = getattr(pr, "host", None)
+    if host is not None:
+        cv = f", CV MAPE {host.cv_mape:.1%} on held-out models" if host.cv_mape is not None else ""
+        runs = f" on {host.fitted_on_runs:,} measured runs" if host.fitted_on_runs else " on measured runs"
+        host_s = (f"fitted{runs}: {host.host_s_per_layer_pass * 1e3:.2f} ms per layer pass, blended with the GPU "
+                  f"time (p = {host.blend_p:g}){cv}")
+    else:
+        host_s = ("not modelled on this platform (no fitted host overhead): predictions with short kernels "
+                  "(small models, micro-batch 1, high TP) may be low; fit one with "
+                  "`python -m predictor calibrate-host` on measured runs")
     val = pr.validation or {}
     e2e = (f"MAPE {val['mape']:.1%} on {val.get('n_runs')} measured runs" if val.get("mape") is not None
            else "not validated end to end")
-    return {"operators": ops, "collectives": coll, "end_to_end": e2e}
+    return {"operators": ops, "collectives": coll, "host_overhead": host_s, "end_to_end": e2e}
+
+
+def host_modelled(pr) -> bool:
+    """Whether a predictor adds a fitted host (framework) overhead; without one the `host_overhead`
+    category is an unmodelled 0, not a measured zero."""
+    return getattr(pr, "host", None) is not None
+
+
+def prediction_dict(pred, host_is_modelled: bool) -> dict[str, Any]:
+    """StepPrediction.to_dict for exports, with `host_overhead` = None (not 0) where it is not modelled."""
+    d = pred.to_dict()
+    d["host_overhead_modelled"] = bool(host_is_modelled)
+    if not host_is_modelled and "host_overhead" in d.get("breakdown_s", {}):
+        d["breakdown_s"] = {**d["breakdown_s"], "host_overhead": None}
+    return d
 
 
 # --------------------------------------------------------------------------- memory
@@ -354,6 +396,7 @@ def search(model: ModelSpec, platform, *, num_gpus: int, global_batch: int, seq_
         table["memory_gib"] = table["peak_mem_gib"]
     table["expected_error"] = np.nan
     table["provenance"] = ""
+    table["warnings"] = ""
     table["exact_step_time_s"] = np.nan
     for r in getattr(rep, "top", []) or []:
         i = getattr(r, "table_index", -1)
@@ -363,8 +406,18 @@ def search(model: ModelSpec, platform, *, num_gpus: int, global_batch: int, seq_
         if r.prediction is not None:
             table.loc[i, "expected_error"] = r.prediction.expected_error
             table.loc[i, "provenance"] = r.prediction.provenance
+            table.loc[i, "warnings"] = " ".join(getattr(r.prediction, "warnings", None) or [])
+    if predictor is not None:
+        modelled = host_modelled(predictor)
+    else:
+        from predictor.overhead import load_host_overhead
+        from predictor.predict import default_models_dir
+        modelled = load_host_overhead(default_models_dir(), platform.platform_id) is not None
+    if not modelled and "host_overhead_s" in table:
+        table["host_overhead_s"] = np.nan  # not modelled on this platform: empty, not a measured 0
     rej = rep.rejection_summary() if hasattr(rep, "rejection_summary") else pd.DataFrame()
     return {"table": table, "rejections": rej, "exclusions": list(getattr(rep, "exclusions", [])),
+            "host_modelled": modelled,
             "elapsed_s": float(getattr(rep, "elapsed_s", 0.0)), "enumerated": int(len(table)),
             "feasible": int(table["fits"].sum()) if "fits" in table else len(table)}
 
@@ -389,6 +442,7 @@ def search_row_fields(row: Any) -> dict[str, str]:
 # --------------------------------------------------------------------------- models (regressors)
 def models_summary(models_dir: str | None) -> pd.DataFrame:
     """One row per trained model (platform, kind, model, pass, n_samples, cv_mape, ...)."""
+    import_lightgbm_fast()
     mod = _module("training")
     f = _first(mod, "models_summary") if mod else None
     if f is None:
@@ -414,6 +468,7 @@ def model_metadata(models_dir: Path, platform_id: str) -> dict[str, dict[str, An
 
 def bank(platform_id: str, models_dir: str | None):
     """The ModelBank of a platform, or None when it has no trained models."""
+    import_lightgbm_fast()
     from predictor.predict import MODELS_DIR, _load_bank
     try:
         return _load_bank(platform_id, str(models_dir or MODELS_DIR))
@@ -492,6 +547,7 @@ def extrapolation(platform_id: str, op_names: set[str], store_path: str) -> pd.D
 
 def train(platform_id: str, *, store_path: str | None, models_dir: str | None, progress: Progress | None,
           cv_folds: int = 5) -> pd.DataFrame:
+    import_lightgbm_fast()
     mod = _module("training")
     f = _first(mod, "train_platform") if mod else None
     if f is None:
@@ -533,8 +589,60 @@ def ingest(path: Path, *, platform: str | None, store_path: str | None, progress
 
 
 def validate(runs: pd.DataFrame, models_dir: str | None, progress: Progress | None = None) -> pd.DataFrame:
+    import_lightgbm_fast()
     from predictor.validate import validate_runs
     return _call(validate_runs, runs=runs, models_dir=models_dir, progress=progress)
+
+
+VALIDATION_JSON = "validation.json"
+VALIDATION_RUNS = "validation_runs.csv"  # predictor.validate.VALIDATION_RUNS_FILE
+
+
+def saved_validation_platforms(models_dir: Path) -> list[str]:
+    """Platforms with a saved per-run end-to-end validation (`python -m predictor validate --save`)."""
+    d = Path(models_dir)
+    return sorted(p.parent.name for p in d.glob(f"*/{VALIDATION_RUNS}")) if d.is_dir() else []
+
+
+def saved_validation(models_dir: Path, platform_id: str) -> dict[str, Any] | None:
+    """{'runs': DataFrame (validate_runs' columns), 'meta': validation.json, 'path': str} or None.
+    Reading it is milliseconds; predicting every run again is seconds to minutes."""
+    d = Path(models_dir) / platform_id
+    path = d / VALIDATION_RUNS
+    if not path.is_file():
+        return None
+    try:
+        runs = pd.read_csv(path, keep_default_na=True)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise Unavailable(f"{path} cannot be read ({e}); recompute it") from None
+    for c in ("error", "provenance"):  # empty cells read back as NaN (float when all are empty)
+        if c in runs:
+            runs[c] = runs[c].astype(object).where(runs[c].notna(), "").astype(str)
+    meta: dict[str, Any] = {}
+    try:
+        meta = json.loads((d / VALIDATION_JSON).read_text())
+    except (OSError, ValueError):
+        pass
+    return {"runs": runs, "meta": meta, "path": str(path)}
+
+
+def save_validation(platform_id: str, res: pd.DataFrame, models_dir: str | None) -> Path:
+    """validation.json + validation_runs.csv of a platform (what `python -m predictor validate --save` writes)."""
+    from predictor.validate import save_validation as save
+    return save(platform_id, res, models_dir)
+
+
+def mark_unmodelled_host(res: pd.DataFrame) -> pd.DataFrame:
+    """`pred_host_overhead_s` empty (NaN) for platforms whose runs never got a host term (no fitted host
+    overhead there), so tables and exports do not show an unmodelled 0 as a measured zero."""
+    col = "pred_host_overhead_s"
+    if col not in res or "platform" not in res or res.empty:
+        return res
+    res = res.copy()
+    h = pd.to_numeric(res[col], errors="coerce")
+    none = h.fillna(0.0).groupby(res["platform"]).transform(lambda s: bool((s == 0).all())).astype(bool)
+    res[col] = h.mask(none)
+    return res
 
 
 def summarize_validation(res: pd.DataFrame) -> pd.DataFrame:

@@ -1,6 +1,7 @@
 """Chart builders: plain functions from DataFrames / dicts to Altair charts.
 
-No streamlit here, so tests check the chart specs (`chart.to_dict()`) without a browser.
+No streamlit here, so tests check the chart specs (`chart.to_dict()`) without a browser. Altair is
+imported on the first chart built (the HTML helpers need none).
 Colours are fixed per category / provenance so every page reads the same way.
 """
 from __future__ import annotations
@@ -8,9 +9,21 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-import altair as alt
 import numpy as np
 import pandas as pd
+
+
+class _LazyAltair:
+    """`alt` imports altair on first use (about 0.3 s on a cold start): the Predict page's first view
+    draws plain HTML bars and tables only, so a first visit does not pay for the chart library."""
+
+    def __getattr__(self, name: str) -> Any:
+        import altair
+        globals()["alt"] = altair
+        return getattr(altair, name)
+
+
+alt: Any = _LazyAltair()
 
 CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
 CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework overhead", "tp_comm": "TP communication", "pp_comm": "PP communication",
@@ -22,6 +35,56 @@ PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured r
 PHASE_COLORS = {"fwd": "#4c78a8", "bwd": "#f58518", "recompute": "#b279a2", "step": "#54a24b"}
 KIND_COLORS = {"forward": "#4c78a8", "backward": "#f58518", "busy": "#7f7f7f", "idle (bubble)": "#eeeeee"}
 MEMORY_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
+
+
+HOST_NOT_MODELLED = "not modelled on this platform"
+
+
+def provenance_color(label: str) -> str:
+    """The colour of a provenance label; labels with detail ("transferred from vista-gh200 ...") take
+    the colour of their kind."""
+    if label in PROVENANCE_COLORS:
+        return PROVENANCE_COLORS[label]
+    for k in sorted(PROVENANCE_COLORS, key=len, reverse=True):
+        if label.startswith(k):
+            return PROVENANCE_COLORS[k]
+    return "#bdbdbd"
+
+
+def _prov_order(label: str) -> int:
+    order = list(PROVENANCE_COLORS)
+    if label in order:
+        return order.index(label)
+    for i, k in enumerate(order):
+        if label.startswith(k):
+            return i
+    return 99
+
+
+def visible_breakdown(breakdown: dict[str, float], host_modelled: bool = True) -> dict[str, float]:
+    """The breakdown to draw: without `host_overhead` where the platform has no fitted host overhead
+    (its 0 there means "not modelled", not "measured zero")."""
+    if host_modelled:
+        return dict(breakdown)
+    return {k: v for k, v in breakdown.items() if k != "host_overhead"}
+
+
+def breakdown_table(breakdown: dict[str, float], step_time_s: float, host_modelled: bool = True) -> pd.DataFrame:
+    """One row per category (category_id, category, seconds, share, note) in the fixed order; the host
+    overhead's seconds are empty (NaN, null in JSON) with a note where it is not modelled."""
+    rows = []
+    for k in sorted(breakdown, key=lambda c: CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else 99):
+        v = breakdown[k]
+        note = ""
+        if k == "host_overhead":
+            if not host_modelled:
+                v, note = math.nan, HOST_NOT_MODELLED
+            else:
+                note = "fitted on measured runs" + ("; hidden under GPU time here" if not v else "")
+        v = float(v) if v is not None else math.nan
+        rows.append({"category_id": k, "category": CATEGORY_LABELS.get(k, k), "seconds": v,
+                     "share": v / step_time_s if step_time_s and v == v else math.nan, "note": note})
+    return pd.DataFrame(rows, columns=["category_id", "category", "seconds", "share", "note"])
 
 
 def _scale(mapping: dict[str, str], present: Iterable[str]) -> alt.Scale:
@@ -84,6 +147,32 @@ def html_stacked_bar(parts: list[tuple[str, float, str]], unit: str = "s", fmt_v
             f'<div style="font-size:0.82rem;line-height:1.9;margin-top:4px">{"".join(legend)}</div>')
 
 
+def html_table(df: pd.DataFrame, formats: dict[str, Any] | None = None, na: str = "–") -> str:
+    """A small table as plain HTML: it paints with the page, without the Arrow / table code that
+    st.table loads in the browser (about 1 MB of JavaScript on a first visit). `formats`: column ->
+    format string or callable; missing values read `na`."""
+    import html as _h
+    formats = formats or {}
+
+    def cell(c: str, v: Any) -> str:
+        if v is None or (isinstance(v, float) and not math.isfinite(v)):
+            return na
+        f = formats.get(c)
+        if f is None:
+            return _h.escape(str(v))
+        return _h.escape(f(v) if callable(f) else format(v, f))
+
+    num = {c for c in df.columns if pd.api.types.is_numeric_dtype(df[c])}
+    th = "".join(f'<th style="text-align:{"right" if c in num else "left"};padding:4px 10px;'
+                 f'border-bottom:1px solid #d5d7de;font-weight:600">{_h.escape(str(c))}</th>' for c in df.columns)
+    rows = "".join("<tr>" + "".join(f'<td style="text-align:{"right" if c in num else "left"};padding:3px 10px;'
+                                    f'border-bottom:1px solid #eef0f4">{cell(c, v)}</td>'
+                                    for c, v in zip(df.columns, r)) + "</tr>"
+                   for r in df.itertuples(index=False, name=None))
+    return (f'<table style="border-collapse:collapse;font-size:0.9rem;margin:4px 0 8px 0">'
+            f"<thead><tr>{th}</tr></thead><tbody>{rows}</tbody></table>")
+
+
 def breakdown_html(breakdown: dict[str, float]) -> str:
     parts = [(CATEGORY_LABELS.get(k, k), v, CATEGORY_COLORS.get(k, "#999")) for k, v in
              sorted(breakdown.items(), key=lambda kv: CATEGORY_ORDER.index(kv[0]) if kv[0] in CATEGORY_ORDER else 99)]
@@ -91,10 +180,8 @@ def breakdown_html(breakdown: dict[str, float]) -> str:
 
 
 def provenance_html(share: dict[str, float]) -> str:
-    order = list(PROVENANCE_COLORS)
-    items = sorted(share.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
-    return html_stacked_bar([(k, v, PROVENANCE_COLORS.get(k, "#bdbdbd")) for k, v in items], "",
-                            fmt_value=lambda v: "")
+    items = sorted(share.items(), key=lambda kv: _prov_order(kv[0]))
+    return html_stacked_bar([(k, v, provenance_color(k)) for k, v in items], "", fmt_value=lambda v: "")
 
 
 def _fmt_seconds(v: float) -> str:
@@ -209,9 +296,8 @@ def provenance_frame(share: dict[str, float]) -> pd.DataFrame:
     rows = [{"what": "share of the predicted time", "provenance": k, "share": float(v)}
             for k, v in share.items() if v > 0]
     df = pd.DataFrame(rows, columns=["what", "provenance", "share"])
-    order = list(PROVENANCE_COLORS)
-    df["order"] = [order.index(p) if p in order else 99 for p in df["provenance"]]
-    return df.sort_values("order").reset_index(drop=True)
+    df["order"] = [_prov_order(p) for p in df["provenance"]]
+    return df.sort_values("order", kind="stable").reset_index(drop=True)
 
 
 def provenance_chart(share: dict[str, float]) -> alt.Chart:
@@ -220,7 +306,8 @@ def provenance_chart(share: dict[str, float]) -> alt.Chart:
     return alt.Chart(df, height=alt.Step(26)).mark_bar().encode(
         y=alt.Y("what:N", title=None, axis=None),
         x=alt.X("sum(share):Q", title=None, axis=alt.Axis(format="%"), scale=alt.Scale(domain=[0, 1])),
-        color=alt.Color("provenance:N", scale=_scale(PROVENANCE_COLORS, df["provenance"]),
+        color=alt.Color("provenance:N", scale=_scale({p: provenance_color(p) for p in df["provenance"]},
+                                                     df["provenance"]),
                         legend=alt.Legend(orient="right", title="data behind it")),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("provenance:N"), alt.Tooltip("share:Q", format=".1%")],

@@ -19,10 +19,18 @@ STORE_HINT = ".venv/bin/python -m predictor ingest ../shared/datasets/paper-samp
 TRAIN_HINT = ".venv/bin/python -m predictor train --platform {platform}"
 
 
+ENV_STORE = "PREDICTOR_STORE"
+
+
 def store_path() -> Path:
-    """The store the predictor will open (its own default rule)."""
-    from predictor.store import default_store_path
-    return default_store_path()
+    """The store the predictor will open: predictor.store.default_store_path's rule ($PREDICTOR_STORE, else
+    <repo>/data/samples.duckdb), here so that pages which only need the path (every page: the user clusters
+    file sits next to the store) do not import predictor.store and duckdb. tests/test_charts.py checks that
+    the two rules agree."""
+    env = os.environ.get(ENV_STORE)
+    if env:
+        return Path(env).expanduser()
+    return ROOT / "data" / "samples.duckdb"
 
 
 def models_dir() -> Path:

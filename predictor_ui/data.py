@@ -201,11 +201,12 @@ def validation_cached(platform: str) -> bool:
     return (platform, config.store_version(), config.models_version()) in _VALIDATION
 
 
-def validation(platform: str, progress=None) -> pd.DataFrame:
+def validation(platform: str, progress=None, recompute: bool = False) -> pd.DataFrame:
     """Every measured run of a platform predicted; kept for the whole server process until the store or
-    the models change (a plain dict rather than st.cache_data, so the first computation can report progress)."""
+    the models change (a plain dict rather than st.cache_data, so the first computation can report progress).
+    The Accuracy page shows the saved validation (`saved_validation`) and calls this on request."""
     key = (platform, config.store_version(), config.models_version())
-    hit = _VALIDATION.get(key)
+    hit = None if recompute else _VALIDATION.get(key)
     if hit is None:
         runs = measured_runs()
         runs = runs[runs["platform"] == platform]
@@ -214,6 +215,21 @@ def validation(platform: str, progress=None) -> pd.DataFrame:
             _VALIDATION.pop(k, None)
         _VALIDATION[key] = hit
     return hit
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _saved_validation(platform: str, models_version: str) -> dict | None:
+    return adapters.saved_validation(config.models_dir(), platform)
+
+
+def saved_validation(platform: str) -> dict | None:
+    """The platform's saved end-to-end validation (models_store/<platform>/validation_runs.csv +
+    validation.json), or None. Raises adapters.Unavailable when the file is unreadable."""
+    return _saved_validation(platform, config.models_version())
+
+
+def saved_validation_platforms() -> list[str]:
+    return adapters.saved_validation_platforms(config.models_dir())
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

@@ -14,7 +14,9 @@ from . import fmt
 
 PROVENANCE_HELP = ("**measured**: regressors trained on this device's own samples · **transferred**: another "
                    "device's regressors rescaled by the specs · **stand-in**: an op nobody sampled, timed as a "
-                   "sampled relative scaled by its work · **analytical**: roofline / link specs only")
+                   "sampled relative scaled by its work · **host overhead (fitted on measured runs)**: the "
+                   "framework's per-layer host time, fitted on measured end-to-end runs of this platform (where "
+                   "there is no fit it is not modelled) · **analytical**: roofline / link specs only")
 
 
 def page_setup() -> None:

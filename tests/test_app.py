@@ -193,6 +193,32 @@ def test_predict_uses_trained_models_when_present(tiny_env):
     assert "measured" in share  # mlp_up / allreduce come from the tiny store's regressors
 
 
+def breakdown_rows(at: AppTest) -> dict[str, list[str]]:
+    """The Predict page's breakdown table (plain HTML): category -> [seconds, share, note]."""
+    html = [h.proto.body for h in at.get("html") if "<table" in h.proto.body][0]
+    rows = {}
+    for tr in re.findall(r"<tr>(.*?)</tr>", html)[1:]:
+        cells = re.findall(r"<td[^>]*>(.*?)</td>", tr)
+        rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_predict_host_overhead_fitted_and_not_modelled():
+    q = {"model": "gpt3-1.3b", "num_gpus": 8, "tp": 2, "pp": 2, "global_batch": 16, "view": "Where the time goes"}
+    # dgx-a100-80gb has a fitted host overhead: a category with seconds, on measured runs
+    at = run(query={**q, "platform": "dgx-a100-80gb"})
+    secs, share, note = breakdown_rows(at)["host / framework overhead"]
+    assert STEP_RE.match(secs) and share.endswith("%") and "fitted" in note
+    assert "compute" in breakdown_rows(at)
+    # dgx-h100 has none: "not modelled", not a measured 0, and the short-kernel warning shows
+    at = run(query={**q, "platform": "dgx-h100"})
+    assert breakdown_rows(at)["host / framework overhead"] == ["–", "–", "not modelled on this platform"]
+    assert "not modelled" in text(at)
+    assert any("Kernels are short" in w.value for w in at.warning)
+    at = run(query={**q, "platform": "dgx-h100", "view": "Data basis"})
+    assert any("**host overhead**: not modelled" in m.value for m in at.markdown)
+
+
 # --------------------------------------------------------------------------- compare
 def test_compare_three_then_four_setups():
     at = run("pages/compare.py")
@@ -210,6 +236,18 @@ def test_compare_three_then_four_setups():
     assert not at.exception
     assert any("Setup B" in w.value and "How to fix" in w.value for w in at.warning)
     assert "Setup B" not in at.table[0].value.columns
+
+
+def test_compare_host_overhead_row_and_warnings():
+    q = {"n": 4}
+    for x in "abcd":
+        q.update({f"{x}_model": "gpt3-1.3b", f"{x}_num_gpus": 8, f"{x}_tp": 2, f"{x}_pp": 2, f"{x}_global_batch": 16})
+    at = run("pages/compare.py", q)  # setup D defaults to dgx-a100-80gb (fitted host overhead)
+    t = at.table[0].value
+    row = t.loc["host / framework overhead"]
+    assert row["Setup A"] == "not modelled" and STEP_RE.match(row["Setup D"])
+    assert any("Kernels are short" in w.value and "Setup A" in w.value for w in at.warning)
+    assert "not modelled for setup A, B, C" in text(at)
 
 
 # --------------------------------------------------------------------------- search
@@ -279,6 +317,40 @@ def test_accuracy_end_to_end_and_operators(tiny_env):
     at.button(key="ext_go").click().run()
     assert not at.exception
     assert any("Not enough samples" in i.value for i in at.info)
+
+
+@pytest.fixture()
+def saved_validation_env(tiny, tmp_path, monkeypatch):
+    """The tiny store and a copy of its models with a saved end-to-end validation."""
+    import shutil
+    from predictor.validate import save_validation, validate_runs
+    models = tmp_path / "models"
+    shutil.copytree(tiny["models"], models)
+    res = validate_runs(platform=PLATFORM, store_path=tiny["store"], models_dir=models)
+    res.loc[0, "predicted_s"] = res.loc[0, "measured_s"] * 10.5  # so the saved file is told apart
+    res.loc[0, "ape"] = 9.5
+    save_validation(PLATFORM, res, models)
+    monkeypatch.setenv("PREDICTOR_STORE", str(tiny["store"]))
+    monkeypatch.setenv("PREDICTOR_MODELS_DIR", str(models))
+    monkeypatch.setenv("PREDICTOR_CLUSTERS", str(tmp_path / "clusters.json"))
+    return models
+
+
+def test_accuracy_reads_the_saved_validation_and_recomputes(saved_validation_env):
+    at = run("pages/accuracy.py")
+    assert metric(at, "Runs predicted") == "3"
+    assert "saved end-to-end validation" in text(at)
+    runs = at.dataframe[1].value
+    assert runs["ape"].max() == pytest.approx(9.5)  # read from the file, not predicted again
+    at.button(key="acc_recompute").click().run()
+    assert not at.exception
+    assert "Predicted now with the current models" in text(at)
+    assert at.dataframe[1].value["ape"].max() < 9.5
+    # saving makes it the platform's validation
+    at.button(key="acc_save").click().run()
+    assert not at.exception
+    from predictor_ui.adapters import saved_validation
+    assert saved_validation(saved_validation_env, PLATFORM)["runs"]["ape"].max() < 9.5
 
 
 def test_accuracy_upload_your_runs():

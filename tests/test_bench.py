@@ -52,6 +52,11 @@ def test_sampler_times_a_tiny_gemm_and_the_store_accepts_it(tmp_path):
     st = _rows(tmp_path / "st.duckdb", "op_samples")
     assert set(st["platform"]) == {"test-cpu"} and set(st["op"]) == {"mlp_up"}
     assert st["tp"].eq(1).all() and st["ffn_hidden"].notna().all() and st["heads"].isna().all()
+    # ingesting the same bench output again is idempotent: nothing added, nothing rejected, same rows
+    again = ingest_path(out, store_path=tmp_path / "st.duckdb")
+    assert again.ok and sum(again.rows_added.values()) == 0 and again.files_ingested == 0
+    assert len(_rows(tmp_path / "st.duckdb", "op_samples")) == 4
+    assert len(_rows(tmp_path / "st.duckdb", "batches")) == rep.files_ingested
 
 
 def test_resume_skips_finished_shapes(tmp_path):
@@ -87,6 +92,41 @@ def test_space_filling_design_respects_bounds_and_budget(op):
     if op not in ("optimizer",):
         seqs = [p.shape["seq"] for p in pts if p.shape["seq"]]
         assert len(set(seqs)) >= 10 and min(seqs) < 128 and max(seqs) > 256
+
+
+def test_design_spreads_over_the_domain_like_a_low_discrepancy_sequence():
+    """The first points of a design cover every part of each (log-scaled) dimension: each quarter of the
+    log range of seq and hidden gets points early, and the spread is at least that of random sampling."""
+    pts = D.op_design("layernorm", 32, "cpu")
+    prof = D.PROFILES["cpu"]
+    for dim, (lo, hi) in (("seq", prof.seq), ("hidden", prof.hidden)):
+        u = np.array([np.log(p.shape[dim] / lo) / np.log(hi / lo) for p in pts[:16]])
+        quarters = np.clip((u * 4).astype(int), 0, 3)
+        assert set(quarters) == {0, 1, 2, 3}, (dim, sorted(u))
+    # mean nearest-neighbour distance in the unit cube of (seq, hidden): not clustered
+    xy = np.array([[np.log(p.shape["seq"] / prof.seq[0]) / np.log(prof.seq[1] / prof.seq[0]),
+                    np.log(p.shape["hidden"] / prof.hidden[0]) / np.log(prof.hidden[1] / prof.hidden[0])]
+                   for p in pts])
+    d = np.sqrt(((xy[:, None] - xy[None]) ** 2).sum(-1)) + np.eye(len(xy)) * 9
+    rng = np.random.default_rng(0)
+    rand = []
+    for _ in range(50):
+        r = rng.random((len(xy), 2))
+        dr = np.sqrt(((r[:, None] - r[None]) ** 2).sum(-1)) + np.eye(len(r)) * 9
+        rand.append(dr.min(1).mean())
+    assert d.min(1).mean() >= np.median(rand) * 0.8
+
+
+def test_time_budget_stops_the_sampler_and_keeps_what_it_measured(tmp_path):
+    kw = dict(ops=["res_add", "layernorm", "gelu"], profile=TINY, threads=1, show_progress=False,
+              target_s=0.02, guard_interference=False, log=lambda m: None)
+    run = run_ops("test-cpu", tmp_path, n_per_op=50, budget_s=0.4, **kw)
+    assert run["stopped"].startswith("time budget")
+    assert 0 < run["rows_written"] < run["planned_points"] * 2
+    # the budget is checked before every point: at most one point's time beyond it
+    per_point = run["sampling_s"] / max(1, run["rows_written"] / 2)
+    assert run["sampling_s"] <= 0.4 + 3 * per_point + 0.5
+    assert len(store_io.read_shards(tmp_path, "ops")) == run["rows_written"]
 
 
 def test_design_shapes_are_consistent_models():

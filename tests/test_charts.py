@@ -220,6 +220,9 @@ def test_search_adapter_and_row_fields():
     assert set(feas["schedule"]) == {"1f1b"}
     assert {"memory_gib", "tokens_per_s", "mfu", "reason"} <= set(t.columns)
     assert t["expected_error"].notna().sum() >= 1  # the refined top rows
+    # perlmutter-a100 has no fitted host overhead: its column is empty (not modelled), not 0
+    assert res["host_modelled"] is False and t["host_overhead_s"].isna().all()
+    assert "warnings" in t
     f = adapters.search_row_fields(feas.iloc[0])
     from predictor.layout_io import layout_from_fields
     L = layout_from_fields(f)
@@ -241,3 +244,115 @@ def test_custom_platform_and_catalog_entry(tmp_path):
     path = adapters.save_cluster(tmp_path / "clusters.json", "mine", adapters.platform_to_catalog_entry(p))
     plats = adapters.platforms(str(path))
     assert "mine" in plats and plats["mine"].inter_node.bandwidth_gbps == 50
+
+
+# --------------------------------------------------------------------------- host overhead
+def test_breakdown_table_and_visible_breakdown_host(pred):
+    bd = pred.breakdown_s
+    assert "host_overhead" in bd  # the library's category, 0 here (perlmutter-a100 has no host fit)
+    t = charts.breakdown_table(bd, pred.step_time_s, host_modelled=False)
+    host = t[t["category_id"] == "host_overhead"].iloc[0]
+    assert np.isnan(host["seconds"]) and np.isnan(host["share"]) and host["note"] == charts.HOST_NOT_MODELLED
+    assert host["category"] == charts.CATEGORY_LABELS["host_overhead"]
+    assert t["category_id"].tolist() == [c for c in charts.CATEGORY_ORDER if c in bd]
+    assert t["seconds"].sum() == pytest.approx(pred.step_time_s, rel=1e-9)  # NaN skipped
+    assert "host_overhead" not in charts.visible_breakdown(bd, False)
+    assert charts.visible_breakdown(bd, True) == bd
+    d = spec(charts.breakdown_chart({"A": charts.visible_breakdown(bd, False)}))
+    assert charts.CATEGORY_LABELS["host_overhead"] not in d["encoding"]["color"]["scale"]["domain"]
+    # exports: null, not 0
+    assert json.loads(charts.breakdown_table(bd, pred.step_time_s, False).to_json(orient="records"))[1]["seconds"] is None
+    t2 = charts.breakdown_table({**bd, "host_overhead": 0.25}, pred.step_time_s + 0.25, host_modelled=True)
+    assert t2.loc[t2["category_id"] == "host_overhead", "seconds"].iloc[0] == 0.25
+    d = adapters.prediction_dict(pred, False)
+    assert d["breakdown_s"]["host_overhead"] is None and d["host_overhead_modelled"] is False
+    assert adapters.prediction_dict(pred, True)["breakdown_s"]["host_overhead"] == 0.0
+
+
+def test_host_overhead_on_a_fitted_platform():
+    from predictor.predict import HOST_PROVENANCE
+    p = get_predictor("dgx-a100-80gb")
+    assert adapters.host_modelled(p)
+    layout = Layout(num_gpus=8, tp=2, pp=2, dp=2, micro_batch=1, global_batch=16, seq_len=2048)
+    pr = p.predict(get_preset("gpt3-1.3b"), layout)
+    assert pr.breakdown_s["host_overhead"] > 0
+    assert HOST_PROVENANCE in pr.provenance_share
+    assert charts.provenance_color(HOST_PROVENANCE) == charts.PROVENANCE_COLORS[HOST_PROVENANCE]
+    assert charts.CATEGORY_LABELS["host_overhead"] in charts.breakdown_html(pr.breakdown_s)
+    assert "fitted" in adapters.platform_backing(p)["host_overhead"]
+    assert "not modelled" in adapters.platform_backing(get_predictor("perlmutter-a100"))["host_overhead"]
+
+
+def test_provenance_colours_by_kind():
+    assert charts.provenance_color("transferred from vista-gh200") == charts.PROVENANCE_COLORS["transferred"]
+    assert charts.provenance_color("analytical (calibrated)") == charts.PROVENANCE_COLORS["analytical (calibrated)"]
+    assert charts.provenance_color("something else") == "#bdbdbd"
+    share = {"analytical (calibrated)": 0.2, "transferred from vista-gh200 (x)": 0.7, "measured": 0.1}
+    assert charts.provenance_frame(share)["provenance"].tolist() == [
+        "measured", "transferred from vista-gh200 (x)", "analytical (calibrated)"]
+    h = charts.provenance_html(share)
+    assert charts.PROVENANCE_COLORS["transferred"] in h
+
+
+def test_saved_validation_round_trip(tmp_path):
+    from predictor.validate import VALIDATION_RUNS_FILE, save_validation
+    res = pd.DataFrame({"run_id": ["a", "b", "c"], "platform": ["p1"] * 3, "arch": ["gpt"] * 3, "layers": [24] * 3,
+                        "measured_s": [1.0, 2.0, 3.0], "predicted_s": [1.1, 1.8, np.nan],
+                        "ape": [0.1, 0.1, np.nan], "signed_error": [0.1, -0.1, np.nan],
+                        "provenance": ["measured 100%", "measured 100%", ""], "error": ["", "", "tp: bad"],
+                        "source": ["s"] * 3, "batch_id": ["x"] * 3,
+                        "pred_compute_s": [1.0, 1.7, np.nan], "pred_host_overhead_s": [0.0, 0.0, np.nan]})
+    save_validation("p1", res, tmp_path)
+    assert (tmp_path / "p1" / VALIDATION_RUNS_FILE).is_file() and (tmp_path / "p1" / "validation.json").is_file()
+    assert adapters.saved_validation_platforms(tmp_path) == ["p1"]
+    sv = adapters.saved_validation(tmp_path, "p1")
+    runs = sv["runs"]
+    assert len(runs) == 3 and "batch_id" not in runs and "source" not in runs  # one source: in the JSON
+    assert runs["ape"].mean() == pytest.approx(0.1) and sv["meta"]["n_runs"] == 2
+    assert runs.loc[2, "error"] == "tp: bad" and runs.loc[0, "error"] == ""
+    # a platform whose runs never got a host term: empty, not 0
+    assert adapters.mark_unmodelled_host(runs)["pred_host_overhead_s"].isna().all()
+    both = pd.concat([runs, runs.assign(platform="p2", pred_host_overhead_s=[0.05, 0.0, np.nan])])
+    marked = adapters.mark_unmodelled_host(both)
+    assert marked[marked["platform"] == "p2"]["pred_host_overhead_s"].tolist()[:2] == [0.05, 0.0]
+    assert adapters.saved_validation(tmp_path, "nope") is None
+
+
+def test_import_lightgbm_fast_skips_sklearn_until_needed():
+    """A cold process: lightgbm without its scikit-learn wrappers (the first prediction's import path),
+    predictions work, and scikit-learn still imports normally afterwards (training)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys\n"
+            "from predictor_ui.adapters import import_lightgbm_fast\n"
+            "import_lightgbm_fast()\n"
+            "assert 'lightgbm' in sys.modules and 'sklearn' not in sys.modules\n"
+            "from predictor.predict import get_predictor\n"
+            "from predictor.presets import get_preset\n"
+            "from predictor.specs import Layout\n"
+            "L = Layout(num_gpus=8, tp=2, pp=2, dp=2, micro_batch=1, global_batch=16, seq_len=2048)\n"
+            "assert get_predictor('perlmutter-a100').predict(get_preset('llama2-7b'), L).step_time_s > 0\n"
+            "assert 'sklearn' not in sys.modules\n"
+            "from sklearn.model_selection import KFold\n"
+            "import_lightgbm_fast()\n")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_store_path_follows_the_predictor(monkeypatch, tmp_path):
+    from predictor.store import default_store_path
+    from predictor_ui import config
+    monkeypatch.delenv("PREDICTOR_STORE", raising=False)
+    assert config.store_path() == default_store_path()
+    monkeypatch.setenv("PREDICTOR_STORE", str(tmp_path / "s.duckdb"))
+    assert config.store_path() == default_store_path() == tmp_path / "s.duckdb"
+
+
+def test_html_table_formats_and_escapes():
+    df = pd.DataFrame({"name": ["a<b", "c"], "seconds": [0.0123, np.nan], "share": [0.5, None]})
+    h = charts.html_table(df, {"seconds": fmt.seconds, "share": ".0%"})
+    assert "a&lt;b" in h and "12.3 ms" in h and "50%" in h
+    assert h.count("<tr>") == 3 and h.count("–") == 2  # header + 2 rows; missing values read "–"
+    assert 'text-align:right' in h  # numbers right-aligned

@@ -264,14 +264,16 @@ def cached_table(pid: str, models_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame
                          "resid_removed": m["outlier_filter"]["residual"].get("removed", 0),
                          "cv": ours, "clean": m.get("cv_mape_clean"), "paper": paper,
                          "better": None if paper is None or ours is None else bool(ours <= paper),
+                         "cv_better": None if paper is None or ours is None else bool(ours <= paper),
                          "reliable": m.get("reliable", True)})
-        else:
+        elif m.get("kind") == "collective":
             by = m.get("paper_errors_by_group", {})
             for k, v in sorted((m.get("cv") or {}).get("by_group", {}).items()):
                 coll.append({"platform": pid, "collective": m["collective"], "group": k, "n": v["scored"]["n"],
                              "phys_removed": v["all_rows"]["n"] - v["scored"]["n"], "cv": v["scored"]["mape"],
                              "clean": v["clean"]["mape"], "all_rows": v["all_rows"]["mape"], "paper": by.get(k),
-                             "better": None if by.get(k) is None else bool(v["scored"]["mape"] <= by[k])})
+                             "better": None if by.get(k) is None else bool(v["scored"]["mape"] <= by[k]),
+                             "cv_better": None if by.get(k) is None else bool(v["scored"]["mape"] <= by[k])})
     return pd.DataFrame(rows), pd.DataFrame(coll)
 
 

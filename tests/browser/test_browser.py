@@ -159,6 +159,27 @@ def test_predict_shareable_url(server, page):
     shot(page, "predict_shared_url_memory")
 
 
+def test_predict_host_overhead_fitted_and_not_modelled(server, page):
+    """dgx-a100-80gb has a fitted host (framework) overhead: a category of its own in the breakdown;
+    dgx-h100 has none: the table says "not modelled" and the short-kernel warning shows."""
+    q = "model=gpt3-1.3b&num_gpus=8&tp=2&pp=2&global_batch=16"
+    t0 = time.perf_counter()
+    page.goto(f"{server.url}/?{q}&platform=dgx-a100-80gb")
+    page.locator('[data-testid="stMetric"]').filter(has_text="Step time").wait_for()
+    harness.wait_idle(page, 60_000)
+    TIMINGS["predict_other_platform_from_url_s"] = time.perf_counter() - t0
+    no_errors(page)
+    assert page.get_by_text("host / framework overhead").first.is_visible()
+    assert "fitted on measured runs" in page.inner_text("body")
+    shot(page, "predict_host_overhead")
+    page.goto(f"{server.url}/?{q}&platform=dgx-h100")
+    page.locator('[data-testid="stMetric"]').filter(has_text="Step time").wait_for()
+    harness.wait_idle(page, 60_000)
+    body = page.inner_text("body")
+    assert "not modelled on this platform" in body and "Kernels are short" in body
+    no_errors(page)
+
+
 # --------------------------------------------------------------------------- search
 def test_search_ranks_and_opens_in_predict(server, page):
     t0 = time.perf_counter()
@@ -231,4 +252,7 @@ def test_other_pages_render(server, page, path, heading):
     harness.wait_idle(page, 180_000)
     TIMINGS[f"{path}_first_paint_s"] = time.perf_counter() - t0
     no_errors(page)
+    if path == "accuracy" and "saved end-to-end validation" in page.inner_text("body"):
+        # read from models_store/<platform>/validation_runs.csv, not predicted again on load
+        assert page.locator('[data-testid="stMetric"]').filter(has_text="Runs predicted").count() == 1
     shot(page, path)
