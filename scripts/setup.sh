@@ -12,6 +12,9 @@ if [ -d ../shared/datasets ]; then
   .venv/bin/python -m predictor ingest --quiet ../shared/datasets/paper-samples \
       ../shared/datasets/vtrain/ground_truth_single.csv ../shared/datasets/vtrain/allreduce_lut/a100
 fi
+# the project's own measurements of this machine's CPU (bench/ samples and HF training runs)
+.venv/bin/python -m predictor ingest --quiet bench/samples/cpu-2t bench/samples/cpu-1t \
+    bench/samples/e2e/cpu-2t-runs.csv bench/samples/e2e/cpu-1t-runs.csv || echo "setup: CPU samples not ingested" >&2
 # Browser tests of the dashboard (tests/browser) drive Debian's chromium through the playwright package
 # (never `playwright install`: no browser downloads). Install it when root and missing; never fail set-up.
 if ! command -v chromium >/dev/null 2>&1 && [ ! -x /usr/bin/chromium ]; then
