@@ -166,27 +166,24 @@ def run_collectives(platform: str, out_dir: str | Path, *, device: str = "cpu", 
                 times = []
                 # warm-up and the adaptive repeat count are decided by rank 0's first timing
                 reps = torch.tensor([3])
-                for i in range(2 + 1):
+
+                def timed() -> float:
                     dist.barrier()
                     sync()
                     t0 = time.perf_counter()
                     if fn:
                         fn()
                     sync()
-                    dt = time.perf_counter() - t0
+                    return time.perf_counter() - t0
+                for i in range(2 + 1):
+                    dt = timed()
                     if i == 2:
                         t = torch.tensor([dt], dtype=torch.float64)
                         dist.all_reduce(t, op=dist.ReduceOp.MAX)
                         reps = torch.tensor([int(min(20, max(3, math.ceil(target_s / max(float(t[0]), 1e-6)))))])
                 dist.broadcast(reps, 0)
                 for _ in range(int(reps.item())):
-                    dist.barrier()
-                    sync()
-                    t0 = time.perf_counter()
-                    if fn:
-                        fn()
-                    sync()
-                    times.append(time.perf_counter() - t0)
+                    times.append(timed())
                 t = torch.tensor(times, dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MAX)
                 wall, tot_j, own_j = meter.delta(s0)

@@ -42,15 +42,21 @@ class HostOverhead:
     cv_mape: float | None = None
     fit_mape: float | None = None
 
-    def passes(self, phase: str, recompute: str) -> float:
+    @staticmethod
+    def passes(phase: str, recompute: str) -> float:
         """Host passes per layer: 1 for the forward group; 1 + recomputation for the backward group."""
         return 1.0 if phase == "fwd" else 1.0 + RECOMPUTE_PASSES.get(recompute, 0.0)
 
     def extra_s(self, gpu_s, layers, phase: str, recompute: str):
         """Seconds the host adds to a chunk's pass of `gpu_s` GPU time over `layers` layers
         (works on floats and numpy arrays)."""
+        return self.extra_for_passes_s(gpu_s, layers, self.passes(phase, recompute))
+
+    def extra_for_passes_s(self, gpu_s, layers, passes):
+        """`extra_s` with the host passes per layer given (a number or an array broadcast against
+        `gpu_s`, e.g. one recomputation setting per search row)."""
         g = np.asarray(gpu_s, dtype="float64")
-        h = np.asarray(layers, dtype="float64") * self.host_s_per_layer_pass * self.passes(phase, recompute)
+        h = np.asarray(layers, dtype="float64") * self.host_s_per_layer_pass * np.asarray(passes, dtype="float64")
         return blend(g, h, self.blend_p) - g
 
     def to_json(self) -> str:

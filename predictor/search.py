@@ -38,7 +38,6 @@ import pandas as pd
 
 from . import memory as mem
 from .compose import CATEGORIES, ComposeOptions
-from .overhead import RECOMPUTE_PASSES, blend
 from .costing import TrainingEstimate, training_estimate
 from .decompose import CommCall, StagePlan, _add_step_work, decompose, group_topology, split_layers
 from .network import analytic_time_s
@@ -528,10 +527,9 @@ class FastEvaluator:
             bdp = np.where(zb_tot > 0, np.maximum(zb_unit, zb_tot - bc), 0.0)
             host = self.P.host if opts.host_overhead else None
             if host is not None:  # as Predictor._add_host: blend the host time of each chunk's layers
-                hs = host.host_s_per_layer_pass * cn[None, :]
-                bpasses = 1.0 + np.array([RECOMPUTE_PASSES[RC[int(v)]] for v in rc_a[idx]])[:, None]
-                fh = blend(fc + ft, hs, host.blend_p) - (fc + ft)
-                bh = blend(bc + bt, hs * bpasses, host.blend_p) - (bc + bt)
+                bpasses = np.array([host.passes("bwd", RC[int(v)]) for v in rc_a[idx]])[:, None]
+                fh = host.extra_s(fc + ft, cn[None, :], "fwd", "none")
+                bh = host.extra_for_passes_s(bc + bt, cn[None, :], bpasses)
             else:
                 fh = bh = np.zeros_like(fc)
             f_tot = fc + ft + ppc + fdp + fh
