@@ -6,8 +6,8 @@ Pages live in pages/ and stay thin over predictor/ (shared UI code: predictor_ui
 
 Streamlit runs this file as the script of every session (`__name__ == "__main__"`; AppTest too). Under
 `streamlit run app.py` it is also imported once as a module to find `app`, an `st.App` whose start-up
-hook warms the server in the background (imports and the default prediction, predictor_ui/warm.py), so
-that the first visitor after a restart does not wait for them.
+hook warms the server before it accepts connections (imports, the default prediction and the chart
+library, predictor_ui/warm.py), so that the first visitor after a restart does not wait for them.
 """
 import os
 import sys
@@ -39,8 +39,6 @@ def run_dashboard() -> None:
     page = st.navigation(pages, position="top")
     try:
         page.run()
-        from predictor_ui import warm
-        warm.after_first_run()  # once per server: the chart library, in the background, after the first paint
     finally:
         if os.environ.get("PLANNER_TIMING"):  # script time per run, for the browser test's report
             heavy = [m for m in ("pandas", "lightgbm", "sklearn", "scipy.stats", "altair", "duckdb", "torch")
@@ -57,7 +55,7 @@ else:  # imported by `streamlit run app.py` (ASGI mode): the server, with a warm
     @asynccontextmanager
     async def _lifespan(_app):
         from predictor_ui import warm
-        warm.at_server_start()
+        await warm.warm_up_before_serving()
         yield
 
     app = st.App(os.path.abspath(__file__), lifespan=_lifespan)

@@ -143,6 +143,7 @@ if t_e2e.open:
                                  help="Writes validation.json (the expected-error band of its predictions) and "
                                       "validation_runs.csv next to its models, as `predictor validate --save`"):
                         adapters.save_validation(plat, res, config.models_dir_arg())
+                        config.forget_versions()
                         st.success(f"Saved under `{config.models_dir() / plat}`.", icon=":material/save:")
                 ok_res = res[res["ape"].notna()] if "ape" in res else res.iloc[0:0]
                 if len(ok_res):

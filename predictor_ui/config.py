@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,14 +75,32 @@ def store_version() -> str:
     return f"{p}:{_stat_stamp(p)}:{_stat_stamp(p.with_name(p.name + '.wal'))}"
 
 
+# A stamp of the models folder stats every file in it (hundreds), twice per script run: remembered
+# for a second, so one run (and a burst of reruns) pays once. A retrain from another process shows
+# within that second; the dashboard's own writes call forget_versions() and show at once.
+VERSION_TTL_S = 1.0
+_MODELS_STAMPS: dict[str, tuple[float, str]] = {}
+
+
+def forget_versions() -> None:
+    """After writing models (retrain, saved validation): the next models_version() looks again."""
+    _MODELS_STAMPS.clear()
+
+
 def models_version() -> str:
     """Changes whenever a model file is (re)written, so cached predictors and predictions refresh."""
     d = models_dir()
+    now = time.monotonic()
+    hit = _MODELS_STAMPS.get(str(d))
+    if hit is not None and now - hit[0] < VERSION_TTL_S:
+        return hit[1]
     h = hashlib.sha1(str(d).encode())
     if d.is_dir():
         for p in sorted(d.glob("*/*")):
             h.update(f"{p.relative_to(d)}:{_stat_stamp(p)}".encode())
-    return h.hexdigest()[:16]
+    stamp = h.hexdigest()[:16]
+    _MODELS_STAMPS[str(d)] = (now, stamp)
+    return stamp
 
 
 def clusters_version() -> str:

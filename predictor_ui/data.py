@@ -267,6 +267,7 @@ def bank(platform: str):
 
 def clear_all() -> None:
     """After an ingest or a retrain."""
+    config.forget_versions()
     st.cache_data.clear()
     st.cache_resource.clear()
     _VALIDATION.clear()

@@ -77,12 +77,13 @@ def to_json(obj: Any) -> str:
 
 
 def export(df: pd.DataFrame, name: str, key: str, container=None) -> None:
-    """CSV and JSON downloads of a table."""
+    """CSV and JSON downloads of a table. The files are written when a button is clicked (deferred
+    data), not on every script run: no serialisation and no media fetch on the page's first paint."""
     c = container or st
     a, b, _ = c.columns([1, 1, 4])
-    a.download_button("CSV", df.to_csv(index=False).encode(), file_name=f"{name}.csv", mime="text/csv",
+    a.download_button("CSV", lambda: df.to_csv(index=False).encode(), file_name=f"{name}.csv", mime="text/csv",
                       key=f"{key}_csv", icon=":material/download:", on_click="ignore")
-    b.download_button("JSON", to_json(df).encode(), file_name=f"{name}.json", mime="application/json",
+    b.download_button("JSON", lambda: to_json(df).encode(), file_name=f"{name}.json", mime="application/json",
                       key=f"{key}_json", icon=":material/download:", on_click="ignore")
 
 

@@ -159,6 +159,34 @@ def test_predict_shareable_url(server, page):
     shot(page, "predict_shared_url_memory")
 
 
+def test_predict_breakdown_downloads(server, browser):
+    """The breakdown's CSV and JSON are written when clicked (deferred data): the files hold the
+    categories shown, and their shares add up to the step time."""
+    import io
+    import pandas as pd
+    ctx = browser.new_context(accept_downloads=True, viewport={"width": 1440, "height": 1000})
+    page = ctx.new_page()
+    try:
+        page.goto(server.url + "/")
+        page.locator('[data-testid="stMetric"]').filter(has_text="Step time").wait_for(timeout=60_000)
+        harness.wait_idle(page, 60_000)
+        got = {}
+        for label in ("CSV", "JSON"):
+            t0 = time.perf_counter()
+            with page.expect_download(timeout=30_000) as dl:
+                page.locator('[data-testid="stDownloadButton"]').filter(has_text=label).first.click()
+            TIMINGS[f"predict_download_breakdown_{label.lower()}_s"] = time.perf_counter() - t0
+            assert dl.value.suggested_filename == f"breakdown.{label.lower()}"
+            got[label] = Path(dl.value.path()).read_text()
+        csv = pd.read_csv(io.StringIO(got["CSV"]))
+        assert {"compute", "tp_comm", "bubble"} <= set(csv["category_id"])
+        assert csv["share"].sum() == pytest.approx(1.0, abs=1e-6)
+        assert [r["category_id"] for r in json.loads(got["JSON"])] == list(csv["category_id"])
+        no_errors(page)
+    finally:
+        ctx.close()
+
+
 def test_predict_host_overhead_fitted_and_not_modelled(server, page):
     """dgx-a100-80gb has a fitted host (framework) overhead: a category of its own in the breakdown;
     dgx-h100 has none: the table says "not modelled" and the short-kernel warning shows."""
