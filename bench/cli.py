@@ -230,10 +230,17 @@ def cmd_cpu_platform(a) -> int:
                                    "note": "wall time of each sampling phase (waits for a quiet machine excluded)"},
                                   indent=1) + "\n")
     if "curve" in steps:
+        import contextlib
+        import io
+
         from .curve import print_curve
+        text = io.StringIO()
         for p in ("cpu-2t", "cpu-1t"):
             if (root / p).is_dir():
-                print_curve(root / p, p)
+                with contextlib.redirect_stdout(text):
+                    print_curve(root / p, p)
+        print(text.getvalue(), end="")
+        (root / "cpu_error_curve.txt").write_text(text.getvalue().replace(str(root.resolve()) + "/", ""))
     _log(f"cpu-platform done in {(time.monotonic() - t_all) / 60:.1f} min; load average now {loadavg()}")
     return 0
 
@@ -304,7 +311,9 @@ def cluster_entry_2t() -> dict:
             "intra_node": {"kind": "none", "bandwidth_gbps": 0, "latency_us": 0},
             "inter_node": {"kind": "none", "bandwidth_gbps": 0, "latency_us": 0},
             "op_models": "cpu-2t", "collective_models": None,
-            "sources": ["bench/samples/cpu-2t (bench/ ops sampler, 2 threads)"]}
+            "sources": ["bench/samples/cpu-2t (bench/ ops sampler, 2 threads)",
+                        "host allocator: glibc malloc keeping freed memory (bench/allocator.py), for samples and "
+                        "for the training runs it predicts"]}
 
 
 def cluster_entry_1t(net) -> dict:
@@ -319,8 +328,12 @@ def cluster_entry_1t(net) -> dict:
             "intra_node": {"kind": "loopback-gloo", "bandwidth_gbps": bw, "latency_us": lat},
             "inter_node": {"kind": "none", "bandwidth_gbps": bw, "latency_us": lat},
             "op_models": "cpu-1t", "collective_models": "cpu-1t",
+            # every core runs a rank's compute, so gloo's reduction cannot hide behind the backward
+            "overlaps_comm_with_compute": False,
             "sources": ["bench/samples/cpu-1t (bench/ ops sampler, 2 concurrent ranks x 1 thread; "
-                        "bench/ collective sampler, gloo)", src]}
+                        "bench/ collective sampler, gloo)", src,
+                        "host allocator: glibc malloc keeping freed memory (bench/allocator.py), for samples and "
+                        "for the training runs it predicts"]}
 
 
 # --------------------------------------------------------------------------- parser
@@ -414,5 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
+    from .allocator import use_caching_malloc
+    use_caching_malloc()  # every sampler, every torchrun rank (each runs main); see bench/allocator.py
     a._argv = argv
     return int(a.fn(a) or 0)

@@ -119,6 +119,8 @@ def facts(device: str = "cpu") -> dict[str, Any]:
         "loadavg": list(loadavg()), "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "repo_commit": _git_commit(),
     }
+    from .allocator import describe
+    f["host_allocator"] = describe()["allocator"]
     try:
         import numpy
         f["numpy"] = numpy.__version__

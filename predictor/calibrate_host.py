@@ -10,6 +10,7 @@ saw. Writes models_store/<platform>/host_overhead.json.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
@@ -18,7 +19,8 @@ import pandas as pd
 from .compose import ChunkTimes, ComposeOptions, compose
 from .layout_io import layout_from_fields, model_from_fields
 from .overhead import HostOverhead, fit_host_overhead, save_host_overhead
-from .predict import MODELS_DIR, Predictor
+from .platforms import get_platform
+from .predict import MODELS_DIR, Predictor, platform_options
 from .specs import InfeasibleConfig
 
 MODEL_KEY = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
@@ -39,8 +41,10 @@ def _prepare(runs: pd.DataFrame, platform_id: str, models_dir) -> tuple[list, np
     return items, np.array(meas), np.array(groups)
 
 
-def make_evaluator(items: list) -> Callable[[float, float], np.ndarray]:
-    opts = ComposeOptions(simulate=False)
+def make_evaluator(items: list, options: ComposeOptions = ComposeOptions()) -> Callable[[float, float], np.ndarray]:
+    """`evaluate(h, p)`: the step time of every item with that host overhead. `options` should be the
+    predictor's (platform_options), so the fit sees the same overlap rules as predict."""
+    opts = replace(options, simulate=False)
 
     def evaluate(h: float, p: float) -> np.ndarray:
         host = HostOverhead(h, p)
@@ -67,7 +71,8 @@ def calibrate_host(platform_id: str, store_path=None, models_dir=None, folds: in
     if progress:
         progress(f"{len(items)} runs of {len(set(groups))} models decomposed; fitting")
     sources = ", ".join(sorted(map(str, runs["source"].dropna().unique())))[:300] if "source" in runs else "store"
-    ho, report = fit_host_overhead(make_evaluator(items), meas, groups, folds=folds,
+    opts = platform_options(get_platform(platform_id), ComposeOptions())
+    ho, report = fit_host_overhead(make_evaluator(items, opts), meas, groups, folds=folds,
                                    source=f"{len(items)} measured runs: {sources}", progress=progress)
     path = save_host_overhead(models_dir or MODELS_DIR, platform_id, ho, report) if save else None
     return ho, report, path

@@ -124,6 +124,10 @@ class Platform:
     # Collective algorithms NCCL/RCCL can choose on this platform ("ring", "tree", "nvls").
     collective_algorithms: tuple[str, ...] = ("ring", "tree")
     nvls_min_gpus: int = 0          # NVLS (NVLink SHARP) used from this many GPUs in the node; 0 = never
+    # Whether collectives run beside the compute (GPUs: copy engines / a few SMs, so gradient reduction hides
+    # behind the backward). False where the collectives need the same cores as the compute (CPU ranks with
+    # gloo on every core): then nothing overlaps and the reduction adds to the step.
+    overlaps_comm_with_compute: bool = True
     user_defined: bool = False
     notes: tuple[str, ...] = ()
 
@@ -317,12 +321,16 @@ def _platform_from(pid: str, raw: dict[str, Any], devices: dict[str, DeviceSpec]
                                    "give GB/s (bytes), per GPU and one direction; e.g. NVLink 4 = 450, 400 Gb/s NIC = 50.")
     algs, nvls_min = _algorithms(raw, device, gpn, intra.kind, origin, pid)
     op_models = raw.get("op_models", device.transfer_source if user else None)
+    overlap = raw.get("overlaps_comm_with_compute", True)
+    if not isinstance(overlap, bool):
+        raise InfeasibleConfig(_where(origin, pid, "overlaps_comm_with_compute"), f"must be true or false, got {overlap!r}.",
+                               "write true (GPUs: collectives hide behind compute) or false (they share the compute's cores).")
     return Platform(
         platform_id=pid, description=str(raw.get("description", "")), device=device,
         gpus_per_node=gpn, intra_node=intra, inter_node=inter,
         op_models=op_models, collective_models=raw.get("collective_models"),
         collective_calibration=raw.get("collective_calibration"), sources=tuple(raw.get("sources", ())),
-        collective_algorithms=algs, nvls_min_gpus=nvls_min, user_defined=user,
+        collective_algorithms=algs, nvls_min_gpus=nvls_min, overlaps_comm_with_compute=overlap, user_defined=user,
         notes=tuple(raw.get("notes", ())),
     )
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -99,6 +99,14 @@ def model_flops_per_step(model: ModelSpec, layout: Layout) -> float:
     return 3.0 * per_token_fwd * layout.tokens_per_step
 
 
+def platform_options(platform: Platform, options: ComposeOptions) -> ComposeOptions:
+    """`options` as far as the platform allows: no overlap of collectives with compute where the platform's
+    collectives share the compute's cores (Platform.overlaps_comm_with_compute)."""
+    if platform.overlaps_comm_with_compute:
+        return options
+    return replace(options, overlap_grad_reduce=False, overlap_param_gather=False)
+
+
 class Predictor:
     """Predicts step times on one platform. Holds the regressors, the network model and a
     cache of operator times, so repeated predictions (search) are cheap."""
@@ -107,7 +115,7 @@ class Predictor:
                  options: ComposeOptions = ComposeOptions()):
         self.platform = platform if isinstance(platform, Platform) else get_platform(platform)
         self.models_dir = Path(models_dir) if models_dir else default_models_dir()
-        self.options = options
+        self.options = platform_options(self.platform, options)
         self.bank = _load_bank(self.platform.op_models, str(self.models_dir)) if self.platform.op_models else None
         self.coll_bank = (_load_bank(self.platform.collective_models, str(self.models_dir))
                           if self.platform.collective_models else None)

@@ -158,6 +158,8 @@ def platform_to_catalog_entry(p) -> dict[str, Any]:
         entry["collective_algorithms"] = {"available": list(algs),
                                           **({"nvls_min_gpus": p.nvls_min_gpus} if getattr(p, "nvls_min_gpus", 0)
                                              else {})}
+    if not getattr(p, "overlaps_comm_with_compute", True):
+        entry["overlaps_comm_with_compute"] = False
     return entry
 
 

@@ -168,6 +168,8 @@ clusters:
      "bad.inter_node.bandwidth_gbps"),
     ({"device": "l4", "gpus_per_node": 4, "intra_node": {"kind": "pcie", "bandwidth_gbps": 32},
       "inter_node": {"bandwidth_gbps": 10}, "collective_algorithms": ["ring", "nvls"]}, "bad.collective_algorithms"),
+    ({"device": "l4", "gpus_per_node": 4, "intra_node": {"bandwidth_gbps": 32}, "inter_node": {"bandwidth_gbps": 10},
+      "overlaps_comm_with_compute": "no"}, "bad.overlaps_comm_with_compute"),
     ({"device": {"name": "x", "peak_tflops": {}, "hbm_gib": 1, "hbm_bandwidth_gbps": 1, "sm_count": 1},
       "gpus_per_node": 1, "inter_node": {"bandwidth_gbps": 10}}, "bad-device.peak_tflops"),
 ])

@@ -51,3 +51,27 @@ def test_breakdown_sums_to_step_time_and_overlap_hides_grad_sync():
     assert no.breakdown_s["dp_comm"] == pytest.approx(1.5)
     # ... and with bucketed overlap only the last of 8 buckets is (1.5 s of sync under 2 s of backward)
     assert ov.step_time_s == pytest.approx(ov.pipeline_s + 1.5 / 8 + 0.2)
+
+
+def test_platform_whose_collectives_share_the_cores_exposes_the_whole_grad_sync():
+    """cpu-1t: every core runs a rank's compute, so gloo's gradient all-reduce cannot hide behind the
+    backward; the same platform with overlap allowed hides all but the last bucket."""
+    from dataclasses import replace
+
+    from predictor.platforms import get_platform
+    from predictor.predict import Predictor, platform_options
+    from predictor.specs import Layout, ModelSpec
+
+    cpu = get_platform("cpu-1t")
+    assert cpu.overlaps_comm_with_compute is False
+    assert platform_options(cpu, ComposeOptions()).overlap_grad_reduce is False
+    assert platform_options(replace(cpu, overlaps_comm_with_compute=True), ComposeOptions()).overlap_grad_reduce
+    model = ModelSpec(name="small-gpt", arch="gpt", num_layers=2, hidden_size=512, num_heads=8, vocab_size=8192,
+                      tied_embeddings=True, attention_impl="flash")
+    L = Layout(num_gpus=2, dp=2, micro_batch=1, global_batch=2, seq_len=256, precision="fp32")
+    serial = Predictor(cpu).predict(model, L, timeline=False)
+    hidden = Predictor(replace(cpu, overlaps_comm_with_compute=True)).predict(model, L, timeline=False)
+    full = serial.breakdown_s["dp_comm"]
+    assert full > 0
+    assert hidden.breakdown_s["dp_comm"] < full
+    assert serial.step_time_s - hidden.step_time_s == pytest.approx(full - hidden.breakdown_s["dp_comm"], rel=1e-6)

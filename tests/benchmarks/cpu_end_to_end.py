@@ -14,6 +14,13 @@ loss, backward, optimizer step; median of `--steps` after 2 warm-ups) and compar
 Each config is its own training job in a fresh process (a fresh torchrun job for DDP): running models
 one after another in one process left the allocator in states that moved later step times by up to 25 %.
 
+Host allocator: every training job runs with glibc malloc keeping freed memory (bench/allocator.py,
+the setting every bench sampler uses, and what PyTorch's caching allocator does on a GPU). With the C
+library's defaults, freed activations, gradients and AdamW temporaries go back to the kernel and are
+page-faulted in again next step, which on this VM made steps 15-40 % slower and moved them by 25 %
+between runs. A table with the system defaults (`BENCH_SYSTEM_MALLOC=1`) shows what that costs; it
+is not in the MAPE.
+
 Benchmark settings (disclosed, not special cases in the predictor): dropout 0 (the decomposition has
 no dropout; Llama has none anyway) and GPT-2 with `activation_function="gelu_pytorch_tanh"` (HF's
 fused-kernel spelling of the same tanh GeLU as its default `gelu_new`). A last table runs two GPT-2
@@ -158,18 +165,22 @@ def _env() -> dict:
 def single_worker(a) -> None:
     """One training job: the configs named, one process (launched by run_single, one per config)."""
     import torch
+
+    from bench.allocator import use_caching_malloc
+    alloc = use_caching_malloc()["allocator"]
     torch.set_num_threads(a.threads)
     res = []
     for c in [cfg_dict(c) for c in CONFIGS if c[0] in a.names]:
         model = build_model(c, a.hf_defaults)
         ts, info = time_steps(model, c, a.steps, a.warmup)
-        res.append({**c, "measured_s": statistics.median(ts), "steps_s": ts, "load": os.getloadavg()[0], **info})
+        res.append({**c, "measured_s": statistics.median(ts), "steps_s": ts, "load": os.getloadavg()[0],
+                    "allocator": alloc, **info})
         del model
     Path(a.worker_out).write_text(json.dumps(res))
 
 
-def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, hf_defaults: bool = False
-               ) -> list[dict]:
+def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, hf_defaults: bool = False,
+               system_malloc: bool = False) -> list[dict]:
     """Each config is its own training job in a fresh process, as a real run is: models trained earlier
     in the same process leave the allocator (heap, mmap threshold, page cache of freed blocks) in a
     state that changed later configs' step times by up to 25 % in our first runs."""
@@ -180,7 +191,8 @@ def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, h
             cmd = [sys.executable, "-m", "tests.benchmarks.cpu_end_to_end", "--worker-single", "--worker-out",
                    str(out), "--threads", str(threads), "--steps", str(steps), "--warmup", str(warmup),
                    "--names", c["name"]] + (["--hf-defaults"] if hf_defaults else [])
-            subprocess.run(cmd, cwd=REPO, env=_env(), check=True)
+            subprocess.run(cmd, cwd=REPO, env={**_env(), "BENCH_SYSTEM_MALLOC": "1" if system_malloc else "0"},
+                           check=True)
             r = json.loads(out.read_text())[0]
             res.append(r)
             print(f"  {c['name']:8s} {r['measured_s']:.3f} s  (load {r['load']:.2f}, redone {r['discarded_steps']})",
@@ -193,6 +205,9 @@ def ddp_worker(a) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from bench.allocator import use_caching_malloc
+    alloc = use_caching_malloc()["allocator"]
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -202,7 +217,8 @@ def ddp_worker(a) -> None:
         model = DDP(build_model(c))
         ts, info = time_steps(model, c, a.steps, a.warmup, seed=rank, ddp_group=True)
         if rank == 0:
-            res.append({**c, "measured_s": statistics.median(ts), "steps_s": ts, "load": os.getloadavg()[0], **info})
+            res.append({**c, "measured_s": statistics.median(ts), "steps_s": ts, "load": os.getloadavg()[0],
+                        "allocator": alloc, **info})
         del model
     if rank == 0:
         Path(a.worker_out).write_text(json.dumps(res))
@@ -257,7 +273,7 @@ def fit_host(models_dir: str | None = None) -> int:
             items.append((L, [pl.layers for pl in plans], chunks, tails))
             meas.append(r["measured_s"])
         groups = np.array([r["name"] for r in t["runs"]])
-        ho, rep = fit_host_overhead(make_evaluator(items), np.array(meas), groups, folds=len(groups),
+        ho, rep = fit_host_overhead(make_evaluator(items, pr.options), np.array(meas), groups, folds=len(groups),
                                     source=f"{len(groups)} HF transformers training runs on this CPU "
                                            f"({t['facts'].get('recorded_at')}), bench/samples/cpu_end_to_end.json",
                                     grid_h=np.linspace(0.0, 0.05, 51), grid_p=(1.0, 2.0, 4.0))
@@ -346,6 +362,7 @@ def _measured_record(kind: str, rows: list[dict], quiet: dict, threads: int, ran
     from bench.env import facts
     f = facts("cpu")
     f["torch_threads"] = threads
+    f["host_allocator"] = sorted({r.get("allocator", "?") for r in rows})  # what the training jobs ran with
     import transformers
     f["transformers"] = transformers.__version__
     keep = [{k: v for k, v in r.items() if not k.startswith("pred_") and k not in ("predicted_s", "ape", "signed",
@@ -372,11 +389,13 @@ def write_results(record: dict) -> None:
 
 
 def score(kind: str, rows: list[dict], models_dir: str | None, title: str | None = None) -> tuple[float, list[dict]]:
-    platform, dp = ("cpu-2t", 1) if kind in ("single", "hf_defaults") else ("cpu-1t", 2)
+    platform, dp = ("cpu-2t", 1) if kind in ("single", "hf_defaults", "system_malloc") else ("cpu-1t", 2)
     pred = predict_rows(rows, platform, dp, models_dir)
     titles = {"single": "HF single process, 2 threads vs predict on cpu-2t",
               "ddp": "HF DDP 2 gloo ranks x 1 thread (dp=2) vs predict on cpu-1t",
-              "hf_defaults": "HF GPT-2 defaults (dropout 0.1, gelu_new) vs predict on cpu-2t (not in the MAPE)"}
+              "hf_defaults": "HF GPT-2 defaults (dropout 0.1, gelu_new) vs predict on cpu-2t (not in the MAPE)",
+              "system_malloc": "HF single process with the C library's default malloc (BENCH_SYSTEM_MALLOC=1) vs "
+                               "predict on cpu-2t (not in the MAPE)"}
     return print_table(title or titles[kind], pred), pred
 
 
@@ -384,10 +403,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mode", default="both", choices=["both", "single", "ddp"])
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="two configs only (not written to the results file)")
     ap.add_argument("--names", nargs="+", help="configs to run (default all; DDP: the DDP_NAMES subset)")
     ap.add_argument("--no-hf-defaults", action="store_true", help="skip the HF-defaults table")
+    ap.add_argument("--no-system-malloc", action="store_true", help="skip the system-malloc table")
     ap.add_argument("--no-wait", action="store_true", help="do not wait for a quiet machine")
     ap.add_argument("--rescore", action="store_true",
                     help=f"predict the measured tables in {RESULTS.relative_to(REPO)} again; measure nothing")
@@ -415,9 +435,10 @@ def main(argv=None) -> int:
         return fit_host(a.models_dir)
     if a.rescore:
         data = json.loads(RESULTS.read_text())
-        for kind in ("single", "hf_defaults", "ddp"):
+        extra = {"hf_defaults": a.no_hf_defaults, "system_malloc": a.no_system_malloc}
+        for kind in ("single", "hf_defaults", "system_malloc", "ddp"):
             t = data["tables"].get(kind)
-            if t is None or (kind != "hf_defaults" and kind not in kinds) or (kind == "hf_defaults" and a.no_hf_defaults):
+            if t is None or (kind not in extra and kind not in kinds) or extra.get(kind):
                 continue
             la = [r["load"] for r in t["runs"]]
             print(f"\n[{kind}: measured {t['facts'].get('recorded_at')} on {t['facts'].get('cpu_model')}, "
@@ -425,7 +446,7 @@ def main(argv=None) -> int:
                   f"1-min load during the runs {min(la):.2f}..{max(la):.2f}; memory bandwidth "
                   f"{json.dumps({k: v.get('stream_copy_gbps') for k, v in (t.get('conditions') or {}).items()})} GB/s]")
             mape, pred = score(kind, t["runs"], a.models_dir)
-            if kind != "hf_defaults":
+            if kind not in extra:
                 results[t["platform"]] = mape
                 if a.save:
                     save_runs(pred, t["platform"], 1 if kind == "single" else 2, t["quiet_check"], a.models_dir)
@@ -458,6 +479,11 @@ def main(argv=None) -> int:
                 if persist:
                     write_results(_measured_record("hf_defaults", meas, q, 2, 1, {"after": probe()}))
                 score("hf_defaults", meas, a.models_dir)
+        if not a.no_system_malloc and not a.quick:
+            meas = run_single(configs, a.steps, a.warmup, system_malloc=True)
+            if persist:
+                write_results(_measured_record("system_malloc", meas, q, 2, 1, {"after": probe()}))
+            score("system_malloc", meas, a.models_dir)
     if "ddp" in kinds:
         q = wait()
         ddp_names = [n for n in names if a.names or a.quick or n in DDP_NAMES]
