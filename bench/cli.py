@@ -1,4 +1,4 @@
-"""`python -m bench ...`: info, device, ops, collectives, curve, fit-network, cpu-platform."""
+"""`python -m bench ...`: info, device, ops, collectives, curve, fit-network, cpu-platform, speed-check."""
 from __future__ import annotations
 
 import argparse
@@ -120,6 +120,41 @@ def cmd_collectives(a) -> int:
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
+    return 0
+
+
+def cmd_speed_check(a) -> int:
+    """Re-time a few of the platform's sampled shapes; print (and with --save store) the speed factor."""
+    from dataclasses import asdict
+
+    from predictor.predict import default_models_dir
+    from predictor.speed import save_speed_check
+
+    from .speed import run_speed_check
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun
+        args = list(a._argv)
+        i = args.index("--ranks")
+        del args[i:i + 2]
+        return _torchrun(a.ranks, args)
+    try:
+        sc = run_speed_check(a.platform, a.samples or SAMPLES / a.platform, threads=a.threads, per_op=a.per_op,
+                             log=_log)
+    except ValueError as exc:
+        print(f"speed-check: {exc}", file=sys.stderr)
+        return 2
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
+    print(json.dumps(asdict(sc), indent=2, default=str))
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(asdict(sc), indent=2, default=str) + "\n")
+    if a.save:
+        try:
+            path = save_speed_check(a.models_dir or default_models_dir(), sc)
+        except ValueError as exc:
+            print(f"speed-check: not saved: {exc}", file=sys.stderr)
+            return 2
+        _log(f"saved {path}: {sc.describe()}")
     return 0
 
 
@@ -406,6 +441,18 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--write", action="store_true", help="save it as models_store/<platform>/network.json")
     sp.add_argument("--models-dir")
     sp.set_defaults(fn=cmd_fit_network)
+
+    sp = sub.add_parser("speed-check", help="re-time a few sampled shapes: how fast is the machine now vs its samples")
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--samples", help="sample directory (default bench/samples/<platform>)")
+    sp.add_argument("--threads", type=int, help="default: the threads of the sampling run")
+    sp.add_argument("--per-op", type=int, default=2, help="sampled shapes re-timed per op")
+    sp.add_argument("--ranks", type=int, help="launch N concurrent ranks under torchrun (as the platform was sampled)")
+    sp.add_argument("--save", action="store_true",
+                    help="write models_store/<platform>/speed_check.json: predictions scale measured op times by it")
+    sp.add_argument("--models-dir")
+    sp.add_argument("--json-out", help="also write the result to this file")
+    sp.set_defaults(fn=cmd_speed_check)
 
     sp = sub.add_parser("cpu-platform", help="sample, train and register this machine's CPU (cpu-2t, cpu-1t)")
     sp.add_argument("--out-root", default=str(SAMPLES))

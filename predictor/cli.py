@@ -70,14 +70,16 @@ def cmd_platforms(a: argparse.Namespace) -> int:
             coll = f"measured: {p.collective_models}; analytic beyond the sampled range"
         else:
             coll = "analytic " + (f"(calibrated: {pr.network.intra.source})" if pr.network.calibrated else "(link specs)")
-        val = pr.validation
         host = (f"{pr.host.host_s_per_layer_pass * 1e3:.2f} ms/layer-pass (CV {pr.host.cv_mape:.1%})"
                 if pr.host is not None else "not modelled")
-        v = f"MAPE {val['mape']:.1%} on {val.get('n_runs')} runs" if val and val.get("mape") is not None else "-"
+        err = pr.end_to_end_error()
+        v = f"MAPE {err[0]:.1%} on {err[1]} runs{err[2]}" if err is not None else "-"
         rows.append({"platform": pid, "device": p.device.name, "gpus_per_node": p.gpus_per_node,
                      "intra": f"{p.intra_node.kind} {p.intra_node.bandwidth_gbps:g} GB/s",
                      "inter": f"{p.inter_node.kind} {p.inter_node.bandwidth_gbps:g} GB/s",
-                     "operators": ops, "collectives": coll, "host_overhead": host, "end_to_end": v})
+                     "operators": ops, "collectives": coll, "host_overhead": host,
+                     "speed_check": f"x{pr.speed.speed_factor:.3f} ({pr.speed.measured_at[:16]})" if pr.speed else "-",
+                     "end_to_end": v})
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0

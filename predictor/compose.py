@@ -54,6 +54,7 @@ class ComposeOptions:
     simulate: bool = True  # event simulation of the schedule (timeline); else closed form only
     max_simulated_tasks: int = 50_000
     host_overhead: bool = True  # add the fitted host (framework) overhead where the platform has one
+    speed_check: bool = True  # scale measured op times by the platform's saved speed check (predictor.speed)
 
 
 @dataclass

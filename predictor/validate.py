@@ -77,9 +77,11 @@ def save_validation_runs(platform_id: str, res: pd.DataFrame, models_dir=None) -
     return path
 
 
-def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None) -> Path:
+def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None, summary: dict | None = None) -> Path:
     """Record the measured end-to-end error next to the platform's models (validation.json; predictions
-    use it for their expected-error band) and the per-run results (validation_runs.csv)."""
+    use it for their expected-error band) and the per-run results (validation_runs.csv). `summary`
+    overrides the figures computed from `res` (e.g. a MAPE pooled over several measuring runs, of which
+    `res` is the latest) and may add `mape_speed_checked` (used when a speed check scales the times)."""
     from .predict import MODELS_DIR
     ok = res[res["ape"].notna()]
     d = {"platform": platform_id, "n_runs": int(len(ok)), "mape": float(ok["ape"].mean()) if len(ok) else None,
@@ -87,6 +89,8 @@ def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None) -> Pat
          "p90_ape": float(ok["ape"].quantile(0.9)) if len(ok) else None,
          "source": ", ".join(sorted(set(map(str, ok.get("source", pd.Series(["store"])).unique()))))[:300],
          "validated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    if summary:
+        d |= {"latest_run_mape": d["mape"], "latest_run_n": d["n_runs"]} | dict(summary)
     path = Path(models_dir or MODELS_DIR) / platform_id / "validation.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(d, indent=2))

@@ -212,10 +212,13 @@ def platform_backing(pr) -> dict[str, str]:
         host_s = ("not modelled on this platform (no fitted host overhead): predictions with short kernels "
                   "(small models, micro-batch 1, high TP) may be low; fit one with "
                   "`python -m predictor calibrate-host` on measured runs")
-    val = pr.validation or {}
-    e2e = (f"MAPE {val['mape']:.1%} on {val.get('n_runs')} measured runs" if val.get("mape") is not None
-           else "not validated end to end")
-    return {"operators": ops, "collectives": coll, "host_overhead": host_s, "end_to_end": e2e}
+    err = pr.end_to_end_error()
+    e2e = f"MAPE {err[0]:.1%} on {err[1]} measured runs{err[2]}" if err is not None else "not validated end to end"
+    speed = (pr.speed.describe() if pr.speed is not None else
+             "as sampled (no speed check saved; `python -m bench speed-check --platform "
+             f"{p.platform_id} --save` re-times a few sampled shapes and scales to the machine's speed today)"
+             if pr.bank is not None and (p.op_models == p.platform_id or pr._same_device()) else "-")
+    return {"operators": ops, "collectives": coll, "host_overhead": host_s, "machine_speed": speed, "end_to_end": e2e}
 
 
 def host_modelled(pr) -> bool:
