@@ -144,12 +144,7 @@ views.export(view, "search_results", "search_x")
 
 sel = ev.selection.rows if ev is not None and hasattr(ev, "selection") else []
 if sel:
-    qp = {**{k: str(v) for k, v in model_fields.items() if v is not None and k != "name"},
-          **{k: str(v) for k, v in plat_fields.items()}, **adapters.search_row_fields(view.iloc[sel[0]]),
-          "tokens_b": str(target["tokens"] / 1e9)}
-    if target["price"] is not None:
-        qp["price"] = str(target["price"])
-    st.switch_page("pages/predict.py", query_params=qp)
+    views.open_in_predict(model_fields, plat_fields, view.iloc[sel[0]], target)
 
 st.subheader("Step time vs memory")
 st.altair_chart(charts.search_scatter(view, capacity_gib=float(platform.device.hbm_gib)), width="stretch")

@@ -226,7 +226,9 @@ def compose(chunks: list[ChunkTimes], tails: list[StageTail], *, pp: int, vpp: i
         total = sum(parts.values())
         for k, v in parts.items():
             cat[k] += extra * (v / total if total > 0 else 0.0)
-    # exact closure: any rounding goes to the bubble
+    # exact closure: any rounding goes to the bubble, and a bubble that is only rounding is none
     cat["bubble"] += step - sum(cat.values())
+    if abs(cat["bubble"]) <= 1e-9 * step:
+        cat["bubble"] = 0.0
     return Composition(step_time_s=step, pipeline_s=pipe, breakdown_s=cat, detail_s=detail,
                        critical_stage=crit, timeline=timeline)

@@ -139,8 +139,10 @@ def html_stacked_bar(parts: list[tuple[str, float, str]], unit: str = "s", fmt_v
             continue
         tip = f"{label}: {show(v)} ({share:.1%})"
         segs.append(f'<div title="{tip}" style="width:{100 * share:.3f}%;background:{color};height:100%"></div>')
-        legend.append(f'<span style="white-space:nowrap;margin-right:14px"><span style="display:inline-block;'
-                      f'width:10px;height:10px;background:{color};margin-right:5px;border-radius:2px"></span>'
+        # an item wraps inside itself when it is wider than the column, never over its neighbours
+        legend.append(f'<span style="display:inline-block;max-width:100%;margin-right:14px;vertical-align:top">'
+                      f'<span style="display:inline-block;width:10px;height:10px;background:{color};'
+                      f'margin-right:5px;border-radius:2px"></span>'
                       f'{label} <b>{share:.0%}</b> <span style="opacity:.65">{show(v)}</span></span>')
     return (f'<div style="display:flex;width:100%;height:{height_px}px;border-radius:4px;overflow:hidden;'
             f'background:#f0f2f6">{"".join(segs)}</div>'

@@ -10,7 +10,7 @@ import streamlit as st
 
 from predictor.specs import InfeasibleConfig
 
-from . import fmt
+from . import adapters, fmt
 
 PROVENANCE_HELP = ("**measured**: regressors trained on this device's own samples · **transferred**: another "
                    "device's regressors rescaled by the specs · **stand-in**: an op nobody sampled, timed as a "
@@ -109,3 +109,13 @@ def step_band(pred) -> str:
 
 def short_prov(share: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+
+
+def open_in_predict(model_fields: dict, plat_fields: dict, row: pd.Series, target: dict) -> None:
+    """Switch to Predict with a search row's layout (and the search's model, platform and target) in the URL."""
+    qp = {**{k: str(v) for k, v in model_fields.items() if v is not None and k != "name"},
+          **{k: str(v) for k, v in plat_fields.items()}, **adapters.search_row_fields(row),
+          "tokens_b": str(target["tokens"] / 1e9)}
+    if target["price"] is not None:
+        qp["price"] = str(target["price"])
+    st.switch_page("pages/predict.py", query_params=qp)

@@ -238,6 +238,24 @@ def test_search_ranks_and_opens_in_predict(server, page):
     TIMINGS["search_row_click_to_predict_s"] = time.perf_counter() - t1
     assert "tp=" in page.url or "pp=" in page.url
     no_errors(page)
+    # this layout rests on several kinds of data with long names: the legend items must stay in their
+    # column and off each other
+    overlaps = page.evaluate("""() => {
+        const bad = [];
+        for (const box of document.querySelectorAll('[data-testid="stHtml"] div[style*="line-height"]')) {
+            const outer = box.getBoundingClientRect();
+            const items = Array.from(box.children).map(e => e.getBoundingClientRect());
+            items.forEach((a, i) => {
+                if (a.right > outer.right + 1) bad.push('item ' + i + ' leaves its column');
+                items.slice(i + 1).forEach((b, j) => {
+                    if (a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1)
+                        bad.push('items ' + i + ' and ' + (i + 1 + j) + ' overlap');
+                });
+            });
+        }
+        return bad;
+    }""")
+    assert overlaps == [], overlaps
     shot(page, "search_opened_in_predict")
 
 
