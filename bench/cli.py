@@ -59,6 +59,19 @@ def _torchrun(nproc: int, args: list[str], timeout: float | None = None, quiet: 
     return subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout).returncode
 
 
+def _relaunch(a, flag: str, nproc: int, wait_quiet: bool = True) -> int:
+    """Run this same command again under torchrun with `nproc` ranks, `flag N` removed from its
+    arguments. With `wait_quiet` the launcher waits for a quiet machine once (unless --no-wait) and
+    the ranks skip their own wait."""
+    args = list(a._argv)
+    i = args.index(flag)
+    del args[i:i + 2]
+    if not wait_quiet:
+        return _torchrun(nproc, args)
+    q = None if a.no_wait else _quiet(a)
+    return _torchrun(nproc, args + ([] if "--no-wait" in args else ["--no-wait"]), quiet=q)
+
+
 # --------------------------------------------------------------------------- commands
 def cmd_info(a) -> int:
     from .env import facts
@@ -86,11 +99,7 @@ def cmd_ops(a) -> int:
     from .sampler import run_ops
     ws = int(os.environ.get("WORLD_SIZE", "1"))
     if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun
-        args = list(a._argv)
-        i = args.index("--ranks")
-        del args[i:i + 2]
-        q = None if a.no_wait else _quiet(a)
-        return _torchrun(a.ranks, args + ["--no-wait"], quiet=q)
+        return _relaunch(a, "--ranks", a.ranks)
     q = _quiet(a) if int(os.environ.get("RANK", "0")) == 0 else None
     ops = tuple(a.ops) if a.ops else (D.DEFAULT_OPS + (D.UNFUSED_ATTENTION_OPS if a.unfused else ()))
     run_ops(a.platform, a.out or SAMPLES / a.platform, ops=ops, device=a.device, dtype=a.dtype,
@@ -107,11 +116,7 @@ def cmd_collectives(a) -> int:
             print("run under torchrun (e.g. torchrun --standalone --nproc_per_node 2 -m bench collectives ...) "
                   "or pass --launch-local N", file=sys.stderr)
             return 2
-        args = list(a._argv)
-        i = args.index("--launch-local")
-        del args[i:i + 2]
-        q = None if a.no_wait else _quiet(a)
-        return _torchrun(a.launch_local, args + ["--no-wait"], quiet=q)
+        return _relaunch(a, "--launch-local", a.launch_local)
     q = _quiet(a) if os.environ.get("RANK") == "0" else None
     run_collectives(a.platform, a.out or SAMPLES / a.platform, device=a.device, dtype=a.dtype,
                     collectives=tuple(a.collectives), n_sizes=a.sizes, min_bytes=a.min_bytes,
@@ -133,10 +138,7 @@ def cmd_speed_check(a) -> int:
     from .speed import run_speed_check
     ws = int(os.environ.get("WORLD_SIZE", "1"))
     if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun
-        args = list(a._argv)
-        i = args.index("--ranks")
-        del args[i:i + 2]
-        return _torchrun(a.ranks, args)
+        return _relaunch(a, "--ranks", a.ranks, wait_quiet=False)
     try:
         sc = run_speed_check(a.platform, a.samples or SAMPLES / a.platform, threads=a.threads, per_op=a.per_op,
                              log=_log)

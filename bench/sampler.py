@@ -33,6 +33,34 @@ def _dist():
     return dist
 
 
+def rank_device(device: str) -> str:
+    """This rank's device: plain "cuda" becomes the GPU of its LOCAL_RANK, and a GPU is made current."""
+    if device.startswith("cuda"):
+        import torch
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        device = f"cuda:{local}" if device == "cuda" else device
+        torch.cuda.set_device(torch.device(device))
+    return device
+
+
+def time_on_every_rank(fn, setup, *, device: str, target_s: float) -> tuple[float, float, Any]:
+    """Time `fn` on every rank at once (a barrier first, under torchrun): (mean of the ranks' medians,
+    the slowest rank's median, this rank's Timing). Without torchrun: (median, median, Timing)."""
+    dist = _dist()
+    if dist:
+        dist.barrier()
+    tm = time_call(fn, setup, device=device, target_s=target_s)
+    med = rank_max = tm.median_s
+    if dist:
+        import torch
+        t = torch.tensor([med], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        mx = torch.tensor([med], dtype=torch.float64)
+        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+        med, rank_max = float(t[0]) / dist.get_world_size(), float(mx[0])
+    return med, rank_max, tm
+
+
 def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, ...] = D.DEFAULT_OPS,
             device: str = "cpu", dtype: str = "fp32", threads: int | None = None, budget_s: float | None = None,
             n_per_op: int = 64, profile: "str | D.Profile" = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0,
@@ -49,10 +77,7 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
     world = dist.get_world_size() if dist else 1
     if threads:
         torch.set_num_threads(int(threads))
-    if device.startswith("cuda"):
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        device = f"cuda:{local}" if device == "cuda" else device
-        torch.cuda.set_device(torch.device(device))
+    device = rank_device(device)
     out = Path(out_dir)
     lead = rank == 0
     if lead:
@@ -132,18 +157,7 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
             if p.key(ps, dtype) in done:
                 continue
             setup, fn = kernels[ps]
-            if dist:
-                dist.barrier()
-            tm = time_call(fn, setup, device=device, target_s=target_s)
-            med = tm.median_s
-            rank_max = med
-            if dist:
-                t = torch.tensor([med, med], dtype=torch.float64)
-                dist.all_reduce(t[:1], op=dist.ReduceOp.SUM)
-                mx = t[1:].clone()
-                dist.all_reduce(mx, op=dist.ReduceOp.MAX)
-                med, rank_max = float(t[0]) / world, float(mx[0])
-            results[ps] = (med, rank_max, tm)
+            results[ps] = time_on_every_rank(fn, setup, device=device, target_s=target_s)
         del kernels
         return results
 

@@ -13,7 +13,6 @@ way (same threads, same concurrent ranks, the same timer and statistic).
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,8 +25,7 @@ from predictor.speed import SpeedCheck, speed_factor
 
 from . import design as D
 from . import env, opbench, store_io
-from .sampler import _dist
-from .timing import time_call
+from .sampler import _dist, rank_device, time_on_every_rank
 
 
 def sampling_runs(samples_dir: Path) -> list[dict]:
@@ -91,9 +89,7 @@ def run_speed_check(platform: str, samples_dir: str | Path, *, device: str | Non
         raise ValueError(f"{platform} was sampled with {sampled_world} concurrent rank(s); run the speed check "
                          f"with the same number (--ranks {sampled_world})")
     torch.set_num_threads(int(threads or last.get("threads") or torch.get_num_threads()))
-    if device.startswith("cuda"):
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if device == "cuda" else device
-        torch.cuda.set_device(torch.device(device))
+    device = rank_device(device)
     refs = reference_points(samples_dir, per_op)
     t0 = time.monotonic()
     load0 = env.loadavg()
@@ -108,13 +104,7 @@ def run_speed_check(platform: str, samples_dir: str | Path, *, device: str | Non
         kernels = opbench.build(p.op, {**p.shape, **p.extra}, dtype, device)
         for ps, old in stored.items():
             setup, fn = kernels[ps]
-            if dist:
-                dist.barrier()
-            med = time_call(fn, setup, device=device, target_s=target_s).median_s
-            if dist:
-                t = torch.tensor([med], dtype=torch.float64)
-                dist.all_reduce(t)
-                med = float(t[0]) / world
+            med = time_on_every_rank(fn, setup, device=device, target_s=target_s)[0]
             then.append(old)
             now.append(med)
             ops.append(p.op)
