@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from . import params
+from .params import padded_vocab  # noqa: F401  (re-exported: callers import it from specs)
+
 ARCHS = ("gpt", "llama")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTES = ("none", "selective", "full")
@@ -67,28 +70,14 @@ class ModelSpec:
         return self.hidden_size // self.num_heads
 
     def params_per_layer(self) -> int:
-        """Parameters of one transformer layer (weights and biases/norm gains)."""
-        h, hd = self.hidden_size, self.head_dim
-        qkv = h * (self.num_heads + 2 * self.kv_heads) * hd
-        attn_out = h * h
-        if self.arch == "llama":
-            mlp = 3 * h * self.ffn
-            norms = 2 * h
-            biases = 0
-        else:
-            mlp = 2 * h * self.ffn
-            norms = 4 * h  # two LayerNorms, gain + bias
-            biases = (self.num_heads + 2 * self.kv_heads) * hd + h + self.ffn + h
-        return qkv + attn_out + mlp + norms + biases
+        """Parameters of one transformer layer (weights and biases/norm gains); see predictor.params."""
+        return params.layer_params(self)
 
     def embedding_params(self, tp: int = 1) -> int:
         return padded_vocab(self.vocab_size, tp) * self.hidden_size
 
     def total_params(self) -> int:
-        emb = self.embedding_params()
-        head = 0 if self.tied_embeddings else emb
-        final_norm = self.hidden_size * (1 if self.arch == "llama" else 2)
-        return self.num_layers * self.params_per_layer() + emb + head + final_norm
+        return params.total_params(self)
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -213,12 +202,6 @@ class Layout:
                 raise InfeasibleConfig(
                     "vpp", f"{model.num_layers} layers do not split evenly into pp*vpp = {chunks} chunks.",
                     "choose vpp so that layers / (pp*vpp) is an integer.")
-
-
-def padded_vocab(vocab_size: int, tp: int = 1, multiple: int = 128) -> int:
-    """Megatron pads the vocabulary to a multiple of `multiple * tp`."""
-    m = multiple * tp
-    return ((vocab_size + m - 1) // m) * m
 
 
 def _flag(name: str) -> str:
