@@ -2,60 +2,66 @@
 
     python -m predictor calibrate-host --platform dgx-a100-80gb
 
-Every run is decomposed and timed once (kernel and collective times from the regressors, no host
-term); the two parameters of `predictor.overhead.HostOverhead` are then searched on a grid, each
-candidate re-composing all runs with the closed-form schedule. Cross-validation holds out whole
-models (same architecture and sizes), so the reported CV MAPE is the error on models the fit never
-saw. Writes models_store/<platform>/host_overhead.json.
+The runs are prepared once for the step-time engine (units timed, rows grouped by model); the two
+parameters of `predictor.overhead.HostOverhead` are then searched on a grid, each candidate
+re-composing every run through the engine with that host term (the same composition `predict`
+uses). Cross-validation holds out whole models (same architecture and sizes), so the reported CV
+MAPE is the error on models the fit never saw. Writes models_store/<platform>/host_overhead.json.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from .compose import ChunkTimes, ComposeOptions, compose
+from . import paths
+from .compose import ComposeOptions
+from .engine import rows_for
 from .layout_io import layout_from_fields, model_from_fields
 from .overhead import HostOverhead, fit_host_overhead, save_host_overhead
-from .platforms import get_platform
-from .predict import MODELS_DIR, Predictor, platform_options
-from .specs import InfeasibleConfig
+from .predict import Predictor
+from .specs import InfeasibleConfig, Layout, ModelSpec
 
 MODEL_KEY = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len")
 
 
-def _prepare(runs: pd.DataFrame, platform_id: str, models_dir) -> tuple[list, np.ndarray, np.ndarray]:
-    pr = Predictor(platform_id, models_dir, ComposeOptions(simulate=False, host_overhead=False))
-    items, meas, groups = [], [], []
+def runs_to_items(runs: pd.DataFrame) -> tuple[list[tuple[ModelSpec, Layout]], np.ndarray, np.ndarray, int]:
+    """(model, layout) per usable run, measured step times, model groups, runs skipped as infeasible."""
+    items, meas, groups, skipped = [], [], [], 0
     for row in runs.to_dict(orient="records"):
         try:
             model, layout = model_from_fields(row), layout_from_fields(row)
-            plans, _rows, chunks, tails = pr.chunk_times(model, layout)
+            layout.validate(model)
         except InfeasibleConfig:
+            skipped += 1
             continue
-        items.append((layout, [p.layers for p in plans], chunks, tails))
+        items.append((model, layout))
         meas.append(float(row["step_time_s"]))
         groups.append("|".join(str(row.get(k)) for k in MODEL_KEY))
-    return items, np.array(meas), np.array(groups)
+    return items, np.array(meas), np.array(groups), skipped
 
 
-def make_evaluator(items: list, options: ComposeOptions = ComposeOptions()) -> Callable[[float, float], np.ndarray]:
-    """`evaluate(h, p)`: the step time of every item with that host overhead. `options` should be the
-    predictor's (platform_options), so the fit sees the same overlap rules as predict."""
-    opts = replace(options, simulate=False)
+def make_evaluator(predictor: Predictor, items: Sequence[tuple[ModelSpec, Layout]],
+                   options: ComposeOptions | None = None) -> Callable[[float, float], np.ndarray]:
+    """`evaluate(h, p)`: the step time of every (model, layout) with that host overhead (h seconds per
+    layer pass, blend p; h = 0: none), composed by the engine exactly as `predict` composes it."""
+    by: dict[tuple, list[int]] = {}
+    for i, (m, L) in enumerate(items):
+        by.setdefault((m, L.seq_len, L.precision), []).append(i)
+    groups = []
+    for (m, seq, prec), idx in by.items():
+        rows, structs = rows_for(m, [items[i][1] for i in idx])
+        groups.append((m, seq, prec, np.array(idx), rows, structs))
+    opts = options or predictor.options
+    eng = predictor.engine
 
     def evaluate(h: float, p: float) -> np.ndarray:
-        host = HostOverhead(h, p)
+        host = HostOverhead(h, p) if h > 0 else None
         out = np.empty(len(items))
-        for i, (layout, layers, chunks, tails) in enumerate(items):
-            chs = [ChunkTimes(c.stage, c.chunk, dict(c.fwd), dict(c.bwd), c.recompute_s) for c in chunks] if h > 0 else chunks
-            if h > 0:
-                for n, ch in zip(layers, chs):
-                    Predictor._add_host(ch, n, layout.recompute, host)
-            out[i] = compose(chs, tails, pp=layout.pp, vpp=layout.vpp, m=layout.num_micro_batches,
-                             schedule=layout.schedule, options=opts).step_time_s
+        for m, seq, prec, idx, rows, structs in groups:
+            ev = eng.evaluate(m, rows, structs, seq, prec, host=host, options=opts, provenance=False)
+            out[idx] = ev.step_time_s
         return out
     return evaluate
 
@@ -63,16 +69,23 @@ def make_evaluator(items: list, options: ComposeOptions = ComposeOptions()) -> C
 def calibrate_host(platform_id: str, store_path=None, models_dir=None, folds: int = 5,
                    progress: Callable[[str], None] | None = None, save: bool = True):
     from .store import read_measured_runs
+    if not isinstance(folds, int) or folds < 2:
+        raise InfeasibleConfig("folds", f"must be an integer >= 2, got {folds!r}.",
+                               "use e.g. --folds 5 (cross-validation holds out whole models).")
     runs = read_measured_runs(platform=platform_id, store_path=store_path)
     if runs.empty:
-        raise InfeasibleConfig(f"platform '{platform_id}' has no measured runs in the store: ingest some first "
-                               f"(python -m predictor ingest runs.csv), then calibrate")
-    items, meas, groups = _prepare(runs, platform_id, models_dir)
+        raise InfeasibleConfig("platform", f"'{platform_id}' has no measured runs in the store.",
+                               "ingest some first (python -m predictor ingest runs.csv), then calibrate.")
+    items, meas, groups, _skipped = runs_to_items(runs)
+    if len(items) < 2 or len(set(groups)) < 2:
+        raise InfeasibleConfig("platform", f"'{platform_id}' has {len(items)} usable measured runs of "
+                                           f"{len(set(groups))} models; the fit needs runs of at least 2 models.",
+                               "measure more models on this platform.")
+    pr = Predictor(platform_id, models_dir, ComposeOptions(simulate=False, host_overhead=False))
     if progress:
-        progress(f"{len(items)} runs of {len(set(groups))} models decomposed; fitting")
+        progress(f"{len(items)} runs of {len(set(groups))} models prepared; fitting")
     sources = ", ".join(sorted(map(str, runs["source"].dropna().unique())))[:300] if "source" in runs else "store"
-    opts = platform_options(get_platform(platform_id), ComposeOptions())
-    ho, report = fit_host_overhead(make_evaluator(items, opts), meas, groups, folds=folds,
+    ho, report = fit_host_overhead(make_evaluator(pr, items), meas, groups, folds=min(folds, len(set(groups))),
                                    source=f"{len(items)} measured runs: {sources}", progress=progress)
-    path = save_host_overhead(models_dir or MODELS_DIR, platform_id, ho, report) if save else None
+    path = save_host_overhead(paths.models_dir(models_dir), platform_id, ho, report) if save else None
     return ho, report, path

@@ -13,7 +13,7 @@ from .specs import InfeasibleConfig
 
 def _console():
     from rich.console import Console
-    return Console(highlight=False, soft_wrap=False, width=140)
+    return Console(highlight=False, soft_wrap=False)
 
 
 def _progress_printer(quiet: bool):
@@ -53,41 +53,26 @@ def cmd_train(a: argparse.Namespace) -> int:
 def cmd_platforms(a: argparse.Namespace) -> int:
     from rich.table import Table
 
+    from .backing import describe_backing
     from .platforms import load_platforms
     from .predict import Predictor
     rows = []
     for pid, p in sorted(load_platforms(a.clusters).items()):
-        pr = Predictor(p)
-        ops = "none"
-        if pr.bank is not None:
-            own = p.op_models == pid or pr._same_device()
-            ops = f"{'measured' if own else 'transferred'}: {p.op_models} ({len(pr.bank.ops_available())} op models)"
-        elif p.op_models:
-            ops = f"{p.op_models} (models missing: run `python -m predictor train --platform {p.op_models}`)"
-        else:
-            ops = "analytical (roofline from specs)"
-        if pr.coll_bank is not None:
-            coll = f"measured: {p.collective_models}; analytic beyond the sampled range"
-        else:
-            coll = "analytic " + (f"(calibrated: {pr.network.intra.source})" if pr.network.calibrated else "(link specs)")
-        host = (f"{pr.host.host_s_per_layer_pass * 1e3:.2f} ms/layer-pass (CV {pr.host.cv_mape:.1%})"
-                if pr.host is not None else "not modelled")
-        err = pr.end_to_end_error()
-        v = f"MAPE {err[0]:.1%} on {err[1]} runs{err[2]}" if err is not None else "-"
-        rows.append({"platform": pid, "device": p.device.name, "gpus_per_node": p.gpus_per_node,
-                     "intra": f"{p.intra_node.kind} {p.intra_node.bandwidth_gbps:g} GB/s",
-                     "inter": f"{p.inter_node.kind} {p.inter_node.bandwidth_gbps:g} GB/s",
-                     "operators": ops, "collectives": coll, "host_overhead": host,
-                     "speed_check": f"x{pr.speed.speed_factor:.3f} ({pr.speed.measured_at[:16]})" if pr.speed else "-",
-                     "end_to_end": v})
+        b = describe_backing(Predictor(p))
+        rows.append(({"platform": pid, "device": p.device.name, "gpus_per_node": p.gpus_per_node,
+                      "intra": f"{p.intra_node.kind} {p.intra_node.bandwidth_gbps:g} GB/s",
+                      "inter": f"{p.inter_node.kind} {p.inter_node.bandwidth_gbps:g} GB/s", **b.to_dict()}, b.short))
     if a.json:
-        print(json.dumps(rows, indent=2))
+        print(json.dumps([r for r, _ in rows], indent=2))
         return 0
-    t = Table(title="Platforms")
-    for k in rows[0]:
-        t.add_column(k)
-    for r in rows:
-        t.add_row(*[str(v) for v in r.values()])
+    t = Table(title="Platforms: what each prediction rests on (full sentences: --json)")
+    t.add_column("platform", no_wrap=True)  # the id one types: never cut
+    t.add_column("GPUs/node", justify="right")
+    for k in ("operators", "collectives", "host overhead", "end to end"):
+        t.add_column(k, overflow="fold")
+    for r, sh in rows:
+        t.add_row(r["platform"], str(r["gpus_per_node"]), sh["operators"], sh["collectives"], sh["host_overhead"],
+                  sh["end_to_end"])
     _console().print(t)
     return 0
 
@@ -171,30 +156,54 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
 
 def predict_rows(df, models_dir=None, progress=None):
-    """Predict every row of a batch DataFrame; infeasible rows get their message in `error`."""
+    """Predict every row of a batch DataFrame; infeasible rows get their message in `error` and the batch
+    goes on. Rows are parsed one by one, then predicted per platform through the engine in a few
+    vectorised groups (`Predictor.predict_many`)."""
     import pandas as pd
 
     from .predict import get_predictor
-    out = []
-    n = len(df)
-    for i, row in enumerate(df.to_dict(orient="records")):
-        res = {c: row.get(c) for c in df.columns}
+    records = df.to_dict(orient="records")
+    n = len(records)
+    out: list[dict] = [{c: r.get(c) for c in df.columns} for r in records]
+    by_platform: dict[str, list[tuple[int, object, object]]] = {}
+    for i, row in enumerate(records):
         try:
-            if not row.get("platform") or (isinstance(row.get("platform"), float)):
+            plat = row.get("platform")
+            if plat is None or (isinstance(plat, float)) or not str(plat).strip():
                 raise InfeasibleConfig("platform", "is empty.", "name a platform id (see `python -m predictor platforms`).")
             model = model_from_fields(row)
             layout = layout_from_fields(row)
-            p = get_predictor(str(row["platform"]).strip(), models_dir).predict(model, layout, timeline=False)
-            res.update({"step_time_s": p.step_time_s, **{f"{k}_s": v for k, v in p.breakdown_s.items()},
-                        "tokens_per_s": p.tokens_per_s, "mfu": p.mfu, "expected_error": p.expected_error,
-                        "provenance": p.provenance, "error": ""})
+            layout.validate(model)
+            by_platform.setdefault(str(plat).strip(), []).append((i, model, layout))
         except InfeasibleConfig as e:
-            res.update({"step_time_s": None, "error": str(e)})
-        except Exception as e:  # noqa: BLE001 - one bad row must not stop the batch
-            res.update({"step_time_s": None, "error": f"{type(e).__name__}: {e}"})
-        out.append(res)
-        if progress and (i + 1) % 100 == 0:
-            progress(i + 1, n, "rows predicted")
+            out[i].update({"step_time_s": None, "error": str(e)})
+    done = 0
+    for plat, items in by_platform.items():
+        try:
+            P = get_predictor(plat, models_dir)
+            ok = []
+            for i, model, layout in items:
+                try:
+                    P.check_runs(layout)
+                    P.platform.device.check_precision(layout.precision)
+                    ok.append((i, model, layout))
+                except InfeasibleConfig as e:
+                    out[i].update({"step_time_s": None, "error": str(e)})
+            preds = P.predict_many([(m, L) for _, m, L in ok])
+        except InfeasibleConfig as e:
+            for i, _, _ in items:
+                out[i].update({"step_time_s": None, "error": str(e)})
+            continue
+        for (i, _m, _L), p in zip(ok, preds):
+            bd = {f"{k}_s": v for k, v in p.breakdown_s.items()}
+            if not p.host_overhead_modelled:
+                bd["host_overhead_s"] = None  # not modelled: empty, never a measured-looking 0
+            out[i].update({"step_time_s": p.step_time_s, **bd, "tokens_per_s": p.tokens_per_s, "mfu": p.mfu,
+                           "memory_gib": p.memory_gib, "fits": p.fits_memory, "expected_error": p.expected_error,
+                           "provenance": p.provenance, "warnings": " ".join(p.warnings), "error": ""})
+        done += len(items)
+        if progress:
+            progress(done, n, "rows predicted")
     return pd.DataFrame(out)
 
 

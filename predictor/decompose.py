@@ -1,25 +1,34 @@
 """One training step of a decoder-only transformer as operator and collective calls.
 
-`decompose(model, layout, platform)` returns one `StagePlan` per pipeline chunk
-(pp * vpp of them, in pipeline order). Each plan lists, for ONE micro-batch on ONE
-GPU of that chunk, the operator calls of the forward pass, the backward pass and the
-recomputation, and the collectives on the critical path; plus, once per step, the
-optimizer and the data-parallel gradient traffic.
+The step is built from a few *units*, each a list of calls for ONE micro-batch on ONE GPU:
 
-Conventions follow Megatron-LM: column-parallel QKV / MLP-up, row-parallel
-attention-out / MLP-down (two all-reduces per layer in forward and two in backward,
-or all-gather + reduce-scatter with sequence parallelism), vocab-parallel embedding,
-LM head and cross-entropy, vocabulary padded to a multiple of 128*tp.
+  layer_unit   one transformer layer: forward, backward and recomputation calls, and its
+               tensor-parallel exchanges
+  first_unit   what the first pipeline chunk adds: the embedding (+ GPT's position add)
+  last_unit    what the last chunk adds: final norm, LM head, cross-entropy
+  step_work    once per step for one chunk: the optimizer and the data-parallel traffic (per
+               micro-batch for ZeRO-2/3, where parameters are gathered unit by unit)
+
+`decompose(model, layout, platform)` assembles them into one `StagePlan` per pipeline chunk
+(pp * vpp of them, in pipeline order); the step-time engine (`predictor.engine`) uses the units
+directly and scales them by the layers of each chunk, so both see the same calls.
+
+Conventions follow Megatron-LM: column-parallel QKV / MLP-up, row-parallel attention-out /
+MLP-down (two all-reduces per layer in forward and two in backward, or all-gather +
+reduce-scatter with sequence parallelism), vocab-parallel embedding, LM head and cross-entropy,
+vocabulary padded to a multiple of 128*tp.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from . import params
 from .ops import SHAPE_COLUMNS
 from .platforms import Platform
-from .specs import BYTES_PER_ELEMENT, Layout, ModelSpec, padded_vocab
+from .specs import BYTES_PER_ELEMENT, Layout, ModelSpec, grad_comm_bytes
 
 Shape = tuple  # values in ops.SHAPE_COLUMNS order, None where unused
+Topology = tuple[int, int, int]  # (ranks, nodes, gpus_per_node) of a communication group
 
 
 def make_shape(**kw: int | None) -> Shape:
@@ -57,6 +66,26 @@ class CommCall:
     nodes: int
     gpus_per_node: int
 
+    @property
+    def key(self) -> tuple:
+        """What the predicted time depends on."""
+        return (self.collective, self.message_bytes, self.nodes, self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The calls of one unit for one micro-batch (counts are per micro-batch)."""
+    ops: tuple[OpCall, ...] = ()
+    comms: tuple[CommCall, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """Once-per-step work of one chunk, and its per-micro-batch ZeRO-2/3 traffic."""
+    step_ops: tuple[OpCall, ...] = ()
+    step_comms: tuple[CommCall, ...] = ()
+    mb_comms: tuple[CommCall, ...] = ()   # per micro-batch (ZeRO-2/3 gathers and reduce-scatters)
+
 
 @dataclass
 class StagePlan:
@@ -83,16 +112,28 @@ def split_layers(num_layers: int, chunks: int) -> list[int]:
     return counts
 
 
-def group_topology(platform: Platform, layout: Layout, group: str) -> tuple[int, int, int]:
+def chunk_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
+    """Layers of each pipeline chunk in pipeline order (the layout's split, or the even one)."""
+    if layout.stage_layers:
+        return [int(n) for n in layout.stage_layers]
+    return split_layers(model.num_layers, layout.pp * layout.vpp)
+
+
+def group_topology(platform: Platform, layout: Layout, group: str) -> Topology:
     """(ranks, nodes, gpus_per_node) of a communication group under Megatron's rank order
     (tp fastest, then dp, then pp), with ranks packed onto nodes of `platform.gpus_per_node`."""
-    g = platform.gpus_per_node
+    return topology(platform.gpus_per_node, layout.tp, layout.dp, layout.pp, group)
+
+
+def topology(gpus_per_node: int, tp: int, dp: int, pp: int, group: str) -> Topology:
+    """`group_topology` from the degrees (what the engine calls for many layouts)."""
+    g = gpus_per_node
     if group == "tp":
-        size, stride = layout.tp, 1
+        size, stride = tp, 1
     elif group == "dp":
-        size, stride = layout.dp, layout.tp
+        size, stride = dp, tp
     elif group in ("pp", "embedding"):
-        size, stride = (layout.pp if group == "pp" else 2), layout.tp * layout.dp
+        size, stride = (pp if group == "pp" else 2), tp * dp
     else:
         raise ValueError(group)
     if size <= 1:
@@ -102,154 +143,147 @@ def group_topology(platform: Platform, layout: Layout, group: str) -> tuple[int,
     return size, nodes, per_node
 
 
-def _layer_params_per_gpu(model: ModelSpec, tp: int) -> int:
+# --------------------------------------------------------------------------------------- units
+def _norm(model: ModelSpec) -> str:
+    return "rmsnorm" if model.arch == "llama" else "layernorm"
+
+
+def _tp_comms(kind: str, phase: str, count: float, act_bytes: int, tp_topo: Topology) -> list[CommCall]:
+    """A tensor-parallel exchange of one [b, s, h] activation."""
+    if tp_topo[0] <= 1:
+        return []
+    return [CommCall(kind, act_bytes, "tp", phase, count, *tp_topo)]
+
+
+def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str) -> list[OpCall]:
     h = model.hidden_size
-    norm = 2 * h if model.arch == "llama" else 4 * h
-    return (model.params_per_layer() - norm) // tp + norm
-
-
-def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[StagePlan]:
-    layout.validate(model)
-    chunks = layout.pp * layout.vpp
-    layer_counts = list(layout.stage_layers) if layout.stage_layers else split_layers(model.num_layers, chunks)
-    tp, b, s, h = layout.tp, layout.micro_batch, layout.seq_len, model.hidden_size
-    elem = BYTES_PER_ELEMENT[layout.precision]
-    sp = layout.sequence_parallel
-    s_sp = s // tp if sp else s
-    vp = padded_vocab(model.vocab_size, tp)
-    act_bytes = b * s * h * elem
-
-    tp_topo = group_topology(platform, layout, "tp")
-    pp_topo = group_topology(platform, layout, "pp")
-    dp_topo = group_topology(platform, layout, "dp")
-
-    def tp_comm(kind: str, phase: str, count: float = 1.0) -> list[CommCall]:
-        """A tensor-parallel exchange of one [b, s, h] activation."""
-        if tp == 1:
-            return []
-        return [CommCall(kind, act_bytes, "tp", phase, count, *tp_topo)]
-
-    def layer_fwd(phase: str) -> tuple[list[OpCall], list[CommCall]]:
-        norm = "rmsnorm" if model.arch == "llama" else "layernorm"
-        shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
-        ops: list[OpCall] = []
-        p = "fwd"
-        ops.append(OpCall(norm, p, shp_norm, 2, phase, "layer"))
-        ops.append(OpCall("qkv_proj", p, make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
-                                                     kv_heads=model.kv_heads), 1, phase, "layer"))
-        if model.arch == "llama":
-            ops.append(OpCall("rope", p, make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads), 1, phase, "layer"))
-        ops += attention_core(p, phase)
-        ops.append(OpCall("attn_out_proj", p, make_shape(tp=tp, batch=b, seq=s, hidden=h), 1, phase, "layer"))
-        ops.append(OpCall("res_add", p, shp_norm, 2, phase, "layer"))
-        if model.arch == "llama":
-            ops.append(OpCall("mlp_up", p, make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=2 * model.ffn), 1, phase, "layer"))
-            ops.append(OpCall("swiglu", p, make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=model.ffn), 1, phase, "layer"))
-        else:
-            ops.append(OpCall("mlp_up", p, make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=model.ffn), 1, phase, "layer"))
-            ops.append(OpCall("gelu", p, make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=model.ffn), 1, phase, "layer"))
-        ops.append(OpCall("mlp_down", p, make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=model.ffn), 1, phase, "layer"))
-        if sp:
-            comms = tp_comm("allgather", phase, 2) + tp_comm("reducescatter", phase, 2)
-        else:
-            comms = tp_comm("allreduce", phase, 2)
-        return ops, comms
-
-    def attention_core(p: str, phase: str) -> list[OpCall]:
-        if model.attention_impl == "flash":
-            return [OpCall("flash_attn", p, make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
+    if model.attention_impl == "flash":
+        return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
                                                         kv_heads=model.kv_heads), 1, phase, "layer")]
-        shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads)
-        # the fused softmax kernel was sampled per rank (tp = 1, heads already divided)
-        shp_sm = make_shape(tp=1, batch=b, seq=s, heads=model.num_heads // tp)
-        return [OpCall("attn_scores", p, shp, 1, phase, "layer"),
-                OpCall("fused_masked_softmax", p, shp_sm, 1, phase, "layer"),
-                OpCall("attn_context", p, shp, 1, phase, "layer")]
+    shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads)
+    # the fused softmax kernel was sampled per rank (tp = 1, heads already divided)
+    shp_sm = make_shape(tp=1, batch=b, seq=s, heads=model.num_heads // tp)
+    return [OpCall("attn_scores", "fwd", shp, 1, phase, "layer"),
+            OpCall("fused_masked_softmax", "fwd", shp_sm, 1, phase, "layer"),
+            OpCall("attn_context", "fwd", shp, 1, phase, "layer")]
 
-    def as_bwd(calls: list[OpCall]) -> list[OpCall]:
-        return [OpCall(c.op, "bwd", c.shape, c.count, "bwd", c.part, c.scale) for c in calls]
 
-    def with_phase(calls: list, phase: str) -> list:
-        out = []
-        for c in calls:
-            out.append(CommCall(c.collective, c.message_bytes, c.group, phase, c.count, c.ranks, c.nodes, c.gpus_per_node)
-                       if isinstance(c, CommCall) else
-                       OpCall(c.op, c.pass_, c.shape, c.count, phase, c.part, c.scale))
-        return out
+def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
+                   phase: str) -> tuple[list[OpCall], list[CommCall]]:
+    h = model.hidden_size
+    s_sp = s // tp if sp else s
+    shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
+    ops = [OpCall(_norm(model), "fwd", shp_norm, 2, phase, "layer"),
+           OpCall("qkv_proj", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
+                                                 kv_heads=model.kv_heads), 1, phase, "layer")]
+    if model.arch == "llama":
+        ops.append(OpCall("rope", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads), 1,
+                          phase, "layer"))
+    ops += _attention_core(model, tp, b, s, phase)
+    ops.append(OpCall("attn_out_proj", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h), 1, phase, "layer"))
+    ops.append(OpCall("res_add", "fwd", shp_norm, 2, phase, "layer"))
+    mlp = make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=model.ffn)
+    if model.arch == "llama":
+        ops.append(OpCall("mlp_up", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=2 * model.ffn), 1,
+                          phase, "layer"))
+        ops.append(OpCall("swiglu", "fwd", mlp, 1, phase, "layer"))
+    else:
+        ops.append(OpCall("mlp_up", "fwd", mlp, 1, phase, "layer"))
+        ops.append(OpCall("gelu", "fwd", mlp, 1, phase, "layer"))
+    ops.append(OpCall("mlp_down", "fwd", mlp, 1, phase, "layer"))
+    if sp:
+        comms = (_tp_comms("allgather", phase, 2, act_bytes, tp_topo)
+                 + _tp_comms("reducescatter", phase, 2, act_bytes, tp_topo))
+    else:
+        comms = _tp_comms("allreduce", phase, 2, act_bytes, tp_topo)
+    return ops, comms
 
-    lf_ops, lf_comms = layer_fwd("fwd")
-    lb_ops = as_bwd(lf_ops)
-    # backward of column/row parallel layers mirrors the forward exchanges
-    lb_comms = with_phase(lf_comms, "bwd")
-    if layout.recompute == "full":
-        lr_ops, lr_comms = with_phase(lf_ops, "recompute"), with_phase(lf_comms, "recompute")
-    elif layout.recompute == "selective" and model.attention_impl != "flash":
-        lr_ops, lr_comms = with_phase(attention_core("fwd", "recompute"), "recompute"), []
+
+def _as_phase(calls: list, phase: str, pass_: str | None = None) -> list:
+    out: list = []
+    for c in calls:
+        if isinstance(c, CommCall):
+            out.append(CommCall(c.collective, c.message_bytes, c.group, phase, c.count, c.ranks, c.nodes,
+                                c.gpus_per_node))
+        else:
+            out.append(OpCall(c.op, pass_ or c.pass_, c.shape, c.count, phase, c.part, c.scale, c.variant))
+    return out
+
+
+def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
+               recompute: str, precision: str, tp_topo: Topology) -> Unit:
+    """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
+    tensor-parallel exchanges) and what recomputation re-runs."""
+    act_bytes = micro_batch * seq_len * model.hidden_size * BYTES_PER_ELEMENT[precision]
+    f_ops, f_comms = _layer_forward(model, tp, micro_batch, seq_len, sequence_parallel, act_bytes, tp_topo, "fwd")
+    b_ops = _as_phase(f_ops, "bwd", "bwd")
+    b_comms = _as_phase(f_comms, "bwd")
+    if recompute == "full":
+        r_ops, r_comms = _as_phase(f_ops, "recompute"), _as_phase(f_comms, "recompute")
+    elif recompute == "selective" and model.attention_impl != "flash":
+        r_ops, r_comms = _attention_core(model, tp, micro_batch, seq_len, "recompute"), []
     else:  # none, or selective with flash attention (which recomputes inside its own kernel)
-        lr_ops, lr_comms = [], []
-
-    emb_params = vp * h // tp
-    final_norm_params = h if model.arch == "llama" else 2 * h
-    plans: list[StagePlan] = []
-    for chunk_idx, n_layers in enumerate(layer_counts):
-        stage = chunk_idx % layout.pp
-        virt = chunk_idx // layout.pp
-        first, last = chunk_idx == 0, chunk_idx == chunks - 1
-        plan = StagePlan(stage=stage, chunk=virt, layers=n_layers, is_first=first, is_last=last, params_per_gpu=0)
-        scale = float(n_layers)
-        plan.ops += [_times(c, scale) for c in lf_ops + lb_ops + lr_ops]
-        plan.comms += [_ctimes(c, scale) for c in lf_comms + lb_comms + lr_comms]
-        params = n_layers * _layer_params_per_gpu(model, tp)
-        if first:
-            shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, vocab=model.vocab_size)
-            plan.ops += [OpCall("embedding", "fwd", shp, 1, "fwd", "embedding"),
-                         OpCall("embedding", "bwd", shp, 1, "bwd", "embedding")]
-            if model.arch == "gpt":  # learned position embedding added to the token embedding
-                shp_add = make_shape(batch=b, seq=s_sp, hidden=h)
-                plan.ops += [OpCall("res_add", "fwd", shp_add, 1, "fwd", "embedding"),
-                             OpCall("res_add", "bwd", shp_add, 1, "bwd", "embedding")]
-            plan.comms += tp_comm("reducescatter" if sp else "allreduce", "fwd")
-            params += emb_params + (s * h if model.arch == "gpt" else 0)
-        if last:
-            norm = "rmsnorm" if model.arch == "llama" else "layernorm"
-            shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
-            shp_head = make_shape(tp=tp, batch=b, seq=s, hidden=h, vocab=model.vocab_size)
-            shp_ce = make_shape(tp=tp, batch=b, seq=s, vocab=model.vocab_size)
-            for p in ("fwd", "bwd"):
-                plan.ops += [OpCall(norm, p, shp_norm, 1, p, "head"),
-                             OpCall("lm_head", p, shp_head, 1, p, "head"),
-                             OpCall("cross_entropy", p, shp_ce, 1, p, "loss")]
-            if sp:
-                plan.comms += tp_comm("allgather", "fwd") + tp_comm("reducescatter", "bwd")
-            else:
-                plan.comms += tp_comm("allreduce", "bwd")
-            if tp > 1:  # vocab-parallel cross-entropy: max, sum-exp and target-logit all-reduces of [b, s] fp32
-                plan.comms.append(CommCall("allreduce", b * s * 4, "tp", "fwd", 3, *tp_topo))
-            params += final_norm_params
-            if not model.tied_embeddings or layout.pp > 1:
-                params += emb_params
-        # pipeline send/recv of one activation (scatter-gather optimisation splits it over tp with SP)
-        p2p_bytes = act_bytes // tp if sp else act_bytes
-        if layout.pp > 1:
-            n_recv = 0 if (first and virt == 0 and stage == 0) else 1
-            n_send = 0 if last else 1
-            count = n_recv + n_send
-            if count:
-                plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "fwd", count, *pp_topo))
-                plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "bwd", count, *pp_topo))
-        plan.params_per_gpu = params
-        _add_step_work(plan, model, layout, dp_topo, platform)
-        plans.append(plan)
-    if model.tied_embeddings and layout.pp > 1:
-        emb_topo = group_topology(platform, layout, "embedding")
-        for plan in plans:
-            if plan.is_first or plan.is_last:
-                plan.step_comms.append(CommCall("allreduce", emb_params * elem, "embedding", "step", 1, *emb_topo))
-    return plans
+        r_ops, r_comms = [], []
+    return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms))
 
 
-def _add_step_work(plan: StagePlan, model: ModelSpec, layout: Layout, dp_topo: tuple[int, int, int],
-                   platform: Platform) -> None:
+def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
+               precision: str, tp_topo: Topology) -> Unit:
+    """What the first chunk adds: the vocab-parallel embedding (and GPT's position add) and its reduction."""
+    b, s, h = micro_batch, seq_len, model.hidden_size
+    act_bytes = b * s * h * BYTES_PER_ELEMENT[precision]
+    shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, vocab=model.vocab_size)
+    ops = [OpCall("embedding", "fwd", shp, 1, "fwd", "embedding"),
+           OpCall("embedding", "bwd", shp, 1, "bwd", "embedding")]
+    if model.arch == "gpt":  # learned position embedding added to the token embedding
+        shp_add = make_shape(batch=b, seq=s // tp if sequence_parallel else s, hidden=h)
+        ops += [OpCall("res_add", "fwd", shp_add, 1, "fwd", "embedding"),
+                OpCall("res_add", "bwd", shp_add, 1, "bwd", "embedding")]
+    comms = _tp_comms("reducescatter" if sequence_parallel else "allreduce", "fwd", 1, act_bytes, tp_topo)
+    return Unit(tuple(ops), tuple(comms))
+
+
+def last_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
+              precision: str, tp_topo: Topology) -> Unit:
+    """What the last chunk adds: final norm, vocab-parallel LM head and cross-entropy."""
+    b, s, h = micro_batch, seq_len, model.hidden_size
+    act_bytes = b * s * h * BYTES_PER_ELEMENT[precision]
+    shp_norm = make_shape(batch=b, seq=s // tp if sequence_parallel else s, hidden=h)
+    shp_head = make_shape(tp=tp, batch=b, seq=s, hidden=h, vocab=model.vocab_size)
+    shp_ce = make_shape(tp=tp, batch=b, seq=s, vocab=model.vocab_size)
+    ops: list[OpCall] = []
+    for p in ("fwd", "bwd"):
+        ops += [OpCall(_norm(model), p, shp_norm, 1, p, "head"),
+                OpCall("lm_head", p, shp_head, 1, p, "head"),
+                OpCall("cross_entropy", p, shp_ce, 1, p, "loss")]
+    if sequence_parallel:
+        comms = (_tp_comms("allgather", "fwd", 1, act_bytes, tp_topo)
+                 + _tp_comms("reducescatter", "bwd", 1, act_bytes, tp_topo))
+    else:
+        comms = _tp_comms("allreduce", "bwd", 1, act_bytes, tp_topo)
+    if tp_topo[0] > 1:  # vocab-parallel cross-entropy: max, sum-exp and target-logit all-reduces of [b, s] fp32
+        comms.append(CommCall("allreduce", b * s * 4, "tp", "fwd", 3, *tp_topo))
+    return Unit(tuple(ops), tuple(comms))
+
+
+def p2p_message_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
+                      precision: str) -> int:
+    """Bytes of one pipeline send/recv: one [b, s, h] activation (the scatter-gather optimisation splits it
+    over tp with sequence parallelism)."""
+    act = micro_batch * seq_len * model.hidden_size * BYTES_PER_ELEMENT[precision]
+    return act // tp if sequence_parallel else act
+
+
+def p2p_calls_per_pass(chunk_index: int, chunks: int, pp: int) -> int:
+    """Sends + receives of one chunk per micro-batch and pass (the first chunk receives nothing, the
+    last sends nothing)."""
+    if pp <= 1:
+        return 0
+    return int(chunk_index != 0) + int(chunk_index != chunks - 1)
+
+
+def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
+              layers: int, first: bool, last: bool, dp_topo: Topology) -> StepWork:
     """The optimizer of one chunk and its data-parallel traffic, by ZeRO stage:
 
     zero_stage  as frameworks name it                         data-parallel traffic of this chunk
@@ -262,49 +296,100 @@ def _add_step_work(plan: StagePlan, model: ModelSpec, layout: Layout, dp_topo: t
                                                                and again in backward, gradient reduce-scatter
     (DeepSpeed ZeRO-2 gathers parameters once per step instead of per micro-batch; with one micro-batch
     per step the two coincide.) Stages 2-3 move one unit at a time (each transformer layer; the
-    embedding / head parameters of the edge chunks), one call per unit, prefetched under compute by
-    `Predictor.predict`; stages 0-1 are bucketed and overlapped with the last backward by `compose`.
-    Gradients travel in `memory.grad_comm_bytes(precision)` bytes per element (fp32 for bf16, as
+    embedding / head parameters of the edge chunks), one call per unit, prefetched under compute;
+    stages 0-1 are bucketed and overlapped with the last backward by `compose`.
+    Gradients travel in `specs.grad_comm_bytes(precision)` bytes per element (fp32 for bf16, as
     Megatron-LM and torchtitan / llm-foundry FSDP reduce them), parameters in the compute precision.
     FSDP x TP: the dp group holds the tp-sharded parameters of this GPU (`dp_topo` strides over tp).
     """
-    from .memory import grad_comm_bytes, layer_params_per_gpu
-    elem = BYTES_PER_ELEMENT[layout.precision]
-    gelem = grad_comm_bytes(layout.precision)
-    params = plan.params_per_gpu
-    shard = layout.dp if layout.zero_stage >= 1 else 1
+    elem = BYTES_PER_ELEMENT[precision]
+    gelem = grad_comm_bytes(precision)
+    n_params = params.chunk_params(model, tp, pp, layers, first, last, seq_len)
+    shard = dp if zero_stage >= 1 else 1
     # the paper samples the optimizer per pipeline-stage kind; a single stage (pp = 1) holds the
     # embedding like a first stage
-    variant = "first" if plan.is_first else "last" if plan.is_last else "middle"
-    plan.step_ops.append(OpCall("optimizer", "step",
-                                make_shape(tp=layout.tp, hidden=model.hidden_size, layers=plan.layers,
-                                           params=max(1, params // shard)), 1, "step", "optimizer",
-                                variant=variant))
-    if layout.dp == 1:
-        return
-    if layout.zero_stage == 0:
-        plan.step_comms.append(CommCall("allreduce", params * gelem, "dp", "step", 1, *dp_topo))
-        return
-    if layout.zero_stage == 1:
-        plan.step_comms.append(CommCall("reducescatter", params * gelem, "dp", "step", 1, *dp_topo))
-        plan.step_comms.append(CommCall("allgather", params * elem, "dp", "step", 1, *dp_topo))
-        return
+    variant = "first" if first else "last" if last else "middle"
+    opt = OpCall("optimizer", "step", make_shape(tp=tp, hidden=model.hidden_size, layers=layers,
+                                                 params=max(1, n_params // shard)), 1, "step", "optimizer",
+                 variant=variant)
+    if dp == 1:
+        return StepWork(step_ops=(opt,))
+    if zero_stage == 0:
+        return StepWork((opt,), (CommCall("allreduce", n_params * gelem, "dp", "step", 1, *dp_topo),))
+    if zero_stage == 1:
+        return StepWork((opt,), (CommCall("reducescatter", n_params * gelem, "dp", "step", 1, *dp_topo),
+                                 CommCall("allgather", n_params * elem, "dp", "step", 1, *dp_topo)))
     # ZeRO-2/3 (FSDP): per micro-batch, unit by unit
-    layer_unit = layer_params_per_gpu(model, layout.tp)
-    units = [(layer_unit, plan.layers)] if plan.layers else []
-    edge = params - plan.layers * layer_unit
+    layer_unit_params = params.layer_params_per_gpu(model, tp)
+    units = [(layer_unit_params, layers)] if layers else []
+    edge = n_params - layers * layer_unit_params
     if edge > 0:
         units.append((edge, 1))
-    for n_params, count in units:
-        plan.comms.append(CommCall("allgather", n_params * elem, "dp", "fwd", count, *dp_topo))
-        if layout.zero_stage == 3:
-            plan.comms.append(CommCall("allgather", n_params * elem, "dp", "bwd", count, *dp_topo))
-        plan.comms.append(CommCall("reducescatter", n_params * gelem, "dp", "bwd", count, *dp_topo))
+    mb: list[CommCall] = []
+    for n, count in units:
+        mb.append(CommCall("allgather", n * elem, "dp", "fwd", count, *dp_topo))
+        if zero_stage == 3:
+            mb.append(CommCall("allgather", n * elem, "dp", "bwd", count, *dp_topo))
+        mb.append(CommCall("reducescatter", n * gelem, "dp", "bwd", count, *dp_topo))
+    return StepWork(step_ops=(opt,), mb_comms=tuple(mb))
 
 
+def embedding_sync(model: ModelSpec, tp: int, pp: int, precision: str, emb_topo: Topology) -> CommCall | None:
+    """Tied embeddings over pp > 1: the first and last stage all-reduce the embedding gradient once per step."""
+    if not (model.tied_embeddings and pp > 1):
+        return None
+    n = params.embedding_params_per_gpu(model, tp)
+    return CommCall("allreduce", n * BYTES_PER_ELEMENT[precision], "embedding", "step", 1, *emb_topo)
+
+
+# ---------------------------------------------------------------------------------- assembly
 def _times(c: OpCall, k: float) -> OpCall:
-    return OpCall(c.op, c.pass_, c.shape, c.count * k, c.phase, c.part, c.scale, c.variant)
+    return replace(c, count=c.count * k)
 
 
 def _ctimes(c: CommCall, k: float) -> CommCall:
-    return CommCall(c.collective, c.message_bytes, c.group, c.phase, c.count * k, c.ranks, c.nodes, c.gpus_per_node)
+    return replace(c, count=c.count * k)
+
+
+def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[StagePlan]:
+    """Every call of one step, one `StagePlan` per pipeline chunk in pipeline order."""
+    layout.validate(model)
+    chunks = layout.pp * layout.vpp
+    counts = chunk_layer_counts(model, layout)
+    tp, b, s, sp, prec = layout.tp, layout.micro_batch, layout.seq_len, layout.sequence_parallel, layout.precision
+    g = platform.gpus_per_node
+    tp_topo = topology(g, tp, layout.dp, layout.pp, "tp")
+    pp_topo = topology(g, tp, layout.dp, layout.pp, "pp")
+    dp_topo = topology(g, tp, layout.dp, layout.pp, "dp")
+    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo)
+    fst = first_unit(model, tp, b, s, sp, prec, tp_topo)
+    lst = last_unit(model, tp, b, s, sp, prec, tp_topo)
+    p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec)
+    emb = embedding_sync(model, tp, layout.pp, prec, topology(g, tp, layout.dp, layout.pp, "embedding"))
+    plans: list[StagePlan] = []
+    for idx, n_layers in enumerate(counts):
+        first, last = idx == 0, idx == chunks - 1
+        plan = StagePlan(stage=idx % layout.pp, chunk=idx // layout.pp, layers=n_layers, is_first=first,
+                         is_last=last, params_per_gpu=params.chunk_params(model, tp, layout.pp, n_layers, first,
+                                                                          last, s))
+        plan.ops += [_times(c, n_layers) for c in lay.ops]
+        plan.comms += [_ctimes(c, n_layers) for c in lay.comms]
+        if first:
+            plan.ops += list(fst.ops)
+            plan.comms += list(fst.comms)
+        if last:
+            plan.ops += list(lst.ops)
+            plan.comms += list(lst.comms)
+        n_p2p = p2p_calls_per_pass(idx, chunks, layout.pp)
+        if n_p2p:
+            plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "fwd", n_p2p, *pp_topo))
+            plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "bwd", n_p2p, *pp_topo))
+        work = step_work(model, tp=tp, pp=layout.pp, dp=layout.dp, zero_stage=layout.zero_stage, precision=prec,
+                         seq_len=s, layers=n_layers, first=first, last=last, dp_topo=dp_topo)
+        plan.step_ops += list(work.step_ops)
+        plan.step_comms += list(work.step_comms)
+        plan.comms += list(work.mb_comms)
+        if emb is not None and (first or last):
+            plan.step_comms.append(emb)
+        plans.append(plan)
+    return plans

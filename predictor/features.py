@@ -112,8 +112,25 @@ def scalar_row(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, Any] | Non
     return out
 
 
+def arrays_from_shapes(shapes: list[tuple], variant: str | None = None) -> dict[str, np.ndarray]:
+    """`shape_arrays` of shape tuples (values in ops.SHAPE_COLUMNS order, None = NULL), all with one
+    optimizer `variant`: the fast path of the predictor (no pandas)."""
+    a = np.array([[np.nan if v is None else v for v in shp] for shp in shapes], dtype="float64")
+    a = a.reshape(len(shapes), len(ops.SHAPE_COLUMNS))
+    out = {c: a[:, j] for j, c in enumerate(ops.SHAPE_COLUMNS)}
+    out["variant"] = np.full(len(shapes), OPTIMIZER_VARIANTS.get(variant, 0.0) if variant else 0.0)
+    return out
+
+
+def _is_shape_arrays(shapes: Any) -> bool:
+    return (isinstance(shapes, dict) and len(shapes) == len(_KEY_COLUMNS)
+            and all(isinstance(shapes.get(c), np.ndarray) and shapes[c].dtype == np.float64 for c in _KEY_COLUMNS))
+
+
 def shape_arrays(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Shape columns as float64 arrays (NaN = NULL), from a DataFrame or a mapping of scalars/arrays."""
+    if _is_shape_arrays(shapes):  # already arrays (arrays_from_shapes)
+        return shapes  # type: ignore[return-value]
     row = scalar_row(shapes) if not isinstance(shapes, pd.DataFrame) or len(shapes) == 1 else None
     if row is not None:  # fast path: one row of scalars
         out = {c: np.array([np.nan if row[c] is None else row[c]], dtype="float64") for c in ops.SHAPE_COLUMNS}

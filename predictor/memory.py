@@ -55,20 +55,12 @@ from typing import Any
 
 import numpy as np
 
-from .specs import BYTES_PER_ELEMENT, InfeasibleConfig, Layout, ModelSpec, padded_vocab
+from . import params
+from .arrayops import unique_rows
+from .params import chunk_params, edge_params, layer_params_per_gpu  # noqa: F401  (re-exported)
+from .specs import BYTES_PER_ELEMENT, GRAD_BYTES, InfeasibleConfig, Layout, ModelSpec, grad_comm_bytes, padded_vocab  # noqa: F401
 
 GIB = float(2 ** 30)
-
-# Gradient element size held between backward and the optimizer, and reduced over data parallel:
-# Megatron-LM forces fp32 gradient accumulation and reduction for bf16, torchtitan / llm-foundry
-# FSDP reduce in fp32 by default; fp16 (DeepSpeed, Megatron fp16) keeps fp16 gradients.
-GRAD_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4}
-
-
-def grad_comm_bytes(precision: str) -> int:
-    """Bytes per gradient element in data-parallel reductions (see GRAD_BYTES)."""
-    return GRAD_BYTES.get(precision, 4)
-
 
 @dataclass(frozen=True)
 class MemoryOptions:
@@ -181,36 +173,6 @@ def bytes_per_param(precision: str, zero_stage: int, dp: int, options: MemoryOpt
     return w_b, g_b, o_b
 
 
-def layer_params_per_gpu(model: ModelSpec, tp: int) -> int:
-    """Parameters of one layer on one GPU: matrices split by tp, norm gains replicated
-    (the convention of decompose.py)."""
-    h = model.hidden_size
-    norm = 2 * h if model.arch == "llama" else 4 * h
-    return (model.params_per_layer() - norm) // tp + norm
-
-
-def edge_params(model: ModelSpec, tp: int, pp: int, first: bool, last: bool) -> int:
-    """Embedding parameters on the first chunk, final norm + LM head on the last (decompose.py)."""
-    h = model.hidden_size
-    emb = padded_vocab(model.vocab_size, tp) * h // tp
-    n = 0
-    if first:
-        n += emb
-    if last:
-        n += h if model.arch == "llama" else 2 * h
-        if not model.tied_embeddings or pp > 1:
-            n += emb
-    return n
-
-
-def chunk_params(model: ModelSpec, tp: int, pp: int, layers: int, first: bool, last: bool, seq_len: int) -> int:
-    """Parameters of one pipeline chunk on one GPU (equals decompose's `params_per_gpu`)."""
-    n = layers * layer_params_per_gpu(model, tp) + edge_params(model, tp, pp, first, last)
-    if first and model.arch == "gpt":
-        n += seq_len * model.hidden_size  # learned position embedding, as decompose counts it
-    return n
-
-
 # ------------------------------------------------------------------------------------- activations
 def _dropout(model: ModelSpec, options: MemoryOptions) -> bool:
     return options.dropout if options.dropout is not None else model.arch == "gpt"
@@ -314,73 +276,125 @@ def in_flight(schedule: str, pp: int, vpp: int, m: int, stage: int) -> int:
     return min(pp - stage, m)
 
 
+def in_flight_array(schedule: str, pp: int, vpp: int, m: np.ndarray) -> np.ndarray:
+    """`in_flight` for R rows and every stage at once: [R, pp]."""
+    m = np.asarray(m, dtype=float)[:, None]
+    s = np.arange(pp)[None, :]
+    if pp == 1:
+        return np.ones((m.shape[0], 1))
+    if schedule == "interleaved":
+        return np.minimum(2 * (pp - s - 1) + (vpp - 1) * pp + 1, m * vpp)
+    if schedule == "gpipe":
+        return np.broadcast_to(m, (m.shape[0], pp)).astype(float)
+    return np.minimum(pp - s, m)
+
+
 def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[list[int]]:
     """Layers of each chunk grouped by physical stage: [[chunk layers on stage 0], ...]."""
-    from .decompose import split_layers
-    chunks = layout.pp * layout.vpp
-    counts = list(layout.stage_layers) if layout.stage_layers else split_layers(model.num_layers, chunks)
+    from .decompose import chunk_layer_counts
     out: list[list[int]] = [[] for _ in range(layout.pp)]
-    for i, n in enumerate(counts):
+    for i, n in enumerate(chunk_layer_counts(model, layout)):
         out[i % layout.pp].append(int(n))
     return out
+
+
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "framework")
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_layers: list[int] | tuple[int, ...],
+                        pp: int, vpp: int, schedule: str, *, tp: np.ndarray, dp: np.ndarray, zero_stage: np.ndarray,
+                        micro_batch: np.ndarray, num_micro_batches: np.ndarray, recompute: np.ndarray,
+                        sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions()
+                        ) -> dict[str, np.ndarray]:
+    """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
+    order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
+    'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
+    `estimate_memory` and the step-time engine."""
+    tp, dp, zero = (np.asarray(x, dtype=np.int64) for x in (tp, dp, zero_stage))
+    mb, rc = np.asarray(micro_batch, dtype=np.int64), np.asarray(recompute, dtype=np.int64)
+    sp = np.asarray(sequence_parallel, dtype=np.int64)
+    n = len(tp)
+    nch = pp * vpp
+    counts = np.asarray(chunk_layers, dtype=float)
+    cstage = np.arange(nch) % pp
+    onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
+    mean_layers = (counts @ onehot) / np.bincount(cstage, minlength=pp)
+    e = BYTES_PER_ELEMENT[precision]
+    g_full = resolved(options, precision)[0]
+    # activations per (tp, micro-batch, SP, recompute)
+    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc]))
+    acts_k = np.array([(activation_bytes_per_layer(model, seq_len, int(b), int(t), bool(s), RECOMPUTE_ORDER[int(r)],
+                                                   precision, options),
+                        full_layer_activation_bytes(model, seq_len, int(b), int(t), bool(s), precision, options),
+                        *edge_activation_bytes(model, seq_len, int(b), int(t), bool(s), precision, options))
+                       for t, b, s, r in keys], dtype=float).reshape(-1, 5)[kinv]
+    act_layer, act_full, act_first, act_last, act_last_tr = (acts_k[:, j] for j in range(5))
+    # parameters per (tp): every chunk, the largest ZeRO unit of the edge stages
+    tps2, tinv = unique_rows(tp[:, None])
+    tps = tps2[:, 0]
+    cparams = np.array([[params.chunk_params(model, int(t), pp, int(counts[i]), i == 0, i == nch - 1, seq_len)
+                         for i in range(nch)] for t in tps], dtype=float)[tinv]
+    lp = np.array([params.layer_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
+    edge_first = np.array([params.chunk_params(model, int(t), pp, 0, True, nch == 1, seq_len) for t in tps],
+                          dtype=float)[tinv]
+    edge_last = np.array([params.chunk_params(model, int(t), pp, 0, nch == 1, True, seq_len) for t in tps],
+                         dtype=float)[tinv]
+    stage_params = cparams @ onehot
+    zd, zinv = unique_rows(np.column_stack([zero, dp]))
+    bpp = np.array([bytes_per_param(precision, int(z), int(d), options) for z, d in zd], dtype=float).reshape(-1, 3)[zinv]
+    k_in = in_flight_array(schedule, pp, vpp, num_micro_batches)
+    acts = k_in * mean_layers[None, :] * act_layer[:, None]
+    k_first = k_in[:, 0] if vpp == 1 else np.ceil(k_in[:, 0] / vpp)
+    acts[:, 0] += k_first * act_first
+    acts[:, -1] += act_last
+    buffers = np.zeros((n, pp))
+    buffers[:, -1] += act_last_tr
+    full = (rc == RECOMPUTE_ORDER.index("full")).astype(float)[:, None]
+    buffers += full * np.maximum(0.0, act_full - act_layer)[:, None]
+    unit = np.repeat(lp[:, None], pp, axis=1)
+    unit[:, 0] = np.maximum(unit[:, 0], edge_first)
+    unit[:, -1] = np.maximum(unit[:, -1], edge_last)
+    sharded = ((zero >= 2) & (dp > 1)).astype(float)[:, None]
+    z3 = ((zero == 3) & (dp > 1)).astype(float)[:, None]
+    buffers += sharded * unit * g_full + z3 * options.zero3_live_units * unit * e
+    return {"weights": stage_params * bpp[:, 0:1], "grads": stage_params * bpp[:, 1:2],
+            "optimizer": stage_params * bpp[:, 2:3], "activations": acts, "buffers": buffers,
+            "framework": np.full((n, pp), options.framework_gib * GIB), "params": stage_params, "in_flight": k_in}
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
                     options: MemoryOptions = MemoryOptions(), hbm_gib: float | None = None) -> MemoryReport:
     """Per-stage peak memory of `layout`. `device`: a DeviceSpec or Platform (for its HBM size),
     or give `hbm_gib`; without either the capacity is reported as infinite."""
+    from .decompose import chunk_layer_counts
     layout.validate(model)
     if hbm_gib is None and device is not None:
         dev = getattr(device, "device", device)
         hbm_gib = float(dev.hbm_gib)
     capacity = (hbm_gib or float("inf")) * GIB
-    usable = capacity * (1.0 - options.allocator_reserve)
-    prec = layout.precision
-    e = BYTES_PER_ELEMENT[prec]
-    tp, pp, vpp = layout.tp, layout.pp, layout.vpp
-    m = layout.num_micro_batches
-    s_len, b = layout.seq_len, layout.micro_batch
-    sp = layout.sequence_parallel
-    w_pp, g_pp, o_pp = bytes_per_param(prec, layout.zero_stage, layout.dp, options)
-    g_full, _, _ = resolved(options, prec)
-    per_layer = activation_bytes_per_layer(model, s_len, b, tp, sp, layout.recompute, prec, options)
-    full_layer = full_layer_activation_bytes(model, s_len, b, tp, sp, prec, options)
-    first_mb, last_stored, last_transient = edge_activation_bytes(model, s_len, b, tp, sp, prec, options)
-    lp = layer_params_per_gpu(model, tp)
-    by_stage = stage_layer_counts(model, layout)
-    n_chunks = pp * vpp
-    stages: list[StageMemory] = []
-    for s, chunk_layers in enumerate(by_stage):
-        params = 0
-        units = [lp] if sum(chunk_layers) else []
-        for v, n in enumerate(chunk_layers):
-            idx = v * pp + s
-            first, last = idx == 0, idx == n_chunks - 1
-            params += chunk_params(model, tp, pp, n, first, last, s_len)
-            edge = chunk_params(model, tp, pp, 0, first, last, s_len)
-            if edge:
-                units.append(edge)
-        has_first = s == 0
-        has_last = s == pp - 1
-        k = in_flight(layout.schedule, pp, vpp, m, s)
-        mean_layers = sum(chunk_layers) / len(chunk_layers)
-        acts = k * mean_layers * per_layer
-        if has_first:
-            acts += (k if vpp == 1 else -(-k // vpp)) * first_mb
-        if has_last:
-            acts += last_stored
-        buffers = last_transient if has_last else 0.0
-        if layout.recompute == "full":
-            buffers += max(0.0, full_layer - per_layer)
-        if layout.zero_stage >= 2 and layout.dp > 1:
-            buffers += max(units) * g_full  # one unit's unsharded gradients before its reduce-scatter
-        if layout.zero_stage == 3 and layout.dp > 1:
-            buffers += options.zero3_live_units * max(units) * e
-        stages.append(StageMemory(
-            stage=s, layers=sum(chunk_layers), params=params, weights_bytes=params * w_pp, grads_bytes=params * g_pp,
-            optimizer_bytes=params * o_pp, activations_bytes=acts, buffers_bytes=buffers,
-            framework_bytes=options.framework_gib * GIB, in_flight=k))
-    return MemoryReport(stages=stages, capacity_bytes=capacity, usable_bytes=usable, options=options)
+    one = lambda v: np.array([v])  # noqa: E731
+    arr = stage_memory_arrays(model, layout.seq_len, layout.precision, chunk_layer_counts(model, layout),
+                              layout.pp, layout.vpp, layout.schedule, tp=one(layout.tp), dp=one(layout.dp),
+                              zero_stage=one(layout.zero_stage), micro_batch=one(layout.micro_batch),
+                              num_micro_batches=one(layout.num_micro_batches),
+                              recompute=one(RECOMPUTE_ORDER.index(layout.recompute)),
+                              sequence_parallel=one(int(layout.sequence_parallel)), options=options)
+    return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
+
+
+def report_from_arrays(arr: dict[str, np.ndarray], row: int, layers_by_stage: list[list[int]], capacity_bytes: float,
+                       options: MemoryOptions = MemoryOptions()) -> MemoryReport:
+    """The MemoryReport of row `row` of `stage_memory_arrays`' answer."""
+    stages = [StageMemory(stage=s, layers=sum(layers_by_stage[s]), params=int(arr["params"][row, s]),
+                          weights_bytes=float(arr["weights"][row, s]), grads_bytes=float(arr["grads"][row, s]),
+                          optimizer_bytes=float(arr["optimizer"][row, s]),
+                          activations_bytes=float(arr["activations"][row, s]),
+                          buffers_bytes=float(arr["buffers"][row, s]), framework_bytes=float(arr["framework"][row, s]),
+                          in_flight=float(arr["in_flight"][row, s]))
+              for s in range(arr["params"].shape[1])]
+    return MemoryReport(stages=stages, capacity_bytes=capacity_bytes,
+                        usable_bytes=capacity_bytes * (1.0 - options.allocator_reserve), options=options)
 
 
 def check_memory(model: ModelSpec, layout: Layout, device: Any,

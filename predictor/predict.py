@@ -8,46 +8,51 @@ Every part of the answer carries the data it rests on:
   transferred  a regressor trained on another device, rescaled by the specs
   stand-in     an op nobody sampled, timed as a related sampled op scaled by work
   analytical   roofline / link specs only (no samples)
+
+The numbers come from the one step-time engine (`predictor.engine`), the same that ranks layouts in
+`predictor.search` and predicts batches (`Predictor.predict_many`).
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
-import pandas as pd
 
-from . import features
-from .compose import ChunkTimes, ComposeOptions, StageTail, compose
-from .decompose import CommCall, OpCall, StagePlan, decompose
-from .network import analytic_time_s, load_network
-from .overhead import HostOverhead, load_host_overhead
-from .ops import SHAPE_COLUMNS, STAND_INS
+from . import features, paths
+from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
+from .decompose import CommCall, OpCall
+from .engine import (HOST_PROVENANCE, RECOMPUTE, Engine, Evaluation, Structure, class_keys, rows_for,
+                     structure_classes, unit_keys)
+from .memory import GIB, MemoryOptions, MemoryReport, report_from_arrays
+from .network import analytic_time_s, expected_error, load_network
+from .ops import STAND_INS
+from .overhead import load_host_overhead
+from .params import layer_matmul_params, padded_vocab
 from .platforms import Platform, get_platform
-from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict, padded_vocab
+from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict
 from .speed import SpeedCheck, load_speed_check
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models_store"
+MODELS_DIR = paths.PACKAGED_MODELS_DIR
 
 
 def default_models_dir() -> Path:
-    """$PREDICTOR_MODELS_DIR if set, else the project's models_store/."""
-    env = os.environ.get("PREDICTOR_MODELS_DIR")
-    return Path(env) if env else MODELS_DIR
+    """$PREDICTOR_MODELS_DIR if set, else the project's models_store/ (see predictor.paths)."""
+    return paths.models_dir()
+
+
 # Efficiency assumed where only the roofline is known (no samples at all): compute-bound ops
 # reach about 60 % of peak, memory-bound ones about 70 % of HBM bandwidth.
 ANALYTIC_EFFICIENCY = 0.6
-# Expected error of parts without validation data behind them.
-ASSUMED_ERROR = {"measured": None, "transferred": 0.15, "stand-in": 0.20, "analytical": 0.30}
-HOST_PROVENANCE = "host overhead (fitted on measured runs)"
+# Expected error of an end-to-end composition not validated on this platform.
+UNVALIDATED_COMPOSITION_ERROR = 0.15
 # Below this much GPU work per layer forward, host (framework) time matters (predictor.overhead).
 SHORT_LAYER_PASS_S = 2e-3
-GEMM_OPS = {"qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "attn_scores", "attn_context", "flash_attn"}
+OP_COLUMNS = ["stage", "chunk", "part", "phase", "op", "pass", "category", "count", "seconds_each", "seconds_total",
+              "provenance", "cv_mape"]
 
 
 @dataclass
@@ -58,7 +63,6 @@ class StepPrediction:
     step_time_s: float
     breakdown_s: dict[str, float]
     detail_s: dict[str, float]
-    ops: pd.DataFrame
     provenance_share: dict[str, float]
     expected_error: float
     error_basis: str
@@ -67,18 +71,42 @@ class StepPrediction:
     mfu: float
     pipeline_s: float
     critical_stage: int
+    memory: MemoryReport | None = None
     timeline: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    host_overhead_modelled: bool = False
+    memory_gib: float = float("nan")    # peak memory per GPU (the fullest stage)
+    fits_memory: bool = True            # whether that peak fits in the device's usable memory
+    op_rows: list[tuple] = field(default_factory=list, repr=False)
+
+    @property
+    def ops(self):
+        """Every operator / collective call of the step with its time (a DataFrame, built on demand)."""
+        import pandas as pd
+        return pd.DataFrame(self.op_rows, columns=OP_COLUMNS)
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_memory
 
     def to_dict(self, with_ops: bool = True) -> dict[str, Any]:
-        d = {
+        d: dict[str, Any] = {
             "platform": self.platform_id, "model": as_dict(self.model), "layout": as_dict(self.layout),
             "step_time_s": self.step_time_s, "expected_error": self.expected_error, "error_basis": self.error_basis,
-            "step_time_range_s": [self.step_time_s * (1 - self.expected_error), self.step_time_s * (1 + self.expected_error)],
-            "breakdown_s": self.breakdown_s, "detail_s": self.detail_s, "provenance_share": self.provenance_share,
-            "tokens_per_s": self.tokens_per_s, "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu,
-            "pipeline_s": self.pipeline_s, "critical_stage": self.critical_stage, "warnings": self.warnings,
+            "step_time_range_s": [self.step_time_s * (1 - self.expected_error),
+                                  self.step_time_s * (1 + self.expected_error)],
+            "breakdown_s": dict(self.breakdown_s), "detail_s": self.detail_s,
+            "provenance_share": self.provenance_share, "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_gpu": self.model_tflops_per_gpu, "mfu": self.mfu, "pipeline_s": self.pipeline_s,
+            "critical_stage": self.critical_stage, "warnings": self.warnings,
+            "host_overhead_modelled": self.host_overhead_modelled,
         }
+        if not self.host_overhead_modelled:  # not modelled: empty, never a measured-looking 0
+            d["breakdown_s"]["host_overhead"] = None
+        d["memory_gib"] = self.memory_gib
+        d["fits"] = self.fits_memory
+        if self.memory is not None:
+            d["memory"] = self.memory.to_dict()
         d["layout"]["stage_layers"] = list(self.layout.stage_layers) if self.layout.stage_layers else None
         if with_ops:
             d["ops"] = self.ops.to_dict(orient="records")
@@ -87,16 +115,15 @@ class StepPrediction:
     @property
     def provenance(self) -> str:
         """One-line summary: the share of predicted time resting on each kind of data."""
-        return "; ".join(f"{k} {v:.0%}" for k, v in sorted(self.provenance_share.items(), key=lambda kv: -kv[1]) if v > 0.0005)
+        return "; ".join(f"{k} {v:.0%}" for k, v in sorted(self.provenance_share.items(), key=lambda kv: -kv[1])
+                         if v > 0.0005)
 
 
 def model_flops_per_step(model: ModelSpec, layout: Layout) -> float:
     """Model FLOPs of one step (forward + backward = 3x forward, no recomputation), counting
     every matmul including attention scores (Megatron's convention, causal mask not discounted)."""
     h, s, L = model.hidden_size, layout.seq_len, model.num_layers
-    hd = model.head_dim
-    matmul_params = h * (model.num_heads + 2 * model.kv_heads) * hd + h * h + (3 if model.arch == "llama" else 2) * h * model.ffn
-    per_token_fwd = 2 * L * matmul_params + 2 * 2 * L * s * h + 2 * h * padded_vocab(model.vocab_size)
+    per_token_fwd = 2 * L * layer_matmul_params(model) + 2 * 2 * L * s * h + 2 * h * padded_vocab(model.vocab_size)
     return 3.0 * per_token_fwd * layout.tokens_per_step
 
 
@@ -109,20 +136,23 @@ def platform_options(platform: Platform, options: ComposeOptions) -> ComposeOpti
 
 
 class Predictor:
-    """Predicts step times on one platform. Holds the regressors, the network model and a
-    cache of operator times, so repeated predictions (search) are cheap."""
+    """Predicts step times on one platform. Holds the regressors, the network model, a cache of
+    operator and collective times and the step-time engine, so repeated predictions are cheap."""
 
     def __init__(self, platform: str | Platform, models_dir: str | Path | None = None,
-                 options: ComposeOptions = ComposeOptions(), speed_check: SpeedCheck | None = None):
+                 options: ComposeOptions = ComposeOptions(), speed_check: SpeedCheck | None = None,
+                 memory_options: MemoryOptions = MemoryOptions()):
         """`speed_check`: scale the measured operator times by this check instead of the platform's saved
         one (models_store/<platform>/speed_check.json, used when `options.speed_check`)."""
+        from .regressors import load_bank
         self.platform = platform if isinstance(platform, Platform) else get_platform(platform)
-        self.models_dir = Path(models_dir) if models_dir else default_models_dir()
+        self.models_dir = paths.models_dir(models_dir)
         self.options = platform_options(self.platform, options)
-        self.bank = _load_bank(self.platform.op_models, str(self.models_dir)) if self.platform.op_models else None
-        self.coll_bank = (_load_bank(self.platform.collective_models, str(self.models_dir))
+        self.bank = load_bank(self.platform.op_models, self.models_dir) if self.platform.op_models else None
+        self.coll_bank = (load_bank(self.platform.collective_models, self.models_dir)
                           if self.platform.collective_models else None)
         self.network = load_network(self.platform, self.models_dir)
+        self.network_error, self.network_basis = expected_error(self.network, self.models_dir)
         self.validation = _load_validation(self.models_dir, self.platform.platform_id)
         self.host = load_host_overhead(self.models_dir, self.platform.platform_id) if options.host_overhead else None
         self.speed, self.notes = speed_check, []
@@ -133,29 +163,41 @@ class Predictor:
                 self.notes.append(f"Speed check ignored: {exc}")
         if self.speed is not None:
             self.notes.append(self.speed.describe() + ".")
+        self.engine = Engine(self, memory_options)
         self._op_cache: dict[tuple, tuple[float, str, float | None]] = {}
         self._comm_cache: dict[tuple, tuple[float, str]] = {}
 
     # ---- operator times -------------------------------------------------------------------
-    def time_ops(self, calls: list[OpCall], precision: str) -> None:
-        """Fill the cache for all (op, pass, shape) in `calls`, one regressor call per (op, pass)."""
-        todo: dict[tuple[str, str, str | None], set] = {}
-        for c in calls:
-            key = (*c.key, precision)
-            if key not in self._op_cache:
-                todo.setdefault((c.op, c.pass_, c.variant), set()).add(c.shape)
-        for (op, pass_, variant), shapes in todo.items():
-            shapes = sorted(shapes, key=lambda t: tuple(-1 if v is None else v for v in t))
-            df = pd.DataFrame(shapes, columns=list(SHAPE_COLUMNS))
-            if variant is not None:
-                df["variant"] = variant
-            secs, prov, err = self._predict_op_group(op, pass_, df, precision)
-            if self.speed is not None and prov == "measured":
-                secs = np.asarray(secs, dtype="float64") * self.speed.speed_factor
-            for shp, t in zip(shapes, secs):
-                self._op_cache[(op, pass_, shp, variant, precision)] = (float(t), prov, err)
+    @property
+    def own_measurements(self) -> bool:
+        """Whether the operator regressors were trained on this very device (measured, not transferred)."""
+        if not self.platform.op_models or self.platform.op_models == self.platform.platform_id:
+            return True
+        try:
+            return get_platform(self.platform.op_models).device.device_id == self.platform.device.device_id
+        except InfeasibleConfig:
+            return False
 
-    def _predict_op_group(self, op: str, pass_: str, df: pd.DataFrame, precision: str):
+    def op_times(self, calls: Sequence[OpCall], precision: str) -> list[tuple[float, str, float | None]]:
+        """(seconds of one call, provenance, expected relative error) per call; one regressor call per
+        (operator, pass) for every shape not cached yet."""
+        todo: dict[tuple[str, str, str | None], dict] = {}
+        cache = self._op_cache
+        for c in calls:
+            if (*c.key, precision) not in cache:
+                todo.setdefault((c.op, c.pass_, c.variant), {})[c.shape] = None
+        for (op, pass_, variant), shp in todo.items():
+            shapes = list(shp)
+            secs, prov, err = self._predict_op_group(op, pass_, features.arrays_from_shapes(shapes, variant),
+                                                     precision)
+            secs = np.asarray(secs, dtype="float64")
+            if self.speed is not None and prov == "measured":
+                secs = secs * self.speed.speed_factor
+            for s, t in zip(shapes, secs):
+                cache[(op, pass_, s, variant, precision)] = (float(t), prov, err)
+        return [cache[(*c.key, precision)] for c in calls]
+
+    def _predict_op_group(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
         """Seconds per shape row, provenance, and the expected relative error of those seconds.
         measured: own regressor (error = its CV MAPE); transferred: the regressor of the sampled platform
         in `op_models`, evaluated on ITS device and rescaled to this one by `transfer.predict_transferred`
@@ -164,7 +206,7 @@ class Predictor:
         dev = self.platform.device
         dev.check_precision(precision)
         dev.check_op(op)
-        own = self.platform.op_models in (None, self.platform.platform_id) or self._same_device()
+        own = self.own_measurements
         src = None if own else transfer.source_device(self.platform)
         tval = None if own else transfer.cached_validation(self.models_dir)
         label = f"transferred from {self.platform.op_models}"
@@ -176,99 +218,211 @@ class Predictor:
                 if alt is not None:
                     pid, abank, adev = alt
                     if adev.device_id == dev.device_id:
-                        return abank.predict_op(op, pass_, df, dev, precision), "measured", abank.op_info(op, pass_).get("cv_mape")
-                    t = transfer.predict_transferred(abank, op, pass_, df, adev, dev, precision)
-                    return (t, f"transferred from {pid} ({self.platform.op_models} samples of it fail the physical bound)",
-                            transfer.transfer_error(transfer.cached_validation(self.models_dir), op, pass_, pid))
+                        return (abank.predict_op(op, pass_, shapes, dev, precision), "measured",
+                                abank.op_info(op, pass_).get("cv_mape"))
+                    t = transfer.predict_transferred(abank, op, pass_, shapes, adev, dev, precision)
+                    return (t, f"transferred from {pid} ({self.platform.op_models} samples of it fail the physical "
+                               f"bound)", transfer.transfer_error(transfer.cached_validation(self.models_dir), op,
+                                                                   pass_, pid))
             if own:
-                return self.bank.predict_op(op, pass_, df, dev, precision), "measured", info.get("cv_mape")
+                return self.bank.predict_op(op, pass_, shapes, dev, precision), "measured", info.get("cv_mape")
             if src is None:  # source platform unknown to the catalog: its regressor on this device's spec
-                return self.bank.predict_op(op, pass_, df, dev, precision), label, transfer.transfer_error(tval)
-            t = transfer.predict_transferred(self.bank, op, pass_, df, src, dev, precision)
+                return self.bank.predict_op(op, pass_, shapes, dev, precision), label, transfer.transfer_error(tval)
+            t = transfer.predict_transferred(self.bank, op, pass_, shapes, src, dev, precision)
             # the measured transfer error already contains the source regressor's own error
             return t, label, transfer.transfer_error(tval, op, pass_, self.platform.op_models)
         stand = STAND_INS.get(op)
         if stand and self.bank is not None and self.bank.has_op(stand, pass_):
             if own or src is None:
-                t = self.bank.predict_op(stand, pass_, df, dev, precision)
+                t = self.bank.predict_op(stand, pass_, shapes, dev, precision)
             else:
-                t = transfer.predict_transferred(self.bank, stand, pass_, df, src, dev, precision)
-            ratio = (features.roofline_s(op, pass_, df, dev, precision)
-                     / features.roofline_s(stand, pass_, df, dev, precision))
+                t = transfer.predict_transferred(self.bank, stand, pass_, shapes, src, dev, precision)
+            ratio = (features.roofline_s(op, pass_, shapes, dev, precision)
+                     / features.roofline_s(stand, pass_, shapes, dev, precision))
             return t * ratio, "stand-in", None
-        t = features.roofline_s(op, pass_, df, dev, precision) / ANALYTIC_EFFICIENCY
+        t = features.roofline_s(op, pass_, shapes, dev, precision) / ANALYTIC_EFFICIENCY
         return t, "analytical", None
 
-    def _same_device(self) -> bool:
-        """Whether the regressors in `op_models` were trained on this very device (then they are
-        this platform's own measurements, not a transfer)."""
-        if not self.platform.op_models:
-            return True
-        try:
-            return get_platform(self.platform.op_models).device.device_id == self.platform.device.device_id
-        except InfeasibleConfig:
-            return False
-
     # ---- collective times -----------------------------------------------------------------
+    def comm_times(self, calls: Sequence[CommCall]) -> list[tuple[float, str]]:
+        """(seconds of one call, provenance) per call; one vectorised network / regressor evaluation per
+        collective for every call not cached yet."""
+        cache = self._comm_cache
+        todo: dict[str, set] = {}
+        for c in calls:
+            if c.ranks > 1 and c.message_bytes > 0 and c.key not in cache:
+                todo.setdefault(c.collective, set()).add(c.key)
+        label = "analytical (calibrated)" if self.network.calibrated else "analytical"
+        for coll, keyset in todo.items():
+            keys = sorted(keyset)
+            S = np.array([k[1] for k in keys], float)
+            N = np.array([k[2] for k in keys])
+            G = np.array([k[3] for k in keys])
+            t = np.asarray(analytic_time_s(self.network, coll, S, N, G), float).copy()
+            prov = [label] * len(keys)
+            cb = self.coll_bank
+            if cb is not None and cb.has_collective(coll):
+                # the sample store (and so the regressors) keeps the paper's convention: an all-gather's
+                # message is the per-rank input; decompose passes the full output buffer
+                Sr = np.maximum(1, (S // (N * G))) if coll == "allgather" else S
+                cov = np.asarray(cb.covers_collective(coll, Sr, N, G), bool)
+                if cov.any():
+                    t[cov] = np.asarray(cb.predict_collective(coll, Sr[cov], N[cov], G[cov], self.platform), float)
+                    for i in np.nonzero(cov)[0]:
+                        prov[i] = "measured"
+            for k, v, pv in zip(keys, t, prov):
+                cache[k] = (float(v), pv)
+        return [(0.0, "none") if c.ranks <= 1 or c.message_bytes <= 0 else cache[c.key] for c in calls]
+
     def time_comm(self, c: CommCall) -> tuple[float, str]:
-        if c.ranks <= 1 or c.message_bytes <= 0:
-            return 0.0, "none"
-        key = (c.collective, c.message_bytes, c.nodes, c.gpus_per_node)
-        hit = self._comm_cache.get(key)
-        if hit is not None:
-            return hit
-        res = None
-        cb = self.coll_bank
-        if cb is not None and cb.has_collective(c.collective):
-            # the sample store (and so the regressors) keeps the paper's convention: an all-gather's
-            # message is the per-rank input; decompose passes the full output buffer
-            msg = max(1, c.message_bytes // (c.nodes * c.gpus_per_node)) if c.collective == "allgather" else c.message_bytes
-            covers = cb.covers_collective(c.collective, np.array([msg]), np.array([c.nodes]),
-                                          np.array([c.gpus_per_node]))
-            if bool(np.asarray(covers)[0]):
-                t = cb.predict_collective(c.collective, np.array([msg]), np.array([c.nodes]),
-                                          np.array([c.gpus_per_node]), self.platform)
-                res = (float(np.asarray(t)[0]), "measured")
-        if res is None:
-            t = analytic_time_s(self.network, c.collective, np.array([c.message_bytes]), np.array([c.nodes]),
-                                np.array([c.gpus_per_node]))
-            calibrated = self.network.intra.source != "link spec" or self.network.inter.source != "link spec"
-            res = (float(t[0]), "analytical" + (" (calibrated)" if calibrated else ""))
-        self._comm_cache[key] = res
-        return res
+        return self.comm_times([c])[0]
 
     # ---- the step -------------------------------------------------------------------------
-    @staticmethod
-    def _add_host(ch: ChunkTimes, layers: int, recompute: str, host: HostOverhead) -> None:
-        """Blend the host time of issuing this chunk's layers with its GPU time (predictor.overhead)."""
-        for phase, d in (("fwd", ch.fwd), ("bwd", ch.bwd)):
-            g = d.get("compute", 0.0) + d.get("tp_comm", 0.0)
-            d["host_overhead"] = float(host.extra_s(g, layers, phase, recompute))
-
     def predict(self, model: ModelSpec, layout: Layout, *, timeline: bool = True) -> StepPrediction:
-        plans, rows, chunks, tails = self.chunk_times(model, layout)
-        if self.host is not None:
-            for plan, ch in zip(plans, chunks):
-                self._add_host(ch, plan.layers, layout.recompute, self.host)
-                for phase, d in (("fwd", ch.fwd), ("bwd", ch.bwd)):
-                    if d.get("host_overhead", 0.0) > 0:
-                        rows.append((plan.stage, plan.chunk, "layer", phase, "host overhead", phase, "host_overhead",
-                                     1, d["host_overhead"], d["host_overhead"], HOST_PROVENANCE, self.host.cv_mape))
-        notes = []
-        if self.host is None and self.options.host_overhead:
-            per_pass = [(ch.fwd["compute"] + ch.fwd["tp_comm"]) / pl.layers for pl, ch in zip(plans, chunks) if pl.layers]
-            if per_pass and min(per_pass) < SHORT_LAYER_PASS_S:
-                notes.append(f"Kernels are short here ({min(per_pass) * 1e3:.2f} ms of GPU work per layer forward) and "
-                             f"this platform has no fitted host overhead: eager frameworks add host time per layer "
-                             f"(about 1 ms per layer pass on dgx-a100-80gb, fitted on measured runs), so this "
-                             f"prediction may be low. Fit one with `python -m predictor calibrate-host` on your runs.")
-        opts = self.options if timeline else ComposeOptions(**{**asdict(self.options), "simulate": False})
-        comp = compose(chunks, tails, pp=layout.pp, vpp=layout.vpp,
-                       m=layout.num_micro_batches, schedule=layout.schedule, options=opts)
-        pred = self._finish(model, layout, comp, rows)
-        pred.warnings.extend(self.notes + notes)
+        """One layout: step time, breakdown, memory, provenance and expected error, the operator table and
+        (with `timeline`) the simulated pipeline timeline."""
+        layout.validate(model)
+        self.check_runs(layout)
+        rows, structs = rows_for(model, [layout])
+        ev = self.engine.evaluate(model, rows, structs, layout.seq_len, layout.precision, detail=True)
+        pred = self._prediction(model, layout, ev, 0)
+        det = ev.details[0]
+        pred.op_rows = self._op_rows(model, layout, det, pred)
+        if timeline:
+            chunks = chunk_times_of(det)
+            m = layout.num_micro_batches
+            if 2 * m * layout.pp * layout.vpp <= self.options.max_simulated_tasks:
+                sim_s, pred.timeline = simulate_pipeline(chunks, layout.pp, layout.vpp, m, layout.schedule)
+                if abs(sim_s / pred.pipeline_s - 1) > 0.01:
+                    pred.warnings.append(f"The pipeline timeline (event simulation, {sim_s:.4g} s) differs from the "
+                                         f"closed form the step time uses ({pred.pipeline_s:.4g} s) by more than 1 %.")
         return pred
 
+    def predict_many(self, items: Sequence[tuple[ModelSpec, Layout]]) -> list[StepPrediction]:
+        """Many (model, layout) pairs, validated by the caller, through the engine in a few vectorised
+        groups (what predict-batch uses). No operator table, no timeline."""
+        groups: dict[tuple, list[int]] = {}
+        for i, (model, L) in enumerate(items):
+            groups.setdefault((model, L.seq_len, L.precision), []).append(i)
+        prepared = []
+        units: list[tuple] = []
+        classes: list[tuple] = []
+        for (model, seq, prec), idx in groups.items():
+            rows, structs = rows_for(model, [items[i][1] for i in idx])
+            prepared.append((model, seq, prec, idx, rows, structs))
+            units += [(model, seq, prec, k) for k in unit_keys(rows)]
+            classes += [(model, seq, prec, k) for k in class_keys(rows, [structure_classes(s) for s in structs])]
+        self.engine.prepare_many(units)
+        self.engine.prepare_classes_many(classes)
+        out: list[StepPrediction | None] = [None] * len(items)
+        for model, seq, prec, idx, rows, structs in prepared:
+            ev = self.engine.evaluate(model, rows, structs, seq, prec)
+            for j, i in enumerate(idx):
+                out[i] = self._prediction(model, items[i][1], ev, j)
+        return out  # type: ignore[return-value]
+
+    def check_runs(self, layout: Layout) -> None:
+        """Raise InfeasibleConfig when the platform cannot run this many ranks (no collectives)."""
+        if layout.num_gpus > 1 and self.platform.gpus_per_node == 1 and self.platform.inter_node.bandwidth_gbps <= 0:
+            raise InfeasibleConfig("num_gpus", f"{self.platform.platform_id} has no link between its ranks, so it "
+                                               f"cannot run {layout.num_gpus} GPUs.", "use num_gpus 1 or another platform.")
+
+    def _prediction(self, model: ModelSpec, layout: Layout, ev: Evaluation, r: int) -> StepPrediction:
+        step = float(ev.step_time_s[r])
+        flops = model_flops_per_step(model, layout)
+        tflops_gpu = flops / step / layout.num_gpus / 1e12
+        peak = self.platform.device.peak_flops(layout.precision) / 1e12
+        share, err, basis = self.confidence(ev.provenance_s[r])
+        det = ev.details.get(r)
+        memory = None
+        if det is not None:
+            from .memory import stage_layer_counts
+            memory = report_from_arrays({k: v[None, :] for k, v in det["memory"].items()}, 0,
+                                        stage_layer_counts(model, layout), ev.capacity_bytes, self.engine.mopt)
+        warnings: list[str] = []
+        if share.get("analytical", 0) + share.get("analytical (calibrated)", 0) > 0.5:
+            warnings.append("More than half of this prediction rests on analytical estimates, not measured samples.")
+        fits = bool(ev.peak_bytes[r] <= ev.usable_bytes)
+        if not fits:
+            warnings.append(f"Does not fit in memory: stage {int(ev.peak_stage[r])} needs "
+                            f"{ev.peak_bytes[r] / GIB:.1f} GiB of {ev.usable_bytes / GIB:.1f} GiB usable "
+                            f"({self.platform.device.hbm_gib:g} GiB HBM).")
+        warnings += self.notes
+        if self.host is None and self.options.host_overhead:
+            key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
+                   int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute))
+            lay = self.engine._parts[key].layer
+            per_pass = lay.fc + lay.ft
+            if per_pass < SHORT_LAYER_PASS_S:
+                warnings.append(f"Kernels are short here ({per_pass * 1e3:.2f} ms of GPU work per layer forward) and "
+                                f"this platform has no fitted host overhead: eager frameworks add host time per layer "
+                                f"(about 1 ms per layer pass on dgx-a100-80gb, fitted on measured runs), so this "
+                                f"prediction may be low. Fit one with `python -m predictor calibrate-host` on your runs.")
+        return StepPrediction(
+            model=model, layout=layout, platform_id=self.platform.platform_id, step_time_s=step,
+            breakdown_s={k: float(v[r]) for k, v in ev.breakdown_s.items()},
+            detail_s={k: float(v[r]) for k, v in ev.detail_s.items()}, provenance_share=share, expected_error=err,
+            error_basis=basis, tokens_per_s=layout.tokens_per_step / step, model_tflops_per_gpu=tflops_gpu,
+            mfu=tflops_gpu / peak, pipeline_s=float(ev.pipeline_s[r]), critical_stage=int(ev.critical_stage[r]),
+            memory=memory, warnings=warnings, host_overhead_modelled=self.host is not None and self.options.host_overhead,
+            memory_gib=float(ev.peak_bytes[r] / GIB), fits_memory=fits)
+
+    def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:
+        """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step)."""
+        key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
+               int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute))
+        parts = self.engine._parts[key]
+        S: Structure = det["structure"]
+        nch = S.pp * S.vpp
+        cats = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm", "embedding": "dp_comm"}
+        rows: list[tuple] = []
+
+        def add_unit(stage: int, chunk: int, unit, k: float) -> None:
+            for tc in unit.calls:
+                c, t, prov = tc.call, tc.seconds, tc.provenance
+                if isinstance(c, CommCall):
+                    rows.append((stage, chunk, c.group, c.phase, f"{c.collective}[{c.group}]", c.phase,
+                                 cats[c.group], c.count * k, t, t * c.count * k, prov, None))
+                else:
+                    rows.append((stage, chunk, c.part, c.phase, c.op, c.pass_, "compute", c.count * k, t,
+                                 t * c.count * k, prov, tc.raw_error))
+        for i in range(nch):
+            stage, chunk, n = i % S.pp, i // S.pp, S.counts[i]
+            add_unit(stage, chunk, parts.layer, float(n))
+            if i == 0:
+                add_unit(stage, chunk, parts.first, 1.0)
+            if i == nch - 1:
+                add_unit(stage, chunk, parts.last, 1.0)
+            n_p2p = D_p2p(i, nch, S.pp)
+            if n_p2p and det["p2p_s"] > 0:
+                for ph in ("fwd", "bwd"):
+                    rows.append((stage, chunk, "pp", ph, "p2p[pp]", ph, "pp_comm", n_p2p, det["p2p_s"],
+                                 det["p2p_s"] * n_p2p, self._p2p_prov(layout, parts.p2p_bytes), None))
+            for ph in ("fwd", "bwd"):
+                h = float(det[ph]["host_overhead"][i])
+                if h > 0:
+                    rows.append((stage, chunk, "layer", ph, "host overhead", ph, "host_overhead", 1, h, h,
+                                 HOST_PROVENANCE, self.host.cv_mape if self.host else None))
+            cls = self.engine._classes[(model, layout.seq_len, layout.precision, layout.tp, S.pp, layout.dp,
+                                        layout.zero_stage, *det["classes"][i])]
+            for tc in cls.calls:
+                c, t, prov = tc.call, tc.seconds, tc.provenance
+                if isinstance(c, CommCall):
+                    rows.append((stage, chunk, c.group, c.phase, f"{c.collective}[{c.group}]", c.phase,
+                                 "dp_comm", c.count, t, t * c.count, prov, None))
+                else:
+                    rows.append((stage, chunk, c.part, "step", c.op, c.pass_, "optimizer", c.count, t, t * c.count,
+                                 prov, tc.raw_error))
+            if (i == 0 or i == nch - 1) and det["tails"]["embedding_sync_s"][stage] > 0:
+                t_emb = self.engine._emb[(model, layout.tp, S.pp, layout.dp, layout.precision)]
+                rows.append((stage, chunk, "embedding", "step", "allreduce[embedding]", "step", "dp_comm", 1,
+                             t_emb[0], t_emb[0], t_emb[1], None))
+        return rows
+
+    def _p2p_prov(self, layout: Layout, nbytes: int) -> str:
+        return self.engine._p2p[(nbytes, layout.tp, layout.pp, layout.dp)][1]
+
+    # ---- confidence -----------------------------------------------------------------------
     def end_to_end_error(self) -> tuple[float, int | str, str] | None:
         """(MAPE, measured runs, how) from the platform's validation.json: the speed-checked MAPE when a
         speed check scales this predictor's times and the validation has one, else the plain one."""
@@ -282,166 +436,55 @@ class Predictor:
                else "")
         return float(val["mape"]), val.get("n_runs", "?"), how
 
-    def chunk_times(self, model: ModelSpec, layout: Layout):
-        """Decompose and time: (plans, op rows, per-chunk micro-batch times without host overhead,
-        per-stage tails), the inputs of `compose`."""
-        plans = decompose(model, layout, self.platform)
-        all_calls = [c for p in plans for c in p.ops + p.step_ops]
-        self.time_ops(all_calls, layout.precision)
-        rows: list[tuple] = []
-        chunks: list[ChunkTimes] = []
-        tails: dict[int, StageTail] = {}
-        for plan in plans:
-            fwd = {"compute": 0.0, "tp_comm": 0.0, "pp_comm": 0.0, "dp_comm": 0.0}
-            bwd = dict(fwd)
-            recompute = 0.0
-            for c in plan.ops:
-                t, prov, err = self._op_cache[(*c.key, layout.precision)]
-                total = t * c.count * c.scale
-                (fwd if c.phase == "fwd" else bwd)["compute"] += total
-                if c.phase == "recompute":
-                    recompute += total
-                rows.append((plan.stage, plan.chunk, c.part, c.phase, c.op, c.pass_, "compute", c.count, t, total, prov, err))
-            # ZeRO-2/3 (FSDP) traffic per micro-batch: [total, longest single call] by phase
-            zero3 = {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}
-            for c in plan.comms:
-                t, prov = self.time_comm(c)
-                total = t * c.count
-                cat = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm"}[c.group]
-                if c.group == "dp":  # ZeRO-2/3 gathers and reduce-scatters, prefetched under compute
-                    z = zero3["fwd" if c.phase == "fwd" else "bwd"]
-                    z[0] += total
-                    z[1] = max(z[1], t)
-                else:
-                    (fwd if c.phase == "fwd" else bwd)[cat] += total
-                rows.append((plan.stage, plan.chunk, c.group, c.phase, f"{c.collective}[{c.group}]", c.phase, cat,
-                             c.count, t, total, prov, None))
-            for d, k in ((fwd, "fwd"), (bwd, "bwd")):
-                # exposed: what compute cannot cover, and at least one unit (the first gather of the
-                # forward, the last reduce-scatter of the backward wait on / for compute)
-                z_total, z_unit = zero3[k]
-                d["dp_comm"] = max(z_unit, z_total - d["compute"]) if z_total > 0 else 0.0
-            chunks.append(ChunkTimes(plan.stage, plan.chunk, fwd, bwd, recompute))
-            tail = tails.setdefault(plan.stage, StageTail(plan.stage, 0.0, 0.0, 0.0, 0.0, 0.0))
-            dp_s = gather_s = emb_s = 0.0
-            for c in plan.step_comms:
-                t, prov = self.time_comm(c)
-                if c.group == "embedding":
-                    emb_s += t
-                elif c.collective == "allgather":
-                    gather_s += t
-                else:
-                    dp_s += t
-                rows.append((plan.stage, plan.chunk, c.group, "step", f"{c.collective}[{c.group}]", "step", "dp_comm",
-                             1, t, t, prov, None))
-            opt_s = 0.0
-            for c in plan.step_ops:
-                t, prov, err = self._op_cache[(*c.key, layout.precision)]
-                opt_s += t * c.count
-                rows.append((plan.stage, plan.chunk, c.part, "step", c.op, c.pass_, "optimizer", c.count, t, t * c.count, prov, err))
-            last_bwd = bwd["compute"] - recompute
-            tails[plan.stage] = StageTail(plan.stage, tail.dp_comm_s + dp_s, tail.param_gather_s + gather_s,
-                                          tail.embedding_sync_s + emb_s, tail.optimizer_s + opt_s,
-                                          tail.last_bwd_compute_s + last_bwd)
-        return plans, rows, chunks, [tails[st] for st in sorted(tails)]
-
-    def _finish(self, model: ModelSpec, layout: Layout, comp, rows: list[tuple]) -> StepPrediction:
-        ops = pd.DataFrame(rows, columns=["stage", "chunk", "part", "phase", "op", "pass", "category", "count",
-                                          "seconds_each", "seconds_total", "provenance", "cv_mape"])
-        share, err, basis = self._confidence(ops, comp.breakdown_s, layout)
-        flops = model_flops_per_step(model, layout)
-        tflops_gpu = flops / comp.step_time_s / layout.num_gpus / 1e12
-        peak = self.platform.device.peak_flops(layout.precision) / 1e12
-        warnings = []
-        if share.get("analytical", 0) + share.get("analytical (calibrated)", 0) > 0.5:
-            warnings.append("More than half of this prediction rests on analytical estimates, not measured samples.")
-        return StepPrediction(
-            model=model, layout=layout, platform_id=self.platform.platform_id, step_time_s=comp.step_time_s,
-            breakdown_s=comp.breakdown_s, detail_s=comp.detail_s, ops=ops, provenance_share=share,
-            expected_error=err, error_basis=basis, tokens_per_s=layout.tokens_per_step / comp.step_time_s,
-            model_tflops_per_gpu=tflops_gpu, mfu=tflops_gpu / peak, pipeline_s=comp.pipeline_s,
-            critical_stage=comp.critical_stage, timeline=comp.timeline, warnings=warnings)
-
-    def _confidence(self, ops: pd.DataFrame, breakdown: dict[str, float], layout: Layout):
-        """Share of the step's work per provenance (all stages; per-micro-batch rows counted once per
-        micro-batch), and the expected error band: the time-weighted error of the
-        parts (measured ops: their CV error; transferred ops: the measured cross-GPU transfer error;
-        collectives from the analytic network: its fit / leave-one-platform-out error; the rest:
-        ASSUMED_ERROR), combined with the end-to-end validation error of the platform where one has
-        been measured. The basis names each part's share and error."""
-        from .network import expected_error
-        comm_cats = {"tp_comm", "pp_comm", "dp_comm"}
-        net_err, net_basis = expected_error(self.network, self.models_dir)
-        m = float(max(layout.num_micro_batches, 1))
-        # plain Python over the rows: this runs once per prediction and pandas' groupby costs ms
-        secs: dict[str, float] = {}
-        werr: dict[str, float] = {}
-        any_comm = False
-        cols = list(ops.columns)
-        i_phase, i_cat, i_tot, i_prov, i_cv = (cols.index(c) for c in ("phase", "category", "seconds_total",
-                                                                         "provenance", "cv_mape"))
-        for r in ops.itertuples(index=False, name=None):
-            t = r[i_tot]
-            if not t > 0:
-                continue
-            t = t * (1.0 if r[i_phase] == "step" else m)
-            prov, cat, cv = r[i_prov], r[i_cat], r[i_cv]
-            comm = cat in comm_cats
-            any_comm = any_comm or comm
-            base = prov.split(" ")[0]
-            cv = None if cv is None or cv != cv else float(cv)
-            if base == "measured":
-                e = 0.10 if cv is None else cv
-            elif base in ("transferred", "host"):
-                e = ASSUMED_ERROR["transferred"] if cv is None else cv
-            elif base == "analytical":
-                e = net_err if comm else ASSUMED_ERROR["analytical"]
-            else:
-                e = ASSUMED_ERROR.get(base) or 0.3
-            secs[prov] = secs.get(prov, 0.0) + t
-            werr[prov] = werr.get(prov, 0.0) + t * e
-        total_s = sum(secs.values())
-        share = {k: v / total_s for k, v in secs.items()} if total_s > 0 else {}
-        op_err_parts = list(werr.values())
-        notes = [f"{prov} {secs[prov] / total_s:.0%} (+/-{werr[prov] / secs[prov]:.0%})"
-                 for prov in sorted(secs) if total_s > 0 and secs[prov] / total_s >= 0.005]
-        op_err = float(sum(op_err_parts) / total_s) if total_s > 0 else 0.3
+    def confidence(self, prov_s: dict[str, list[float]]) -> tuple[dict[str, float], float, str]:
+        """(share of the step's work per provenance, expected relative error, basis in words) from the
+        seconds (and seconds x error) resting on each provenance: the time-weighted error of the parts
+        (measured ops: their CV error; transferred ops: the measured cross-GPU transfer error; collectives
+        from the analytic network: its fit / leave-one-platform-out error; the rest: assumed), combined
+        with the end-to-end validation error of the platform where one has been measured."""
+        total = sum(v[0] for v in prov_s.values())
+        share = {k: v[0] / total for k, v in prov_s.items()} if total > 0 else {}
+        op_err = sum(v[1] for v in prov_s.values()) / total if total > 0 else 0.3
+        notes = [f"{p} {prov_s[p][0] / total:.0%} (+/-{prov_s[p][1] / prov_s[p][0]:.0%})"
+                 for p in sorted(prov_s) if total > 0 and prov_s[p][0] / total >= 0.005]
         parts = "; ".join(notes)
-        if any(n.startswith("analytical") for n in notes) and any_comm:
-            parts += f" [{net_basis}]"
+        if any(n.startswith("analytical") for n in notes):
+            parts += f" [{self.network_basis}]"
         if any(n.startswith("transferred") for n in notes):
             parts += " [transfer error measured A100<->GH200, python -m tests.benchmarks.transfer_accuracy]"
-        val = self.validation
         e2e = self.end_to_end_error()
         if e2e is not None:
             mape, n, how = e2e
             err = math.sqrt(op_err ** 2 + mape ** 2)
             basis = (f"parts {op_err:.1%} combined with end-to-end MAPE {mape:.1%} on {n} measured runs{how} "
-                     f"({val.get('source', 'validation')}); {parts}")
+                     f"({(self.validation or {}).get('source', 'validation')}); {parts}")
         else:
-            err = math.sqrt(op_err ** 2 + 0.15 ** 2)
+            err = math.sqrt(op_err ** 2 + UNVALIDATED_COMPOSITION_ERROR ** 2)
             basis = (f"parts {op_err:.1%}; composition not validated end to end on this platform "
-                     f"(15 % assumed); {parts}")
+                     f"({UNVALIDATED_COMPOSITION_ERROR:.0%} assumed); {parts}")
         return share, err, basis
 
 
-@lru_cache(maxsize=16)
-def _load_bank(platform_id: str, models_dir: str):
-    path = Path(models_dir) / platform_id
-    if not any(path.glob("*.txt")):
-        return None
-    from .regressors import ModelBank
-    return ModelBank.load(platform_id, models_dir=Path(models_dir))
+def D_p2p(i: int, nch: int, pp: int) -> int:
+    from .decompose import p2p_calls_per_pass
+    return p2p_calls_per_pass(i, nch, pp)
+
+
+def chunk_times_of(det: dict[str, Any]) -> list[ChunkTimes]:
+    """The per-chunk micro-batch times of one evaluated layout (engine detail) as ChunkTimes."""
+    S: Structure = det["structure"]
+    out = []
+    for i in range(S.pp * S.vpp):
+        out.append(ChunkTimes(i % S.pp, i // S.pp, {k: float(v[i]) for k, v in det["fwd"].items()},
+                              {k: float(v[i]) for k, v in det["bwd"].items()}, float(det["recompute"][i])))
+    return out
 
 
 def _load_validation(models_dir: Path, platform_id: str) -> dict | None:
-    path = Path(models_dir) / platform_id / "validation.json"
-    if path.exists():
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
-    return None
+    try:
+        return paths.read_json(paths.artifact(platform_id, paths.VALIDATION, models_dir))
+    except (ValueError, InfeasibleConfig):
+        return None
 
 
 @lru_cache(maxsize=16)

@@ -28,6 +28,7 @@ import math
 import platform as _pyplatform
 import threading
 from collections import OrderedDict
+from functools import lru_cache
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -37,9 +38,9 @@ import numpy as np
 import pandas as pd
 
 from . import features as F
-from . import ops
+from . import ops, paths
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models_store"
+MODELS_DIR = paths.PACKAGED_MODELS_DIR  # kept for callers; use paths.models_dir() (honours $PREDICTOR_MODELS_DIR)
 RESIDUAL_MAD_K = 3.0
 RESIDUAL_MIN_LOG = math.log(1.5)
 PHYSICAL_BOUND_COMPUTE = 0.5
@@ -600,8 +601,8 @@ class ModelBank:
 
     @classmethod
     def load(cls, platform_id: str, models_dir: str | Path | None = None) -> "ModelBank":
-        d = Path(models_dir) if models_dir is not None else MODELS_DIR
-        path = d / platform_id
+        d = paths.models_dir(models_dir)
+        path = paths.platform_dir(platform_id, d)
         if not path.is_dir():
             raise FileNotFoundError(f"no trained models for platform '{platform_id}' under {d} "
                                     f"(train with predictor.training.train_platform('{platform_id}'))")
@@ -692,3 +693,16 @@ class ModelBank:
             rng = topo.get(f"{int(n[i])}x{int(g[i])}")
             out[i] = rng is not None and rng[0] <= S[i] <= rng[1]
         return out
+
+
+@lru_cache(maxsize=32)
+def _cached_bank(platform_id: str, models_dir: str) -> ModelBank | None:
+    path = paths.platform_dir(platform_id, models_dir)
+    if not any(path.glob("*.txt")):
+        return None
+    return ModelBank.load(platform_id, models_dir=Path(models_dir))
+
+
+def load_bank(platform_id: str, models_dir: str | Path | None = None) -> ModelBank | None:
+    """The (cached) ModelBank of a platform, or None when it has no trained models."""
+    return _cached_bank(platform_id, str(paths.models_dir(models_dir)))

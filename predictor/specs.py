@@ -18,6 +18,15 @@ RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32")
 ATTENTION_IMPLS = ("flash", "unfused")
 BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
+# Gradient element size held between backward and the optimizer, and reduced over data parallel:
+# Megatron-LM forces fp32 gradient accumulation and reduction for bf16, torchtitan / llm-foundry
+# FSDP reduce in fp32 by default; fp16 (DeepSpeed, Megatron fp16) keeps fp16 gradients.
+GRAD_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4}
+
+
+def grad_comm_bytes(precision: str) -> int:
+    """Bytes per gradient element in data-parallel reductions (see GRAD_BYTES)."""
+    return GRAD_BYTES.get(precision, 4)
 
 
 class InfeasibleConfig(ValueError):

@@ -302,7 +302,7 @@ def alternative_source(op: str, pass_: str, target: DeviceSpec, models_dir: str 
     """(platform id, bank, device) of another sampled platform with a trustworthy model of (op, pass),
     the same GPU generation as `target` first; None if there is none."""
     from .platforms import get_platform
-    from .predict import _load_bank
+    from .regressors import load_bank
     cands = []
     for pid in SAMPLED_PLATFORMS:
         if pid in exclude:
@@ -313,7 +313,7 @@ def alternative_source(op: str, pass_: str, target: DeviceSpec, models_dir: str 
             continue
         cands.append((0 if dev.generation == target.generation else 1, pid, dev))
     for _, pid, dev in sorted(cands):
-        bank = _load_bank(pid, str(models_dir))
+        bank = load_bank(pid, models_dir)
         if bank is not None and bank.has_op(op, pass_) and trustworthy(bank.op_info(op, pass_)):
             return pid, bank, dev
     return None

@@ -187,38 +187,11 @@ def make_predictor(platform, models_dir: str | None):
 
 
 def platform_backing(pr) -> dict[str, str]:
-    """What backs a predictor's numbers, in words (mirrors `python -m predictor platforms`)."""
-    p = pr.platform
-    if pr.bank is not None:
-        own = p.op_models == p.platform_id or pr._same_device()
-        n = len(pr.bank.ops_available()) if hasattr(pr.bank, "ops_available") else "?"
-        ops = f"{'measured' if own else 'transferred'} from {p.op_models} ({n} operator models)"
-    elif p.op_models:
-        ops = f"analytical: {p.op_models} has no trained models (run `python -m predictor train --platform {p.op_models}`)"
-    else:
-        ops = "analytical (roofline from the device specs)"
-    if pr.coll_bank is not None:
-        coll = f"measured ({p.collective_models}); analytic beyond the sampled range"
-    else:
-        src = pr.network.intra.source
-        coll = "analytic " + (f"(calibrated: {src})" if src != "link spec" else "(link specs)")
-    host = getattr(pr, "host", None)
-    if host is not None:
-        cv = f", CV MAPE {host.cv_mape:.1%} on held-out models" if host.cv_mape is not None else ""
-        runs = f" on {host.fitted_on_runs:,} measured runs" if host.fitted_on_runs else " on measured runs"
-        host_s = (f"fitted{runs}: {host.host_s_per_layer_pass * 1e3:.2f} ms per layer pass, blended with the GPU "
-                  f"time (p = {host.blend_p:g}){cv}")
-    else:
-        host_s = ("not modelled on this platform (no fitted host overhead): predictions with short kernels "
-                  "(small models, micro-batch 1, high TP) may be low; fit one with "
-                  "`python -m predictor calibrate-host` on measured runs")
-    err = pr.end_to_end_error()
-    e2e = f"MAPE {err[0]:.1%} on {err[1]} measured runs{err[2]}" if err is not None else "not validated end to end"
-    speed = (pr.speed.describe() if pr.speed is not None else
-             "as sampled (no speed check saved; `python -m bench speed-check --platform "
-             f"{p.platform_id} --save` re-times a few sampled shapes and scales to the machine's speed today)"
-             if pr.bank is not None and (p.op_models == p.platform_id or pr._same_device()) else "-")
-    return {"operators": ops, "collectives": coll, "host_overhead": host_s, "machine_speed": speed, "end_to_end": e2e}
+    """What backs a predictor's numbers, in words (the same description as `python -m predictor platforms`)."""
+    from predictor.backing import describe_backing
+    d = describe_backing(pr).to_dict()
+    d.pop("kind", None)
+    return d
 
 
 def host_modelled(pr) -> bool:
@@ -229,11 +202,7 @@ def host_modelled(pr) -> bool:
 
 def prediction_dict(pred, host_is_modelled: bool) -> dict[str, Any]:
     """StepPrediction.to_dict for exports, with `host_overhead` = None (not 0) where it is not modelled."""
-    d = pred.to_dict()
-    d["host_overhead_modelled"] = bool(host_is_modelled)
-    if not host_is_modelled and "host_overhead" in d.get("breakdown_s", {}):
-        d["breakdown_s"] = {**d["breakdown_s"], "host_overhead": None}
-    return d
+    return pred.to_dict()
 
 
 # --------------------------------------------------------------------------- memory
@@ -474,9 +443,9 @@ def model_metadata(models_dir: Path, platform_id: str) -> dict[str, dict[str, An
 def bank(platform_id: str, models_dir: str | None):
     """The ModelBank of a platform, or None when it has no trained models."""
     import_lightgbm_fast()
-    from predictor.predict import MODELS_DIR, _load_bank
+    from predictor.regressors import load_bank
     try:
-        return _load_bank(platform_id, str(models_dir or MODELS_DIR))
+        return load_bank(platform_id, models_dir)
     except (FileNotFoundError, OSError):
         return None
 

@@ -37,9 +37,9 @@ def _refresh_model_caches(models_version: str) -> None:
     """The predictor keeps lru caches of loaded regressors; drop them when the files changed."""
     if _LAST_MODELS.get("v") not in (None, models_version):
         from predictor import predict as P
-        for f in (getattr(P, "_load_bank", None), getattr(P, "get_predictor", None)):
-            if f is not None and hasattr(f, "cache_clear"):
-                f.cache_clear()
+        from predictor import regressors as R
+        for f in (R._cached_bank, P.get_predictor):
+            f.cache_clear()
     _LAST_MODELS["v"] = models_version
 
 

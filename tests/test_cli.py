@@ -15,7 +15,9 @@ def test_predict_json_is_complete_and_consistent(capsys):
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
     assert d["layout"]["dp"] == 2 and d["step_time_s"] > 0
-    assert sum(d["breakdown_s"].values()) == pytest.approx(d["step_time_s"], rel=1e-9)
+    # perlmutter-a100 has no fitted host overhead: null (not modelled), never a measured-looking 0
+    assert d["host_overhead_modelled"] is False and d["breakdown_s"]["host_overhead"] is None
+    assert sum(v for v in d["breakdown_s"].values() if v is not None) == pytest.approx(d["step_time_s"], rel=1e-9)
     assert 0 < d["mfu"] < 1 and d["expected_error"] > 0
     assert sum(d["provenance_share"].values()) == pytest.approx(1.0)
     assert {o["op"] for o in d["ops"]} >= {"qkv_proj", "flash_attn", "mlp_up", "swiglu", "lm_head", "optimizer"}

@@ -70,9 +70,9 @@ def test_prediction_reports_host_overhead_as_its_own_category(models_with_host):
     assert sum(p1.breakdown_s.values()) == pytest.approx(p1.step_time_s, rel=1e-9)
     assert any(k.startswith("host overhead") for k in p1.provenance_share)
     # the same layout through the calibration evaluator gives the same step time
-    plans, _rows, chunks, tails = no_host.chunk_times(m, L)
-    ev = make_evaluator([(L, [pl.layers for pl in plans], chunks, tails)])
+    ev = make_evaluator(no_host, [(m, L)])
     assert ev(1e-3, 2.0)[0] == pytest.approx(with_host.predict(m, L, timeline=False).step_time_s, rel=1e-9)
+    assert ev(0.0, 1.0)[0] == pytest.approx(p0.step_time_s, rel=1e-9)
 
 
 def test_short_kernels_without_a_fit_warn():

@@ -275,14 +275,10 @@ def fit_host(models_dir: str | None = None) -> int:
     for kind, dp in (("single", 1), ("ddp", 2)):
         t = data["tables"][kind]
         pr = Predictor(t["platform"], models_dir, ComposeOptions(simulate=False, host_overhead=False, speed_check=False))
-        items, meas = [], []
-        for r in t["runs"]:
-            m, L = spec_and_layout(r, dp)
-            plans, _rows, chunks, tails = pr.chunk_times(m, L)
-            items.append((L, [pl.layers for pl in plans], chunks, tails))
-            meas.append(r["measured_s"])
+        items = [spec_and_layout(r, dp) for r in t["runs"]]
+        meas = [r["measured_s"] for r in t["runs"]]
         groups = np.array([r["name"] for r in t["runs"]])
-        ho, rep = fit_host_overhead(make_evaluator(items, pr.options), np.array(meas), groups, folds=len(groups),
+        ho, rep = fit_host_overhead(make_evaluator(pr, items), np.array(meas), groups, folds=len(groups),
                                     source=f"{len(groups)} HF transformers training runs on this CPU "
                                            f"({t['facts'].get('recorded_at')}), bench/samples/cpu_end_to_end.json",
                                     grid_h=np.linspace(0.0, 0.05, 51), grid_p=(1.0, 2.0, 4.0))

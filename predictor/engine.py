@@ -1,0 +1,548 @@
+"""The one step-time engine: step time, breakdown, provenance and memory of many layouts at once.
+
+`Predictor.predict` (one layout), `Predictor.predict_many` (predict-batch), the layout search and the
+end-to-end calibrations all go through `Engine.evaluate`, so a layout gets the same numbers wherever a
+user asks for it.
+
+How a layout is evaluated:
+  1. units: per (model, seq, precision, tp, micro-batch, SP, recompute) the calls of one layer, of
+     what the first and the last chunk add (`decompose.layer_unit / first_unit / last_unit`), timed
+     once (one regressor call per operator and pass for every shape in the batch) -> `UnitTimes`;
+  2. chunk classes: per (tp, pp, dp, ZeRO stage, layers, first, last) the optimizer and data-parallel
+     work of a chunk (`decompose.step_work`) -> `ChunkClass`;
+  3. per pipeline structure (pp, vpp, schedule, layers per chunk), with numpy over all its layouts:
+     chunk times = layers x layer unit + edge units + pipeline sends + exposed ZeRO-2/3 traffic +
+     host (framework) overhead, then `compose.compose_arrays` (closed-form pipeline, exposed tails,
+     critical-path breakdown) and `memory.stage_memory_arrays` (per-stage memory, fit verdict).
+
+A layout is a row of int64 columns `COLUMNS`; its pipeline structure is an index into a list of
+`Structure`s. `rows_for(model, layouts)` builds both from `Layout` objects.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
+
+from . import decompose as D
+from .arrayops import unique_rows as _unique_rows
+from . import memory as mem
+from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
+from .overhead import HostOverhead
+from .specs import Layout, ModelSpec
+
+if TYPE_CHECKING:
+    from .predict import Predictor
+
+COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "structure", "recompute",
+           "sequence_parallel", "zero_stage")
+I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO = range(len(COLUMNS))
+RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
+PHASE_CATS = ("compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm")  # per micro-batch categories
+MEMORY_PARTS = mem.MEMORY_PARTS
+# Expected error of parts without a measured error of their own
+ASSUMED_ERROR = {"measured": 0.10, "transferred": 0.15, "host": 0.15, "stand-in": 0.20, "analytical": 0.30}
+
+
+@dataclass(frozen=True)
+class Structure:
+    """A pipeline structure: what the closed form and the memory model need besides the degrees."""
+    pp: int
+    vpp: int
+    schedule: str
+    counts: tuple[int, ...]                # layers per chunk, pipeline order
+    stage_layers: tuple[int, ...] | None   # what Layout carries (None = the default split)
+
+
+def structure_of(model: ModelSpec, layout: Layout) -> Structure:
+    return Structure(layout.pp, layout.vpp, layout.schedule, tuple(D.chunk_layer_counts(model, layout)),
+                     tuple(layout.stage_layers) if layout.stage_layers else None)
+
+
+def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Structure] | None = None
+             ) -> tuple[np.ndarray, list[Structure]]:
+    """Engine rows for `layouts` (validated by the caller) and the structures they index."""
+    structures = [] if structures is None else structures
+    index = {s: i for i, s in enumerate(structures)}
+    rows = []
+    for L in layouts:
+        st = structure_of(model, L)
+        if st not in index:
+            index[st] = len(structures)
+            structures.append(st)
+        rows.append((L.num_gpus, L.tp, L.pp, L.dp, L.micro_batch, L.num_micro_batches, index[st],
+                     RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage))
+    return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
+
+
+def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_len: int, precision: str) -> Layout:
+    return Layout(num_gpus=int(row[I_GPUS]), tp=int(row[I_TP]), pp=int(row[I_PP]), dp=int(row[I_DP]),
+                  micro_batch=int(row[I_MB]), global_batch=global_batch, seq_len=seq_len, vpp=structure.vpp,
+                  schedule=structure.schedule, recompute=RECOMPUTE[int(row[I_RC])],
+                  sequence_parallel=bool(row[I_SP]), zero_stage=int(row[I_ZERO]), precision=precision,
+                  stage_layers=structure.stage_layers)
+
+
+# ------------------------------------------------------------------------------------ timed units
+class Timed(NamedTuple):
+    """One call with its predicted time."""
+    call: Any                   # OpCall | CommCall
+    seconds: float              # one call (an operator's stand-in scale applied)
+    provenance: str
+    error: float                # expected relative error used for the confidence band
+    raw_error: float | None     # the regressor's own error (CV / transfer), None where there is none
+    per_micro_batch: bool = True
+
+
+@dataclass
+class UnitTimes:
+    """One unit (a layer, or what an edge chunk adds) for one micro-batch, in seconds."""
+    fc: float = 0.0      # forward compute
+    bc: float = 0.0      # backward compute, recomputation included
+    rc: float = 0.0      # recomputation
+    ft: float = 0.0      # tensor-parallel communication in the forward
+    bt: float = 0.0      # ... in the backward (and recomputation)
+    prov: dict[str, list[float]] = field(default_factory=dict)  # provenance -> [seconds, seconds x error]
+    raw: tuple = ()      # (unit, op times, comm times, errors): what `calls` is built from, on demand
+
+    @property
+    def calls(self) -> list[Timed]:
+        unit, op_t, comm_t, op_e, comm_e = self.raw
+        out = [Timed(c, t * c.scale, prov, e, err) for c, (t, prov, err), e in zip(unit.ops, op_t, op_e)]
+        out += [Timed(c, t, prov, e, None) for c, (t, prov), e in zip(unit.comms, comm_t, comm_e)]
+        return out
+
+
+@dataclass
+class Parts:
+    layer: UnitTimes
+    first: UnitTimes
+    last: UnitTimes
+    p2p_bytes: int
+
+
+@dataclass
+class ChunkClass:
+    """Once-per-step work of one chunk and its per-micro-batch ZeRO-2/3 traffic, in seconds."""
+    optimizer_s: float
+    dp_sync_s: float            # gradient all-reduce / reduce-scatter
+    param_gather_s: float       # ZeRO-1 all-gather after the optimizer
+    zf_total: float             # ZeRO-2/3 traffic of one micro-batch: forward total, longest call
+    zf_unit: float
+    zb_total: float             # backward total, longest call
+    zb_unit: float
+    calls: list[Timed]
+    prov_step: dict[str, list[float]]
+    prov_mb: dict[str, list[float]]
+
+
+def _add_prov(d: dict[str, list[float]], prov: str, seconds: float, err: float) -> None:
+    if seconds <= 0:
+        return
+    v = d.setdefault(prov, [0.0, 0.0])
+    v[0] += seconds
+    v[1] += seconds * err
+
+
+@dataclass
+class Evaluation:
+    """`Engine.evaluate`'s answer: per-row arrays (length R) and, with `detail`, what one prediction
+    shows beyond them."""
+    step_time_s: np.ndarray
+    pipeline_s: np.ndarray
+    breakdown_s: dict[str, np.ndarray]
+    detail_s: dict[str, np.ndarray]
+    critical_stage: np.ndarray
+    peak_bytes: np.ndarray
+    peak_stage: np.ndarray
+    memory_parts: dict[str, np.ndarray]     # bytes of each MEMORY_PARTS at the peak stage
+    usable_bytes: float
+    capacity_bytes: float
+    provenance_s: list[dict[str, list[float]]]   # per row: provenance -> [seconds, seconds x error] (all stages)
+    host_all_s: np.ndarray                        # host (framework) seconds over every stage and micro-batch
+    details: dict[int, dict[str, Any]] = field(default_factory=dict)  # row -> per-chunk detail (detail=True)
+
+    @property
+    def fits(self) -> np.ndarray:
+        return self.peak_bytes <= self.usable_bytes
+
+
+class Engine:
+    """Vectorised step time and memory for many layouts of one or more models on one platform.
+
+    Caches the timed units and chunk classes, so evaluating many layouts of a model (search) or the
+    same model again (the dashboard) only composes."""
+
+    def __init__(self, predictor: Predictor, memory_options: mem.MemoryOptions = mem.MemoryOptions()):
+        self.P = predictor
+        self.platform = predictor.platform
+        self.mopt = memory_options
+        self._parts: dict[tuple, Parts] = {}
+        self._classes: dict[tuple, ChunkClass] = {}
+        self._emb: dict[tuple, tuple[float, str, float]] = {}
+        self._p2p: dict[tuple, tuple[float, str, float]] = {}
+
+    # ---- timing the units -----------------------------------------------------------------
+    def _err(self, prov: str, err: float | None, comm: bool) -> float:
+        base = prov.split(" ")[0]
+        if err is not None and err == err:
+            return float(err)
+        if base == "analytical" and comm:
+            return self.P.network_error
+        return ASSUMED_ERROR.get(base, 0.3)
+
+    def prepare(self, model: ModelSpec, seq_len: int, precision: str, keys: Iterable[tuple[int, int, int, int]]
+                ) -> None:
+        """Time the units of every (tp, micro_batch, sp, recompute) in `keys` not cached yet."""
+        self.prepare_many([(model, seq_len, precision, k) for k in keys])
+
+    def prepare_many(self, requests: Iterable[tuple[ModelSpec, int, str, tuple[int, int, int, int]]]) -> None:
+        """`prepare` for several models at once: one regressor call per (operator, pass) for all of them."""
+        g = self.platform.gpus_per_node
+        todo: dict[tuple, tuple] = {}
+        for model, seq, prec, (tp, mb, sp, rc) in requests:
+            key = (model, seq, prec, tp, mb, sp, rc)
+            if key in self._parts or key in todo:
+                continue
+            topo = D.topology(g, tp, 1, 1, "tp")
+            units = (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo),
+                     D.first_unit(model, tp, mb, seq, bool(sp), prec, topo),
+                     D.last_unit(model, tp, mb, seq, bool(sp), prec, topo))
+            todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec))
+        if not todo:
+            return
+        by_prec: dict[str, list] = {}
+        comms = []
+        for key, (units, _) in todo.items():
+            for u in units:
+                by_prec.setdefault(key[2], []).extend(u.ops)
+                comms.extend(u.comms)
+        for prec, calls in by_prec.items():
+            self.P.op_times(calls, prec)
+        self.P.comm_times(comms)
+        for key, (units, p2p_bytes) in todo.items():
+            prec = key[2]
+            timed = [self._time_unit(u, prec) for u in units]
+            self._parts[key] = Parts(*timed, p2p_bytes=p2p_bytes)
+
+    def _time_unit(self, unit: D.Unit, precision: str) -> UnitTimes:
+        u = UnitTimes()
+        op_t = self.P.op_times(unit.ops, precision)
+        comm_t = self.P.comm_times(unit.comms)
+        prov_d = u.prov
+        op_e, comm_e = [], []
+        fc = bc = rc = ft = bt = 0.0
+        for c, (t, prov, err) in zip(unit.ops, op_t):
+            total = t * c.count * c.scale
+            if c.phase == "fwd":
+                fc += total
+            else:
+                bc += total
+                if c.phase == "recompute":
+                    rc += total
+            e = err if err is not None and err == err else self._err(prov, None, False)
+            op_e.append(e)
+            if total > 0:
+                v = prov_d.get(prov)
+                if v is None:
+                    v = prov_d[prov] = [0.0, 0.0]
+                v[0] += total
+                v[1] += total * e
+        for c, (t, prov) in zip(unit.comms, comm_t):
+            total = t * c.count
+            if c.phase == "fwd":
+                ft += total
+            else:
+                bt += total
+            e = self._err(prov, None, True)
+            comm_e.append(e)
+            _add_prov(prov_d, prov, total, e)
+        u.fc, u.bc, u.rc, u.ft, u.bt = fc, bc, rc, ft, bt
+        u.raw = (unit, op_t, comm_t, op_e, comm_e)
+        return u
+
+    def _prepare_classes(self, model: ModelSpec, seq: int, prec: str, keys: set[tuple]) -> None:
+        """Optimizer + data-parallel work per (tp, pp, dp, zero, layers, first, last)."""
+        self.prepare_classes_many([(model, seq, prec, k) for k in keys])
+
+    def prepare_classes_many(self, requests: Iterable[tuple[ModelSpec, int, str, tuple]]) -> None:
+        """`_prepare_classes` for several models at once (one regressor call per optimizer variant)."""
+        todo = {}
+        g = self.platform.gpus_per_node
+        for model, seq, prec, k in requests:
+            full = (model, seq, prec, *k)
+            if full in self._classes or full in todo:
+                continue
+            tp, pp, dp, z, n, first, last = k
+            todo[full] = D.step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=z, precision=prec, seq_len=seq,
+                                     layers=n, first=bool(first), last=bool(last),
+                                     dp_topo=D.topology(g, tp, dp, pp, "dp"))
+        if not todo:
+            return
+        by_prec: dict[str, list] = {}
+        for full, w in todo.items():
+            by_prec.setdefault(full[2], []).extend(w.step_ops)
+        for prec, calls in by_prec.items():
+            self.P.op_times(calls, prec)
+        self.P.comm_times([c for w in todo.values() for c in (*w.step_comms, *w.mb_comms)])
+        for full, w in todo.items():
+            prec = full[2]
+            calls: list[Timed] = []
+            ps: dict[str, list[float]] = {}
+            pm: dict[str, list[float]] = {}
+            opt = 0.0
+            for c, (t, prov, err) in zip(w.step_ops, self.P.op_times(w.step_ops, prec)):
+                e = self._err(prov, err, False)
+                opt += t * c.count
+                calls.append(Timed(c, t, prov, e, err, False))
+                _add_prov(ps, prov, t * c.count, e)
+            dp_s = gather = 0.0
+            for c, (t, prov) in zip(w.step_comms, self.P.comm_times(w.step_comms)):
+                e = self._err(prov, None, True)
+                if c.collective == "allgather":
+                    gather += t
+                else:
+                    dp_s += t
+                calls.append(Timed(c, t, prov, e, None, False))
+                _add_prov(ps, prov, t, e)
+            z = {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}
+            for c, (t, prov) in zip(w.mb_comms, self.P.comm_times(w.mb_comms)):
+                e = self._err(prov, None, True)
+                zz = z["fwd" if c.phase == "fwd" else "bwd"]
+                zz[0] += t * c.count
+                zz[1] = max(zz[1], t)
+                calls.append(Timed(c, t, prov, e, None, True))
+                _add_prov(pm, prov, t * c.count, e)
+            self._classes[full] = ChunkClass(opt, dp_s, gather, z["fwd"][0], z["fwd"][1], z["bwd"][0], z["bwd"][1],
+                                             calls, ps, pm)
+
+    def _emb_sync(self, model: ModelSpec, tp: int, pp: int, dp: int, prec: str) -> tuple[float, str, float]:
+        key = (model, tp, pp, dp, prec)
+        hit = self._emb.get(key)
+        if hit is None:
+            c = D.embedding_sync(model, tp, pp, prec, D.topology(self.platform.gpus_per_node, tp, dp, pp, "embedding"))
+            if c is None:
+                hit = (0.0, "none", 0.0)
+            else:
+                t, prov = self.P.comm_times([c])[0]
+                hit = (t, prov, self._err(prov, None, True))
+            self._emb[key] = hit
+        return hit
+
+    def _p2p_time(self, nbytes: int, tp: int, pp: int, dp: int) -> tuple[float, str, float]:
+        key = (nbytes, tp, pp, dp)
+        hit = self._p2p.get(key)
+        if hit is None:
+            if pp == 1:
+                hit = (0.0, "none", 0.0)
+            else:
+                c = D.CommCall("p2p", nbytes, "pp", "fwd", 1, *D.topology(self.platform.gpus_per_node, tp, dp, pp, "pp"))
+                t, prov = self.P.comm_times([c])[0]
+                hit = (t, prov, self._err(prov, None, True))
+            self._p2p[key] = hit
+        return hit
+
+    # ---- evaluation -----------------------------------------------------------------------
+    def evaluate(self, model: ModelSpec, rows: np.ndarray, structures: Sequence[Structure], seq_len: int,
+                 precision: str, *, host: HostOverhead | None | bool = True, options: ComposeOptions | None = None,
+                 detail: bool = False, provenance: bool = True) -> Evaluation:
+        """Every row of `rows` (columns `COLUMNS`) of `model` at `seq_len` / `precision`.
+
+        host: True = the predictor's fitted host overhead (if any and `options.host_overhead`), None / False =
+        none, or a HostOverhead to use instead (calibration). detail: keep per-chunk times, tails and timed
+        calls of every row (one prediction's charts and tables). provenance: sum each row's time per
+        provenance (for the confidence band)."""
+        opts = options or self.P.options
+        if host is True:
+            host_term = self.P.host if opts.host_overhead else None
+        else:
+            host_term = host or None
+        n = len(rows)
+        out = Evaluation(step_time_s=np.full(n, np.nan), pipeline_s=np.full(n, np.nan),
+                         breakdown_s={c: np.full(n, np.nan) for c in CATEGORIES},
+                         detail_s={k: np.full(n, np.nan) for k in ("compute_fwd", "compute_bwd", "recompute")},
+                         critical_stage=np.zeros(n, int), peak_bytes=np.full(n, np.nan), peak_stage=np.zeros(n, int),
+                         memory_parts={k: np.full(n, np.nan) for k in MEMORY_PARTS},
+                         usable_bytes=self.platform.device.hbm_gib * mem.GIB * (1.0 - self.mopt.allocator_reserve),
+                         capacity_bytes=self.platform.device.hbm_gib * mem.GIB,
+                         provenance_s=[{} for _ in range(n)], host_all_s=np.zeros(n))
+        if n == 0:
+            return out
+        rows = np.asarray(rows, dtype=np.int64)
+        tp_a, pp_a, dp_a, mb_a, m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
+        st_a, rc_a, sp_a, z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
+        ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a]))
+        klist = [tuple(int(x) for x in k) for k in ukeys]
+        self.prepare(model, seq_len, precision, klist)
+        parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
+
+        def kvec(get) -> np.ndarray:
+            return np.array([get(p) for p in parts], float)[kinv]
+        unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name), f)) for f in ("fc", "bc", "rc",
+                                                                                                   "ft", "bt")}
+                for name in ("layer", "first", "last")}
+        p2p_bytes = kvec(lambda p: p.p2p_bytes).astype(np.int64)
+        u, inv = _unique_rows(np.column_stack([p2p_bytes, tp_a, pp_a, dp_a]))
+        p2p = [self._p2p_time(int(b), int(t), int(p), int(d)) for b, t, p, d in u]
+        p2p_t = np.array([x[0] for x in p2p])[inv]
+        u2, inv2 = _unique_rows(np.column_stack([tp_a, pp_a, dp_a]))
+        emb = [self._emb_sync(model, int(t), int(p), int(d), precision) for t, p, d in u2]
+        emb_t = np.array([x[0] for x in emb])[inv2]
+        # chunk classes of every (row, chunk)
+        struct_classes = [structure_classes(s) for s in structures]
+        self._prepare_classes(model, seq_len, precision, class_keys(rows, struct_classes))
+
+        for st_id in np.unique(st_a):
+            S = structures[int(st_id)]
+            idx = np.nonzero(st_a == st_id)[0]
+            self._evaluate_structure(out, model, S, struct_classes[int(st_id)], idx, rows[idx], unit, p2p_t[idx],
+                                     emb_t[idx], seq_len, precision, host_term, opts, detail)
+        if provenance or detail:
+            self._provenance(out, model, rows, structures, kinv, parts, inv, p2p, inv2, emb, seq_len, precision,
+                             host_term)
+        return out
+
+    def _evaluate_structure(self, out: Evaluation, model: ModelSpec, S: Structure, classes: list[tuple], idx: np.ndarray,
+                            sub: np.ndarray, unit: dict, p2p_t: np.ndarray, emb_t: np.ndarray, seq_len: int,
+                            precision: str, host: HostOverhead | None, opts: ComposeOptions, detail: bool) -> None:
+        pp, vpp = S.pp, S.vpp
+        nch = pp * vpp
+        R = len(idx)
+        cn = np.array(S.counts, float)
+        cf = np.zeros(nch)
+        cf[0] = 1
+        cl = np.zeros(nch)
+        cl[-1] = 1
+        cstage = np.arange(nch) % pp
+        n_p2p = np.array([D.p2p_calls_per_pass(i, nch, pp) for i in range(nch)], float)
+        cls_of = np.array([classes.index((S.counts[i], int(i == 0), int(i == nch - 1))) for i in range(nch)])
+        combo, cinv = _unique_rows(sub[:, [I_TP, I_DP, I_ZERO]])
+        work = np.zeros((len(combo), len(classes), 7))
+        for ci, (tp, dp, z) in enumerate(combo):
+            for j, (n_l, f, l_) in enumerate(classes):
+                c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), n_l, f, l_)]
+                work[ci, j] = (c.optimizer_s, c.dp_sync_s, c.param_gather_s, c.zf_total, c.zf_unit, c.zb_total,
+                               c.zb_unit)
+        W = work[cinv][:, cls_of, :]          # [R, chunks, 7]
+
+        def chunks_of(f: str) -> np.ndarray:   # [R, chunks]
+            return (cn * unit["layer"][f][idx][:, None] + cf * unit["first"][f][idx][:, None]
+                    + cl * unit["last"][f][idx][:, None])
+        fc, bc, rcp, ft, bt = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt"))
+        ppc = n_p2p[None, :] * p2p_t[:, None]
+        zf_tot, zf_unit, zb_tot, zb_unit = W[..., 3], W[..., 4], W[..., 5], W[..., 6]
+        # ZeRO-2/3: prefetched under compute; what compute cannot cover is exposed, and at least one unit
+        fdp = np.where(zf_tot > 0, np.maximum(zf_unit, zf_tot - fc), 0.0)
+        bdp = np.where(zb_tot > 0, np.maximum(zb_unit, zb_tot - bc), 0.0)
+        if host is not None:
+            bpasses = np.array([host.passes("bwd", RECOMPUTE[int(v)]) for v in sub[:, I_RC]])[:, None]
+            fh = host.extra_s(fc + ft, cn[None, :], "fwd", "none")
+            bh = host.extra_for_passes_s(bc + bt, cn[None, :], bpasses)
+        else:
+            fh = bh = np.zeros_like(fc)
+        onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
+        fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "pp_comm": ppc, "dp_comm": fdp}
+        bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "pp_comm": ppc, "dp_comm": bdp}
+        emb_s = ((cf + cl) > 0).astype(float) @ onehot * emb_t[:, None]
+        ov_grad = np.full(R, opts.overlap_grad_reduce)
+        ov_gather = np.full(R, opts.overlap_param_gather)
+        comp: ArrayComposition = compose_arrays(
+            fwd, bwd, rcp, cstage, pp=pp, vpp=vpp, schedule=S.schedule, m=sub[:, I_M].astype(float),
+            dp_sync_s=W[..., 1] @ onehot, param_gather_s=W[..., 2] @ onehot, embedding_sync_s=emb_s,
+            optimizer_s=W[..., 0] @ onehot, overlap_grad_reduce=ov_grad, overlap_param_gather=ov_gather,
+            grad_buckets=opts.grad_buckets)
+        out.step_time_s[idx] = comp.step_time_s
+        out.host_all_s[idx] = sub[:, I_M] * (fh + bh).sum(axis=1)
+        out.pipeline_s[idx] = comp.pipeline_s
+        out.critical_stage[idx] = comp.critical_stage
+        for k, v in comp.breakdown_s.items():
+            out.breakdown_s[k][idx] = v
+        for k, v in comp.detail_s.items():
+            out.detail_s[k][idx] = v
+        # memory per stage
+        arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
+                                      tp=sub[:, I_TP], dp=sub[:, I_DP], zero_stage=sub[:, I_ZERO],
+                                      micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
+                                      recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt)
+        total = sum(arr[k] for k in MEMORY_PARTS)
+        ps = total.argmax(axis=1)
+        rr = np.arange(R)
+        out.peak_bytes[idx] = total[rr, ps]
+        out.peak_stage[idx] = ps
+        for k in MEMORY_PARTS:
+            out.memory_parts[k][idx] = arr[k][rr, ps]
+        if detail:
+            for j, r in enumerate(idx):
+                out.details[int(r)] = {
+                    "structure": S, "chunk_stage": cstage, "chunk_layers": S.counts,
+                    "fwd": {k: v[j] for k, v in fwd.items()}, "bwd": {k: v[j] for k, v in bwd.items()},
+                    "recompute": rcp[j], "p2p_per_pass": n_p2p, "p2p_s": float(p2p_t[j]),
+                    "tails": {"dp_sync_s": (W[..., 1] @ onehot)[j], "param_gather_s": (W[..., 2] @ onehot)[j],
+                              "embedding_sync_s": emb_s[j], "optimizer_s": (W[..., 0] @ onehot)[j]},
+                    "memory": {k: v[j] for k, v in arr.items()}, "classes": [classes[c] for c in cls_of],
+                    "stage_finish_s": comp.stage_finish_s[j]}
+
+    def _provenance(self, out: Evaluation, model: ModelSpec, rows: np.ndarray, structures: Sequence[Structure],
+                    kinv: np.ndarray, parts: list[Parts], p2p_inv: np.ndarray, p2p: list, emb_inv: np.ndarray,
+                    emb: list, seq_len: int, precision: str, host: HostOverhead | None) -> None:
+        """Per row: seconds (and seconds x expected error) resting on each provenance, over every stage:
+        per-micro-batch work x the micro-batches, plus the once-per-step work."""
+        host_err = (host.cv_mape if host is not None and host.cv_mape is not None else ASSUMED_ERROR["host"])
+        for r in range(len(rows)):
+            row = rows[r]
+            S = structures[int(row[I_STRUCT])]
+            pp, nch = S.pp, S.pp * S.vpp
+            m = float(row[I_M])
+            P = parts[kinv[r]]
+            acc: dict[str, list[float]] = {}
+
+            def add(d: dict[str, list[float]], k: float) -> None:
+                for prov, (s, se) in d.items():
+                    v = acc.setdefault(prov, [0.0, 0.0])
+                    v[0] += s * k
+                    v[1] += se * k
+            L = float(sum(S.counts))
+            add(P.layer.prov, m * L)
+            add(P.first.prov, m)
+            add(P.last.prov, m)
+            t_p2p, prov_p2p, e_p2p = p2p[p2p_inv[r]]
+            n_p2p = sum(D.p2p_calls_per_pass(i, nch, pp) for i in range(nch))
+            if t_p2p > 0 and n_p2p:
+                add({prov_p2p: [t_p2p, t_p2p * e_p2p]}, 2.0 * m * n_p2p)
+            t_emb, prov_emb, e_emb = emb[emb_inv[r]]
+            if t_emb > 0:
+                add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
+            for i in range(nch):
+                c = self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP]), int(row[I_ZERO]),
+                                   S.counts[i], int(i == 0), int(i == nch - 1))]
+                add(c.prov_step, 1.0)
+                add(c.prov_mb, m)
+            h = float(out.host_all_s[r])
+            if h > 0:
+                add({HOST_PROVENANCE: [h, h * host_err]}, 1.0)
+            out.provenance_s[r] = acc
+
+
+HOST_PROVENANCE = "host overhead (fitted on measured runs)"
+
+
+def structure_classes(s: Structure) -> list[tuple[int, int, int]]:
+    """The distinct (layers, is first, is last) chunk kinds of a pipeline structure."""
+    nch = s.pp * s.vpp
+    return sorted({(s.counts[i], int(i == 0), int(i == nch - 1)) for i in range(nch)})
+
+
+def unit_keys(rows: np.ndarray) -> set[tuple[int, int, int, int]]:
+    """The (tp, micro_batch, sp, recompute) units `rows` need."""
+    u, _ = _unique_rows(rows[:, [I_TP, I_MB, I_SP, I_RC]])
+    return {tuple(int(x) for x in k) for k in u}  # type: ignore[misc]
+
+
+def class_keys(rows: np.ndarray, struct_classes: list[list[tuple[int, int, int]]]) -> set[tuple]:
+    """The (tp, pp, dp, zero, layers, first, last) chunk classes `rows` need."""
+    out: set[tuple] = set()
+    for tp, pp, dp, z, st in _unique_rows(rows[:, [I_TP, I_PP, I_DP, I_ZERO, I_STRUCT]])[0]:
+        for (cn, cf, cl) in struct_classes[st]:
+            out.add((int(tp), int(pp), int(dp), int(z), cn, cf, cl))
+    return out
