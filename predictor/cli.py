@@ -125,14 +125,17 @@ def print_prediction(pred, console=None) -> None:
     c.print(t)
     for w in pred.warnings:
         c.print(f"[yellow]warning:[/yellow] {w}")
-    ops = pred.ops[pred.ops["stage"] == pred.critical_stage]
-    top = (ops.groupby(["op", "phase", "provenance"], as_index=False)["seconds_total"].sum()
-           .sort_values("seconds_total", ascending=False).head(12))
+    agg: dict[tuple[str, str, str], float] = {}
+    for r in pred.op_rows:  # (stage, chunk, part, phase, op, pass, category, count, each, total, provenance, cv)
+        if r[0] == pred.critical_stage:
+            k = (r[4], r[3], r[10])
+            agg[k] = agg.get(k, 0.0) + r[9]
+    top = sorted(agg.items(), key=lambda kv: -kv[1])[:12]
     t2 = Table(title=f"Top operators on the critical stage {pred.critical_stage} (per micro-batch)")
     for col in ("op", "phase", "seconds", "provenance"):
         t2.add_column(col)
-    for r in top.itertuples():
-        t2.add_row(r.op, r.phase, f"{r.seconds_total:.4g}", r.provenance)
+    for (op, phase, prov), secs in top:
+        t2.add_row(op, phase, f"{secs:.4g}", prov)
     c.print(t2)
     for w in pred.warnings:
         c.print(f"[yellow]warning:[/yellow] {w}")

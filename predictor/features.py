@@ -32,13 +32,33 @@ INPUT (its output is ranks x larger), p2p the tensor sent.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import sys
 
 import numpy as np
-import pandas as pd
 
 from . import ops
 from .specs import BYTES_PER_ELEMENT
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _pandas():
+    """pandas, imported on first use (the prediction path passes numpy arrays and never needs it)."""
+    import pandas
+    return pandas
+
+
+def _is_frame(x: Any) -> bool:
+    pdm = sys.modules.get("pandas")
+    return pdm is not None and isinstance(x, pdm.DataFrame)
+
+
+def _is_series(x: Any) -> bool:
+    pdm = sys.modules.get("pandas")
+    return pdm is not None and isinstance(x, pdm.Series)
 
 LAUNCH_LATENCY_S = 5e-6
 DEFAULT_VOCAB = 50257
@@ -79,7 +99,7 @@ _KEY_COLUMNS = (*ops.SHAPE_COLUMNS, "variant")
 
 
 def _scalar(v: Any) -> float:
-    if v is None or v is pd.NA or isinstance(v, str):
+    if v is None or isinstance(v, str) or (sys.modules.get("pandas") is not None and v is _pandas().NA):
         return np.nan
     try:
         return float(v)
@@ -90,7 +110,7 @@ def _scalar(v: Any) -> float:
 def scalar_row(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, Any] | None:
     """The one row of `shapes` as {column: python scalar} (None = NULL), or None if it is not one row.
     Cheap (no pandas per-column work); used for the fast single-row path and as a cache key."""
-    if isinstance(shapes, pd.DataFrame):
+    if _is_frame(shapes):
         if len(shapes) != 1:
             return None
         vals = shapes.to_numpy(dtype=object)[0]
@@ -102,7 +122,7 @@ def scalar_row(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, Any] | Non
     out: dict[str, Any] = {}
     for c in _KEY_COLUMNS:
         v = row.get(c)
-        if isinstance(v, (list, tuple, np.ndarray, pd.Series)):
+        if isinstance(v, (list, tuple, np.ndarray)) or _is_series(v):
             return None
         if c == "variant":
             out[c] = v if isinstance(v, str) else None
@@ -131,12 +151,12 @@ def shape_arrays(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarr
     """Shape columns as float64 arrays (NaN = NULL), from a DataFrame or a mapping of scalars/arrays."""
     if _is_shape_arrays(shapes):  # already arrays (arrays_from_shapes)
         return shapes  # type: ignore[return-value]
-    row = scalar_row(shapes) if not isinstance(shapes, pd.DataFrame) or len(shapes) == 1 else None
+    row = scalar_row(shapes) if not _is_frame(shapes) or len(shapes) == 1 else None
     if row is not None:  # fast path: one row of scalars
         out = {c: np.array([np.nan if row[c] is None else row[c]], dtype="float64") for c in ops.SHAPE_COLUMNS}
         out["variant"] = np.array([OPTIMIZER_VARIANTS.get(row["variant"], 0.0) if row["variant"] else 0.0])
         return out
-    if isinstance(shapes, pd.DataFrame):
+    if _is_frame(shapes):
         n = len(shapes)
         get = shapes.get
     else:
@@ -157,6 +177,7 @@ def shape_arrays(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarr
         if v is None:
             out[c] = np.full(n, np.nan)
             continue
+        pd = _pandas()
         if isinstance(v, pd.Series):
             arr = pd.to_numeric(v, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
         else:
@@ -412,7 +433,7 @@ def op_features(op: str, pass_: str, shapes: pd.DataFrame | Mapping[str, Any], d
                 precision: str = "fp16") -> pd.DataFrame:
     """Model features for `op` / `pass_` (columns = `feature_names(op)`)."""
     X, _ = op_feature_matrix(op, pass_, shape_arrays(shapes), device, precision)
-    return pd.DataFrame(X, columns=list(feature_names(op)))
+    return _pandas().DataFrame(X, columns=list(feature_names(op)))
 
 
 # --------------------------------------------------------------------------- collectives
@@ -470,4 +491,4 @@ def collective_feature_matrix(collective: str, message_bytes, nodes, gpus_per_no
 
 def collective_features(collective: str, message_bytes, nodes, gpus_per_node, platform) -> pd.DataFrame:
     X, _ = collective_feature_matrix(collective, message_bytes, nodes, gpus_per_node, platform)
-    return pd.DataFrame(X, columns=list(COLLECTIVE_FEATURES))
+    return _pandas().DataFrame(X, columns=list(COLLECTIVE_FEATURES))

@@ -40,10 +40,12 @@ import json
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from .platforms import Platform
 
@@ -385,6 +387,7 @@ def _relevant(samples: pd.DataFrame, net: NetworkModel) -> list[str]:
 
 
 def _predict_rows(net: NetworkModel, s: pd.DataFrame) -> np.ndarray:
+    import pandas as pd
     out = np.empty(len(s))
     algo = s["algorithm"] if "algorithm" in s else pd.Series([None] * len(s), index=s.index)
     keys = pd.DataFrame({"c": s["collective"].to_numpy(), "a": algo.fillna("").to_numpy()})
@@ -401,6 +404,7 @@ def fit_network(net: NetworkModel, samples: pd.DataFrame, source: str, prior_wei
     """Least squares on log(time) over `samples` (full-buffer convention; optional column `algorithm`
     forces 'ring'/'nvls'/...), each (source, collective, topology) curve weighted equally, with a weak
     prior pulling parameters the samples cannot pin towards their starting values."""
+    import pandas as pd
     from scipy.optimize import least_squares
     s = samples[(samples["duration_s"] > 0) & (samples["message_bytes"] > 0)].copy()
     if s.empty:

@@ -31,11 +31,15 @@ from collections import OrderedDict
 from functools import lru_cache
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-import lightgbm as lgb
+from .lgb_import import import_lightgbm
+
+lgb = import_lightgbm()
+
+if TYPE_CHECKING:
+    import pandas as pd
 import numpy as np
-import pandas as pd
 
 from . import features as F
 from . import ops, paths
@@ -79,6 +83,7 @@ _COMPUTE_BOUND_OPS = (*F.GEMM_OPS, *F.BMM_OPS, "flash_attn")
 
 # --------------------------------------------------------------------------- helpers
 def _versions() -> dict[str, str]:
+    import pandas as pd
     import sklearn
     return {"lightgbm": lgb.__version__, "sklearn": sklearn.__version__, "numpy": np.__version__,
             "pandas": pd.__version__, "python": _pyplatform.python_version()}
@@ -219,6 +224,7 @@ class _LogEfficiencyRegressor:
     def _fit_arrays(self, X: np.ndarray, roof: np.ndarray, durations: np.ndarray, names: list[str], *,
                     dedupe_keys: np.ndarray, groups: np.ndarray | None, cv_folds: int,
                     filter_outliers: bool, progress: Callable[[str], None] | None = None) -> None:
+        import pandas as pd
         n_in = len(durations)
         ok = np.isfinite(durations) & (durations > 0) & np.all(np.isfinite(X[:, [names.index("log2_roofline")]]),
                                                                 axis=1)
@@ -448,6 +454,7 @@ class OpRegressor(_LogEfficiencyRegressor):
             progress: Callable[[str], None] | None = None) -> "OpRegressor":
         """Fit on shape columns and measured seconds. `groups` (e.g. the optimizer variant) only
         splits the CV report. `cv_folds` > 1 also runs the K-fold CV."""
+        import pandas as pd
         a = F.shape_arrays(shapes_df)
         X, roof = F.op_feature_matrix(self.op, self.pass_, a, device, precision)
         names = list(F.feature_names(self.op))
@@ -516,6 +523,7 @@ class CollectiveRegressor(_LogEfficiencyRegressor):
     def fit(self, message_bytes, nodes, gpus_per_node, durations_s, platform, *, cv_folds: int = 0,
             groups=None, filter_outliers: bool = True,
             progress: Callable[[str], None] | None = None) -> "CollectiveRegressor":
+        import pandas as pd
         S = np.asarray(message_bytes, dtype="float64")
         nn_ = np.asarray(nodes, dtype="float64")
         gg = np.asarray(gpus_per_node, dtype="float64")

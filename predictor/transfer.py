@@ -36,12 +36,14 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from . import features as F
+if TYPE_CHECKING:
+    import pandas as pd
+
 from .platforms import DeviceSpec
 
 LAUNCH_S = F.LAUNCH_LATENCY_S
@@ -177,6 +179,7 @@ def evaluate_transfer(bank, source: DeviceSpec, target: DeviceSpec, target_sampl
                       seed: int = 0) -> pd.DataFrame:
     """One row per (op, pass, config): target samples predicted from the source bank. Physically
     impossible target rows (faster than the regressors' bound) are counted and left out."""
+    import pandas as pd
     rows = []
     for (op, ps), g in target_samples.groupby(["op", "pass"], sort=True):
         if not bank.has_op(op, ps):
@@ -201,6 +204,7 @@ def evaluate_transfer(bank, source: DeviceSpec, target: DeviceSpec, target_sampl
 
 def summarize(res: pd.DataFrame) -> pd.DataFrame:
     """Per config: median over ops of the per-op median APE, row-weighted median, time-weighted MAPE."""
+    import pandas as pd
     out = []
     for cfg, g in res.groupby("config", sort=False):
         g = g.dropna(subset=["median_ape"])

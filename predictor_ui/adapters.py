@@ -25,19 +25,9 @@ Progress = Callable[[int, int, str], None]
 
 
 def import_lightgbm_fast() -> None:
-    """Import lightgbm without its scikit-learn wrappers, which pull in scikit-learn and scipy.stats:
-    about 1.2 s of the 1.5 s that `import lightgbm` takes on a cold start, on the path of the first
-    prediction. The predictor uses only `lgb.Booster` / `lgb.train`. Training imports scikit-learn
-    itself later (KFold), which then loads normally. A no-op when either is already imported."""
-    import sys
-    if "lightgbm" in sys.modules or "sklearn" in sys.modules:
-        return
-    sys.modules["sklearn"] = None  # type: ignore[assignment]  # lightgbm.compat: ImportError -> no wrappers
-    try:
-        import lightgbm  # noqa: F401
-    finally:
-        if sys.modules.get("sklearn", 0) is None:
-            del sys.modules["sklearn"]
+    """predictor.lgb_import (kept for the pages that call it)."""
+    from predictor.lgb_import import import_lightgbm
+    import_lightgbm()
 
 
 class Unavailable(RuntimeError):
