@@ -48,8 +48,10 @@ class StageTail:
 
 @dataclass(frozen=True)
 class ComposeOptions:
+    # Whether the platform lets collectives overlap compute at all (False where they share the cores);
+    # whether a layout does is its framework's (predictor.frameworks, Layout.overlap_*).
     overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = False
+    overlap_param_gather: bool = True
     grad_buckets: int = 8  # buckets per stage's gradients; the last one cannot overlap
     simulate: bool = True  # event simulation of the schedule (timeline); else closed form only
     max_simulated_tasks: int = 50_000

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from . import params
 from .ops import SHAPE_COLUMNS
+from .frameworks import get_framework
 from .platforms import Platform
 from .specs import BYTES_PER_ELEMENT, Layout, ModelSpec, grad_comm_bytes
 
@@ -283,7 +284,8 @@ def p2p_calls_per_pass(chunk_index: int, chunks: int, pp: int) -> int:
 
 
 def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
-              layers: int, first: bool, last: bool, dp_topo: Topology) -> StepWork:
+              layers: int, first: bool, last: bool, dp_topo: Topology, zero2_gather: str = "per_micro_batch"
+              ) -> StepWork:
     """The optimizer of one chunk and its data-parallel traffic, by ZeRO stage:
 
     zero_stage  as frameworks name it                         data-parallel traffic of this chunk
@@ -294,8 +296,9 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
                                                                forward, gradient reduce-scatter in backward
     3           FSDP FULL_SHARD; ZeRO-3                        per micro-batch: parameter all-gather in forward
                                                                and again in backward, gradient reduce-scatter
-    (DeepSpeed ZeRO-2 gathers parameters once per step instead of per micro-batch; with one micro-batch
-    per step the two coincide.) Stages 2-3 move one unit at a time (each transformer layer; the
+    DeepSpeed ZeRO-2 (`zero2_gather="per_step"`) gathers the updated parameters once per step after the
+    optimizer instead of before every micro-batch's forward (predictor.frameworks). Stages 2-3 move one unit
+    at a time (each transformer layer; the
     embedding / head parameters of the edge chunks), one call per unit, prefetched under compute;
     stages 0-1 are bucketed and overlapped with the last backward by `compose`.
     Gradients travel in `specs.grad_comm_bytes(precision)` bytes per element (fp32 for bf16, as
@@ -325,13 +328,16 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
     edge = n_params - layers * layer_unit_params
     if edge > 0:
         units.append((edge, 1))
+    per_step_gather = zero_stage == 2 and zero2_gather == "per_step"
     mb: list[CommCall] = []
     for n, count in units:
-        mb.append(CommCall("allgather", n * elem, "dp", "fwd", count, *dp_topo))
+        if not per_step_gather:
+            mb.append(CommCall("allgather", n * elem, "dp", "fwd", count, *dp_topo))
         if zero_stage == 3:
             mb.append(CommCall("allgather", n * elem, "dp", "bwd", count, *dp_topo))
         mb.append(CommCall("reducescatter", n * gelem, "dp", "bwd", count, *dp_topo))
-    return StepWork(step_ops=(opt,), mb_comms=tuple(mb))
+    steps = (CommCall("allgather", n_params * elem, "dp", "step", 1, *dp_topo),) if per_step_gather else ()
+    return StepWork(step_ops=(opt,), step_comms=steps, mb_comms=tuple(mb))
 
 
 def embedding_sync(model: ModelSpec, tp: int, pp: int, precision: str, emb_topo: Topology) -> CommCall | None:
@@ -385,7 +391,8 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
             plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "fwd", n_p2p, *pp_topo))
             plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "bwd", n_p2p, *pp_topo))
         work = step_work(model, tp=tp, pp=layout.pp, dp=layout.dp, zero_stage=layout.zero_stage, precision=prec,
-                         seq_len=s, layers=n_layers, first=first, last=last, dp_topo=dp_topo)
+                         seq_len=s, layers=n_layers, first=first, last=last, dp_topo=dp_topo,
+                         zero2_gather=get_framework(layout.framework).zero2_gather)
         plan.step_ops += list(work.step_ops)
         plan.step_comms += list(work.step_comms)
         plan.comms += list(work.mb_comms)

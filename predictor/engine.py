@@ -30,14 +30,15 @@ from .arrayops import unique_rows as _unique_rows
 from . import memory as mem
 from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
 from .overhead import HostOverhead
-from .specs import Layout, ModelSpec
+from .frameworks import FRAMEWORK_SPECS, get_framework
+from .specs import FRAMEWORKS, Layout, ModelSpec
 
 if TYPE_CHECKING:
     from .predict import Predictor
 
 COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "structure", "recompute",
-           "sequence_parallel", "zero_stage")
-I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO = range(len(COLUMNS))
+           "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce", "overlap_param_gather")
+(I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm")  # per micro-batch categories
 MEMORY_PARTS = mem.MEMORY_PARTS
@@ -71,17 +72,24 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
         if st not in index:
             index[st] = len(structures)
             structures.append(st)
+        fw = get_framework(L.framework)
+        ogr = fw.overlap_grad_reduce if L.overlap_grad_reduce is None else L.overlap_grad_reduce
+        opg = fw.overlap_param_gather if L.overlap_param_gather is None else L.overlap_param_gather
         rows.append((L.num_gpus, L.tp, L.pp, L.dp, L.micro_batch, L.num_micro_batches, index[st],
-                     RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage))
+                     RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
+                     FRAMEWORKS.index(fw.name), int(ogr), int(opg)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
 def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_len: int, precision: str) -> Layout:
+    fw = FRAMEWORK_SPECS[FRAMEWORKS[int(row[I_FW])]]
     return Layout(num_gpus=int(row[I_GPUS]), tp=int(row[I_TP]), pp=int(row[I_PP]), dp=int(row[I_DP]),
                   micro_batch=int(row[I_MB]), global_batch=global_batch, seq_len=seq_len, vpp=structure.vpp,
                   schedule=structure.schedule, recompute=RECOMPUTE[int(row[I_RC])],
                   sequence_parallel=bool(row[I_SP]), zero_stage=int(row[I_ZERO]), precision=precision,
-                  stage_layers=structure.stage_layers)
+                  stage_layers=structure.stage_layers, framework=fw.name,
+                  overlap_grad_reduce=None if bool(row[I_OGR]) == fw.overlap_grad_reduce else bool(row[I_OGR]),
+                  overlap_param_gather=None if bool(row[I_OPG]) == fw.overlap_param_gather else bool(row[I_OPG]))
 
 
 # ------------------------------------------------------------------------------------ timed units
@@ -274,10 +282,10 @@ class Engine:
             full = (model, seq, prec, *k)
             if full in self._classes or full in todo:
                 continue
-            tp, pp, dp, z, n, first, last = k
+            tp, pp, dp, z, gmode, n, first, last = k
             todo[full] = D.step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=z, precision=prec, seq_len=seq,
                                      layers=n, first=bool(first), last=bool(last),
-                                     dp_topo=D.topology(g, tp, dp, pp, "dp"))
+                                     dp_topo=D.topology(g, tp, dp, pp, "dp"), zero2_gather=ZERO2_GATHER[gmode])
         if not todo:
             return
         by_prec: dict[str, list] = {}
@@ -417,11 +425,11 @@ class Engine:
         cstage = np.arange(nch) % pp
         n_p2p = np.array([D.p2p_calls_per_pass(i, nch, pp) for i in range(nch)], float)
         cls_of = np.array([classes.index((S.counts[i], int(i == 0), int(i == nch - 1))) for i in range(nch)])
-        combo, cinv = _unique_rows(sub[:, [I_TP, I_DP, I_ZERO]])
+        combo, cinv = _unique_rows(np.column_stack([sub[:, [I_TP, I_DP, I_ZERO]], gather_mode(sub)]))
         work = np.zeros((len(combo), len(classes), 7))
-        for ci, (tp, dp, z) in enumerate(combo):
+        for ci, (tp, dp, z, gm) in enumerate(combo):
             for j, (n_l, f, l_) in enumerate(classes):
-                c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), n_l, f, l_)]
+                c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), int(gm), n_l, f, l_)]
                 work[ci, j] = (c.optimizer_s, c.dp_sync_s, c.param_gather_s, c.zf_total, c.zf_unit, c.zb_total,
                                c.zb_unit)
         W = work[cinv][:, cls_of, :]          # [R, chunks, 7]
@@ -445,8 +453,8 @@ class Engine:
         fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "pp_comm": ppc, "dp_comm": fdp}
         bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "pp_comm": ppc, "dp_comm": bdp}
         emb_s = ((cf + cl) > 0).astype(float) @ onehot * emb_t[:, None]
-        ov_grad = np.full(R, opts.overlap_grad_reduce)
-        ov_gather = np.full(R, opts.overlap_param_gather)
+        ov_grad = sub[:, I_OGR].astype(bool) & opts.overlap_grad_reduce        # the platform may forbid it
+        ov_gather = sub[:, I_OPG].astype(bool) & opts.overlap_param_gather
         comp: ArrayComposition = compose_arrays(
             fwd, bwd, rcp, cstage, pp=pp, vpp=vpp, schedule=S.schedule, m=sub[:, I_M].astype(float),
             dp_sync_s=W[..., 1] @ onehot, param_gather_s=W[..., 2] @ onehot, embedding_sync_s=emb_s,
@@ -513,9 +521,10 @@ class Engine:
             t_emb, prov_emb, e_emb = emb[emb_inv[r]]
             if t_emb > 0:
                 add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
+            gm = int(gather_mode(row[None, :])[0])
             for i in range(nch):
                 c = self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP]), int(row[I_ZERO]),
-                                   S.counts[i], int(i == 0), int(i == nch - 1))]
+                                   gm, S.counts[i], int(i == 0), int(i == nch - 1))]
                 add(c.prov_step, 1.0)
                 add(c.prov_mb, m)
             h = float(out.host_all_s[r])
@@ -539,10 +548,21 @@ def unit_keys(rows: np.ndarray) -> set[tuple[int, int, int, int]]:
     return {tuple(int(x) for x in k) for k in u}  # type: ignore[misc]
 
 
+ZERO2_GATHER = ("per_micro_batch", "per_step")
+
+
+def gather_mode(rows: np.ndarray) -> np.ndarray:
+    """Per row: index into ZERO2_GATHER of its framework's ZeRO-2 parameter gather."""
+    modes = np.array([ZERO2_GATHER.index(FRAMEWORK_SPECS[f].zero2_gather) for f in FRAMEWORKS])
+    return modes[rows[:, I_FW]]
+
+
 def class_keys(rows: np.ndarray, struct_classes: list[list[tuple[int, int, int]]]) -> set[tuple]:
-    """The (tp, pp, dp, zero, layers, first, last) chunk classes `rows` need."""
+    """The (tp, pp, dp, zero, gather mode, layers, first, last) chunk classes `rows` need."""
     out: set[tuple] = set()
-    for tp, pp, dp, z, st in _unique_rows(rows[:, [I_TP, I_PP, I_DP, I_ZERO, I_STRUCT]])[0]:
+    g = gather_mode(rows)
+    for tp, pp, dp, z, gm, st in _unique_rows(np.column_stack([rows[:, [I_TP, I_PP, I_DP, I_ZERO]], g,
+                                                               rows[:, I_STRUCT]]))[0]:
         for (cn, cf, cl) in struct_classes[st]:
-            out.add((int(tp), int(pp), int(dp), int(z), cn, cf, cl))
+            out.add((int(tp), int(pp), int(dp), int(z), int(gm), cn, cf, cl))
     return out

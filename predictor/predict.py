@@ -25,8 +25,9 @@ import numpy as np
 from . import features, paths
 from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
 from .decompose import CommCall, OpCall
-from .engine import (HOST_PROVENANCE, RECOMPUTE, Engine, Evaluation, Structure, class_keys, rows_for,
-                     structure_classes, unit_keys)
+from .engine import (HOST_PROVENANCE, RECOMPUTE, ZERO2_GATHER, Engine, Evaluation, Structure, class_keys,
+                     rows_for, structure_classes, unit_keys)
+from .frameworks import get_framework
 from .memory import GIB, MemoryOptions, MemoryReport, report_from_arrays
 from .network import analytic_time_s, expected_error, load_network
 from .ops import STAND_INS
@@ -403,8 +404,9 @@ class Predictor:
                 if h > 0:
                     rows.append((stage, chunk, "layer", ph, "host overhead", ph, "host_overhead", 1, h, h,
                                  HOST_PROVENANCE, self.host.cv_mape if self.host else None))
+            gm = ZERO2_GATHER.index(get_framework(layout.framework).zero2_gather)
             cls = self.engine._classes[(model, layout.seq_len, layout.precision, layout.tp, S.pp, layout.dp,
-                                        layout.zero_stage, *det["classes"][i])]
+                                        layout.zero_stage, gm, *det["classes"][i])]
             for tc in cls.calls:
                 c, t, prov = tc.call, tc.seconds, tc.provenance
                 if isinstance(c, CommCall):

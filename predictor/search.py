@@ -38,7 +38,8 @@ from .decompose import split_layers
 from .engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  # noqa: F401  (_unique_rows re-exported)
 from .platforms import Platform
 from .predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
-from .specs import RECOMPUTES, SCHEDULES, InfeasibleConfig, Layout, ModelSpec
+from .frameworks import get_framework
+from .specs import DEFAULT_FRAMEWORK, FRAMEWORKS, RECOMPUTES, SCHEDULES, InfeasibleConfig, Layout, ModelSpec
 
 OBJECTIVES = {"time": ("step_time_s", True), "tokens": ("tokens_per_s", False), "mfu": ("mfu", False),
               "cost": ("gpu_hours_per_mtok", True)}
@@ -62,6 +63,9 @@ class SearchSpace:
     uneven_splits: bool = True
     tp_within_node: bool = True
     precision: str = "bf16"
+    framework: str = DEFAULT_FRAMEWORK        # predictor.frameworks: its ZeRO stages and overlap defaults
+    overlap_grad_reduce: bool | None = None   # None: the framework's default
+    overlap_param_gather: bool | None = None
 
 
 @dataclass
@@ -163,7 +167,8 @@ class SearchReport:
 
 def _layout_dict(L: Layout) -> dict[str, Any]:
     d = {k: getattr(L, k) for k in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp",
-                                    "schedule", "recompute", "sequence_parallel", "zero_stage", "precision")}
+                                    "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
+                                    "framework", "overlap_grad_reduce", "overlap_param_gather")}
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
     d["num_micro_batches"] = L.num_micro_batches
     return d
@@ -195,6 +200,14 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
             structs.append(s)
         return struct_ids[s]
 
+    fw = get_framework(space.framework)
+    fw_i = FRAMEWORKS.index(fw.name)
+    ogr = int(fw.overlap_grad_reduce if space.overlap_grad_reduce is None else space.overlap_grad_reduce)
+    opg = int(fw.overlap_param_gather if space.overlap_param_gather is None else space.overlap_param_gather)
+    for z in space.zero_stage:
+        if z not in fw.zero_stages:
+            excl.append({"option": f"zero_stage={z}", "values": {"zero_stage": z},
+                         "reason": f"{fw.description} has no ZeRO stage {z}."})
     rcs = [r for r in space.recompute if r in RC]
     if model.attention_impl == "flash" and "selective" in rcs and "none" in rcs:
         rcs.remove("selective")
@@ -238,7 +251,8 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
             per_replica = global_batch // dp
             mbs = [b for b in (space.micro_batch or _divisors(per_replica))
                    if per_replica % b == 0 and b <= (space.max_micro_batch if space.micro_batch is None else b)]
-            zs = [z for z in space.zero_stage if z == 0 or dp > 1]
+            zs = [z for z in space.zero_stage if (z == 0 or dp > 1) and z in fw.zero_stages
+                  and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
             structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
             if "1f1b" in space.schedules or pp == 1:
                 even = Structure(pp, 1, "1f1b", tuple(split_layers(L, pp)), None)
@@ -269,7 +283,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
                         rci = RC.index(rc)
                         for sp in sps:
                             for z in zs:
-                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z))
+                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg))
     return rows, structs, excl
 
 
@@ -374,6 +388,8 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "stage_layers": pd.Series(s_split[sid], dtype=object),
         "recompute": pd.Series(np.array(RECOMPUTE, dtype=object)[arr[:, 7]], dtype=object),
         "sequence_parallel": arr[:, 8].astype(bool), "zero_stage": arr[:, 9],
+        "framework": pd.Series(np.array(FRAMEWORKS, dtype=object)[arr[:, 10]], dtype=object),
+        "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -459,7 +475,19 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   seq_len=int(row["seq_len"]), vpp=int(row["vpp"]), schedule=str(row["schedule"]),
                   recompute=str(row["recompute"]), sequence_parallel=bool(row["sequence_parallel"]),
                   zero_stage=int(row["zero_stage"]), precision=str(row["precision"]),
-                  stage_layers=tuple(int(x) for x in sl.split(",")) if sl else None)
+                  stage_layers=tuple(int(x) for x in sl.split(",")) if sl else None, **_framework_fields(row))
+
+
+def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:
+    """framework and the overlap switches of a table row (None where they equal the framework default)."""
+    name = str(row.get("framework") or DEFAULT_FRAMEWORK)
+    fw = get_framework(name)
+    out: dict[str, Any] = {"framework": fw.name}
+    for k in ("overlap_grad_reduce", "overlap_param_gather"):
+        if k in row and row[k] == row[k]:
+            v = bool(row[k])
+            out[k] = None if v == getattr(fw, k) else v
+    return out
 
 
 def _top_results(model, P, table, top_k, objective, refine, mopt, tokens_to_train, price) -> list[SearchResult]:

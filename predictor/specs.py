@@ -17,6 +17,8 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32")
 ATTENTION_IMPLS = ("flash", "unfused")
+FRAMEWORKS = ("megatron", "megatron-deepspeed", "deepspeed", "fsdp", "ddp")  # see predictor.frameworks
+DEFAULT_FRAMEWORK = "megatron"
 BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
 # Gradient element size held between backward and the optimizer, and reduced over data parallel:
 # Megatron-LM forces fp32 gradient accumulation and reduction for bf16, torchtitan / llm-foundry
@@ -135,6 +137,11 @@ class Layout:
     # Layers per pipeline chunk (pp*vpp entries, first stage first); None = as even as possible,
     # the remainder going to the middle stages (the edge stages carry embedding / LM head).
     stage_layers: tuple[int, ...] | None = None
+    # The training framework (predictor.frameworks): when the data-parallel traffic runs and whether it
+    # overlaps compute; None in the overlap switches = the framework's default.
+    framework: str = DEFAULT_FRAMEWORK
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
 
     @property
     def num_micro_batches(self) -> int:
@@ -182,6 +189,18 @@ class Layout:
                     "change global_batch or micro_batch accordingly.")
         elif self.vpp != 1:
             raise InfeasibleConfig("vpp", f"vpp = {self.vpp} needs --schedule interleaved.", "set vpp to 1 or use the interleaved schedule.")
+        if self.framework not in FRAMEWORKS:
+            raise InfeasibleConfig("framework", f"unknown framework '{self.framework}'.",
+                                   f"use one of {', '.join(FRAMEWORKS)}.")
+        from .frameworks import get_framework
+        fw = get_framework(self.framework)
+        if self.zero_stage not in fw.zero_stages:
+            raise InfeasibleConfig("zero_stage", f"{fw.description} has no ZeRO stage {self.zero_stage}.",
+                                   f"use one of {', '.join(map(str, fw.zero_stages))}, or another framework.")
+        if self.zero_stage >= 2 and self.pp > 1 and fw.zero_needs_no_pp:
+            raise InfeasibleConfig("zero_stage", f"{fw.description} cannot combine ZeRO-{self.zero_stage} with "
+                                                 f"pipeline parallelism (pp = {self.pp}).",
+                                   "use zero_stage 0 or 1 with pipeline parallelism, or pp = 1.")
         if self.sequence_parallel and self.tp == 1:
             raise InfeasibleConfig("sequence_parallel", "sequence parallelism needs tp > 1.", "set tp >= 2 or turn it off.")
         if model is not None:

@@ -68,10 +68,17 @@ def test_platform_whose_collectives_share_the_cores_exposes_the_whole_grad_sync(
     assert platform_options(replace(cpu, overlaps_comm_with_compute=True), ComposeOptions()).overlap_grad_reduce
     model = ModelSpec(name="small-gpt", arch="gpt", num_layers=2, hidden_size=512, num_heads=8, vocab_size=8192,
                       tied_embeddings=True, attention_impl="flash")
-    L = Layout(num_gpus=2, dp=2, micro_batch=1, global_batch=2, seq_len=256, precision="fp32")
+    L = Layout(num_gpus=2, dp=2, micro_batch=1, global_batch=2, seq_len=256, precision="fp32", framework="ddp")
     serial = Predictor(cpu).predict(model, L, timeline=False)
     hidden = Predictor(replace(cpu, overlaps_comm_with_compute=True)).predict(model, L, timeline=False)
     full = serial.breakdown_s["dp_comm"]
     assert full > 0
     assert hidden.breakdown_s["dp_comm"] < full
+    # Megatron reduces after the backward unless told to overlap: the whole sync shows on any platform
+    meg = Predictor(replace(cpu, overlaps_comm_with_compute=True)).predict(
+        model, replace(L, framework="megatron"), timeline=False)
+    assert meg.breakdown_s["dp_comm"] == pytest.approx(full, rel=1e-9)
+    ovl = Predictor(replace(cpu, overlaps_comm_with_compute=True)).predict(
+        model, replace(L, framework="megatron", overlap_grad_reduce=True), timeline=False)
+    assert ovl.breakdown_s["dp_comm"] == pytest.approx(hidden.breakdown_s["dp_comm"], rel=1e-9)
     assert serial.step_time_s - hidden.step_time_s == pytest.approx(full - hidden.breakdown_s["dp_comm"], rel=1e-6)

@@ -1,0 +1,65 @@
+"""What each training framework really does with the data-parallel traffic of a step.
+
+The same layout runs differently under different frameworks: when the gradient reduction runs and
+whether it hides behind the backward pass, when ZeRO parameters are gathered, which ZeRO stages exist.
+`Layout.framework` names one of FRAMEWORKS (default DEFAULT_FRAMEWORK); `Layout.overlap_grad_reduce` /
+`overlap_param_gather` override the framework's default where the framework has the switch.
+
+  megatron            Megatron-LM / Megatron-Core. Distributed optimizer = ZeRO-1. The gradient
+                      reduce(-scatter) runs after the last backward unless --overlap-grad-reduce, the
+                      parameter all-gather after the optimizer unless --overlap-param-gather (both off by
+                      default in Megatron-LM's arguments; NeMo recipes switch them on). Stages 2/3 are
+                      Megatron-Core's own FSDP (per micro-batch gathers, overlapped like PyTorch FSDP).
+  megatron-deepspeed  Megatron-DeepSpeed (BLOOM, vTrain): DeepSpeed's engine, ZeRO-1 at most with pipeline
+                      parallelism; stage 1 installs no backward hooks, so the gradient reduction follows the
+                      backward (DeepSpeed PR #1246: "overlap ... meaningless in stage 1").
+  deepspeed           DeepSpeed ZeRO without pipeline: stage 0/1 reduce after the backward; stage 2
+                      reduce-scatters bucketed gradients during every micro-batch's backward (overlap_comm) and
+                      all-gathers the updated parameters once per step; stage 3 gathers per layer in forward
+                      and backward with prefetch.
+  fsdp                PyTorch FSDP (llm-foundry, torchtitan): NO_SHARD (0) all-reduces in backward hooks,
+                      overlapped; SHARD_GRAD_OP (2) gathers once per micro-batch before the forward and
+                      reduce-scatters in the backward; FULL_SHARD (3) gathers in forward and again in backward
+                      (backward prefetch), reduce-scatter in backward, all overlapped with compute.
+  ddp                 PyTorch DistributedDataParallel: bucketed all-reduce overlapped with the backward
+                      (ZeroRedundancyOptimizer for stage 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .specs import FRAMEWORKS, InfeasibleConfig
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    overlap_grad_reduce: bool        # default: DP gradient reduction (ZeRO 0/1) hidden behind the backward
+    overlap_param_gather: bool       # default: ZeRO-1 parameter all-gather hidden behind the next forward
+    zero_stages: tuple[int, ...]     # ZeRO stages the framework implements
+    zero2_gather: str                # "per_micro_batch" (FSDP SHARD_GRAD_OP) or "per_step" (DeepSpeed ZeRO-2)
+    zero_needs_no_pp: bool           # ZeRO-2/3 cannot be combined with pipeline parallelism
+    overlap_switch: bool             # the user can switch the overlap of the gradient reduction
+    description: str
+
+
+FRAMEWORK_SPECS: dict[str, Framework] = {f.name: f for f in [
+    Framework("megatron", False, False, (0, 1, 2, 3), "per_micro_batch", False, True,
+              "Megatron-LM / Megatron-Core (distributed optimizer = ZeRO-1, Megatron FSDP = 2/3)"),
+    Framework("megatron-deepspeed", False, False, (0, 1, 2, 3), "per_step", True, False,
+              "Megatron-DeepSpeed (DeepSpeed engine; ZeRO-2/3 only without pipeline parallelism)"),
+    Framework("deepspeed", False, False, (0, 1, 2, 3), "per_step", True, False,
+              "DeepSpeed ZeRO"),
+    Framework("fsdp", True, False, (0, 2, 3), "per_micro_batch", False, False,
+              "PyTorch FSDP (NO_SHARD = 0, SHARD_GRAD_OP = 2, FULL_SHARD = 3)"),
+    Framework("ddp", True, False, (0, 1), "per_step", False, False,
+              "PyTorch DDP (ZeroRedundancyOptimizer = 1)"),
+]}
+assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS
+
+
+def get_framework(name: str) -> Framework:
+    spec = FRAMEWORK_SPECS.get(str(name).strip().lower())
+    if spec is None:
+        raise InfeasibleConfig("framework", f"unknown framework '{name}'.", f"use one of {', '.join(FRAMEWORKS)}.")
+    return spec
