@@ -514,10 +514,10 @@ def check_model_text(text: str) -> tuple[int, list[str]]:
     Linear and categorical trees, which this project never trains, are refused."""
     if not text.startswith("tree\n"):
         raise ValueError("no 'tree' header: not a LightGBM text model")
-    end = text.find("\nend of trees")
+    end = text.find("\nend of trees\n")  # LightGBM always ends that line with a newline
     if end < 0:
         raise ValueError("no 'end of trees' line: the file is cut short")
-    tail = text[end + len("\nend of trees"):]
+    tail = text[end + len("\nend of trees\n"):]
     if tail.strip() and "parameters:" in tail and "end of parameters" not in tail:
         raise ValueError("its parameters section after 'end of trees' is cut short")
     first = text.find("\nTree=")
@@ -527,10 +527,11 @@ def check_model_text(text: str) -> tuple[int, list[str]]:
     for line in text[5:first].split("\n"):
         if line:
             k, sep, v = line.partition("=")
-            if not sep:
+            if not sep or "=" in v:
                 raise ValueError(f"header line {line[:40]!r} is not key=value")
             head[k] = v
-    for k in ("version", "num_class", "num_tree_per_iteration", "max_feature_idx", "feature_names", "feature_infos"):
+    for k in ("version", "num_class", "num_tree_per_iteration", "max_feature_idx", "objective", "feature_names",
+              "feature_infos"):
         if k not in head:
             raise ValueError(f"header has no {k}")
     try:
@@ -551,12 +552,15 @@ def check_model_text(text: str) -> tuple[int, list[str]]:
         if lines[0] != str(i):
             raise ValueError(f"tree block {i} is labelled Tree={lines[0][:20]} (trees missing or out of order)")
         kv: dict[str, str] = {}
-        for line in lines[1:]:
-            if line:
-                k, sep, v = line.partition("=")
-                if not sep:
-                    raise ValueError(f"tree {i}: line {line[:40]!r} is not key=value")
-                kv[k] = v
+        for j, line in enumerate(lines[1:]):
+            if not line:  # LightGBM ends a tree at its first blank line: only blank lines may follow
+                if any(lines[1 + j:]):
+                    raise ValueError(f"tree {i}: a blank line inside the tree block")
+                break
+            k, sep, v = line.partition("=")
+            if not sep or "=" in v:
+                raise ValueError(f"tree {i}: line {line[:40]!r} is not key=value")
+            kv[k] = v
         for k in ("num_leaves", "num_cat", "leaf_value", "shrinkage"):
             if k not in kv:
                 raise ValueError(f"tree {i} has no {k}")

@@ -353,6 +353,7 @@ def check_models_store(models_dir=None) -> list[str]:
     from .overhead import load_host_overhead_checked
     from .paths import load_platform_validation_checked
     from .regressors import check_models
+    from .specs import InfeasibleConfig
     from .speed import load_speed_check_checked
     from .transfer import load_validation_checked
 
@@ -362,8 +363,12 @@ def check_models_store(models_dir=None) -> list[str]:
         pid = pdir.name
         _, problems = check_models(pdir, pid)
         out += [p.reason for p in problems]
+        try:
+            vwarn = load_platform_validation_checked(pid, d)[1]
+        except InfeasibleConfig as e:  # a folder whose name is no platform id
+            vwarn = f"{pdir}: not a platform folder ({e})"
         for warn in (load_host_overhead_checked(d, pid)[1], load_network_file_checked(pdir / "network.json")[1],
-                     load_speed_check_checked(d, pid)[1], load_platform_validation_checked(pid, d)[1]):
+                     load_speed_check_checked(d, pid)[1], vwarn):
             if warn:
                 out.append(warn)
     for warn in (load_validation_checked(d)[1], load_network_validation_checked(d)[1]):
