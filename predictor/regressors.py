@@ -704,12 +704,35 @@ def check_model_metadata(path: str | Path, md: Any, stem: str, platform_id: str 
     return md
 
 
-def verify_model(directory: str | Path, stem: str, platform_id: str | None = None) -> VerifiedModel:
+def check_model_outline(text: str) -> tuple[int, list[str]]:
+    """(number of trees, feature names) from the outline of a model text alone: the 'tree' header and
+    its feature_names line, the Tree= labels (the last one Tree=<count - 1>) and the closing 'end of
+    trees' line. Enough for a text whose size and sha256 match its sidecar (written by `save`, which
+    ran the full `check_model_text` first); ValueError otherwise. ~0.1 ms."""
+    if not text.startswith("tree\n"):
+        raise ValueError("no 'tree' header: not a LightGBM text model")
+    end = text.find("\nend of trees\n")
+    if end < 0:
+        raise ValueError("no 'end of trees' line: the file is cut short")
+    first = text.find("\nTree=")
+    n = text.count("\nTree=", 0, end)
+    if first < 0 or n == 0 or not text.startswith(f"\nTree={n - 1}\n", text.rfind("\nTree=", 0, end)):
+        raise ValueError("its Tree= blocks are missing or out of order")
+    i = text.find("\nfeature_names=", 0, first)
+    if i < 0:
+        raise ValueError("header has no feature_names")
+    return n, text[i + len("\nfeature_names="):text.index("\n", i + 1)].split()
+
+
+def verify_model(directory: str | Path, stem: str, platform_id: str | None = None, *,
+                 full: bool = True) -> VerifiedModel:
     """Check the pair `<stem>.txt` + `<stem>.json` in `directory` before anything parses the model:
     the sidecar (`check_model_metadata`), the .txt's size and sha256 against the sidecar's
     `model_file` record (a sidecar without one, from an older version, is checked structurally
-    only: `hashed` False), the structure of the text (`check_model_text`), its tree count and its
-    feature names against the sidecar. ArtifactError (path, field, problem) otherwise."""
+    only: `hashed` False), the structure of the text, its tree count and its feature names against
+    the sidecar. The structure check is the full `check_model_text` (~2-10 ms a model), except for
+    a hashed model with `full=False`, where the hash already vouches for the bytes and the outline
+    (`check_model_outline`) is checked. ArtifactError (path, field, problem) otherwise."""
     d = Path(directory)
     txt, meta = d / f"{stem}.txt", d / f"{stem}.json"
     md = read_json_checked(meta)
@@ -733,7 +756,7 @@ def verify_model(directory: str | Path, stem: str, platform_id: str | None = Non
     except UnicodeDecodeError:
         raise ArtifactError(txt, None, "is not UTF-8 text: not a LightGBM text model") from None
     try:
-        n, names = check_model_text(text)
+        n, names = check_model_text(text) if full or mf is None else check_model_outline(text)
     except ValueError as e:
         raise ArtifactError(txt, None, f"is not a complete LightGBM model: {e}") from None
     if mf is not None and n != mf["num_trees"]:
@@ -747,12 +770,13 @@ def verify_model(directory: str | Path, stem: str, platform_id: str | None = Non
     return VerifiedModel(stem, text, md, sha, mf is not None, n)
 
 
-def check_models(directory: str | Path, platform_id: str | None = None
+def check_models(directory: str | Path, platform_id: str | None = None, *, full: bool = True
                  ) -> tuple[dict[str, VerifiedModel], list[ModelProblem]]:
     """Verify every regressor in `directory` (one platform's folder): ({stem: VerifiedModel} of those
     that pass, [ModelProblem] of those that fail). A regressor is any `<stem>.txt` or `<stem>.json`
     whose stem this version knows, and any other `.txt` with a `.json` beside it; the platform's
-    other files (network.json, host_overhead.json, ...) are not regressors."""
+    other files (network.json, host_overhead.json, ...) are not regressors. `full`: see
+    `verify_model`."""
     d = Path(directory)
     known = known_stems()
     try:
@@ -765,7 +789,7 @@ def check_models(directory: str | Path, platform_id: str | None = None
     problems: list[ModelProblem] = []
     for stem in sorted(stems):
         try:
-            good[stem] = verify_model(d, stem, platform_id)
+            good[stem] = verify_model(d, stem, platform_id, full=full)
         except ArtifactError as e:
             problems.append(ModelProblem(stem, str(e)))
     return good, problems
@@ -957,8 +981,9 @@ class ModelBank:
     """All trained regressors of one platform, loaded lazily from `<models_dir>/<platform>/`.
 
     Every model is checked when the bank is built (`check_models`: sidecar keys and ranges, identity,
-    the .txt's sha256 and structure), before LightGBM sees it. A model that fails is left out and
-    reported; the rest of the platform is served:
+    the .txt's size, sha256 and outline; the full structure for a model without a hash), and again
+    in full when its booster is first built, from the very bytes LightGBM then parses. A model that
+    fails is left out and reported; the rest of the platform is served:
 
         bank.problems    -> list[ModelProblem]: (stem, reason) of each model left out, e.g.
                             ('mlp_down.fwd', '.../mlp_down.fwd.txt: its sha256 differs from ...')
@@ -977,7 +1002,8 @@ class ModelBank:
     def __init__(self, platform_id: str, directory: Path):
         self.platform_id = platform_id
         self.directory = Path(directory)
-        verified, problems = check_models(self.directory, platform_id)
+        # hash + outline now (fast); the full structural check runs in _booster, before LightGBM parses it
+        verified, problems = check_models(self.directory, platform_id, full=False)
         self._meta: dict[str, dict[str, Any]] = {s: v.metadata for s, v in verified.items()}
         self._sha: dict[str, str] = {s: v.sha256 for s, v in verified.items()}
         self.problems: list[ModelProblem] = problems

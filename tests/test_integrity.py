@@ -548,3 +548,26 @@ def test_check_models_store_lists_every_problem(tmp_path):
     assert any("gelu.fwd.txt" in o for o in out)
     assert any("network.json" in o and "inter.bandwidth_gbps" in o for o in out)
     assert any("host_overhead.json" in o and "host_s_per_layer_pass" in o for o in out)
+
+
+def test_a_consistent_hash_does_not_skip_the_full_check_before_lightgbm(plat, monkeypatch):
+    """A pair re-hashed after a bad edit passes the bank's fast check (size, sha256, outline); the
+    full structural check still runs before LightGBM parses it, and refuses it."""
+    text = (plat / "mlp_up.fwd.txt").read_text()
+    i = text.index("\nTree=3\nnum_leaves=") + len("\nTree=3\nnum_leaves=")
+    j = text.index("\n", i)
+    bad = (text[:i] + str(int(text[i:j]) + 1) + text[j:]).encode()
+    (plat / "mlp_up.fwd.txt").write_bytes(bad)
+    md = json.loads((plat / "mlp_up.fwd.json").read_text())
+    md[R.MODEL_FILE_KEY] = R.model_file_record("mlp_up.fwd", bad, md[R.MODEL_FILE_KEY]["num_trees"])
+    (plat / "mlp_up.fwd.json").write_text(json.dumps(md, indent=1))
+    bank = R.ModelBank(PLATFORM, plat)
+    assert bank.has_op("mlp_up", "fwd") and bank.problems == []
+
+    def booster(*a, **k):
+        raise AssertionError("reached LightGBM")
+    monkeypatch.setattr(R.lgb, "Booster", booster)
+    with pytest.raises(ArtifactError, match="tree 3: leaf_value has"):
+        bank.predict_op("mlp_up", "fwd", ROW, A100)
+    assert not bank.has_op("mlp_up", "fwd") and [p.stem for p in bank.problems] == ["mlp_up.fwd"]
+    assert any("mlp_up.fwd" in p.reason for p in R.check_models(plat, PLATFORM)[1])  # the full check of train / store
