@@ -13,6 +13,10 @@ folder: `../../etc/x` is refused with `InfeasibleConfig`, never opened.
 
 `write_text_atomic` writes through a temporary file in the same folder and renames it over the
 target, so a reader sees the old file or the new one, never half of one.
+
+Reading is checked: a file that is unreadable, not JSON, or holds a value out of range raises
+`ArtifactError(path, field, problem)` (a ValueError); `load_checked(path, parse)` turns that into
+`(value, None)`, `(None, None)` without the file, or `(None, warning)` for callers that degrade.
 """
 from __future__ import annotations
 

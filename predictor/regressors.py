@@ -18,7 +18,10 @@ included). `cv_mape_clean_` excludes the rows the full-data residual filter flag
 `mape_all_rows_` adds the physically impossible rows, predicted by the final model.
 
 Files: `<dir>/<op>.<pass>.txt` (LightGBM text) + `<op>.<pass>.json`, `collective.<name>.txt/.json`.
-No pickle anywhere.
+No pickle anywhere. Written atomically, the .txt first (`save`); the sidecar's `model_file` record
+(sha256, size and tree count of the .txt) lets `verify_model` refuse a cut, swapped or edited file
+before LightGBM reads it (LightGBM crashes the process on a cut file); `ModelBank.problems` lists
+what a platform's bank left out.
 """
 from __future__ import annotations
 
@@ -688,7 +691,11 @@ def check_model_metadata(path: str | Path, md: Any, stem: str, platform_id: str 
             _check_range_pairs(path, "topologies", md["topologies"], 3)
         mbr = md.get("message_bytes_range")
         if mbr is not None:
-            _check_range_pairs(path, "message_bytes_range", {"": mbr}, 2)
+            if not isinstance(mbr, list) or len(mbr) != 2:
+                raise ArtifactError(path, "message_bytes_range", "must be [min, max]")
+            lo, hi = (check_number(path, f"message_bytes_range[{j}]", v, ge=0) for j, v in enumerate(mbr))
+            if lo > hi:
+                raise ArtifactError(path, "message_bytes_range", f"minimum {lo} > maximum {hi}")
     mf = md.get(MODEL_FILE_KEY)
     if mf is not None:
         if not isinstance(mf, dict):
