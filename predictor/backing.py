@@ -31,6 +31,8 @@ def describe_backing(pr: Predictor) -> PlatformBacking:
     if pr.bank is not None:
         kind = "measured" if own else "transferred"
         ops = f"{kind} from {p.op_models} ({len(pr.bank.ops_available())} operator models)"
+        if pr.bank.degraded:
+            ops += f"; DEGRADED: {len(pr.bank.problems)} model file(s) failed their check and are not used"
     elif p.op_models:
         kind = "analytical"
         ops = (f"analytical: {p.op_models} has no trained models "

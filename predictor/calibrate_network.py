@@ -302,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if data.empty:
         print(f"no measured sweeps under {a.shared}")
         return 1
-    fits = {}
+    fits, rc = {}, 0
     for pid in CALIBRATED_PLATFORMS:
         if (data["platform"] == pid).any():
             net = calibrate_platform(pid, data)
@@ -314,11 +314,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"inter {net.inter.bandwidth_gbps:.2f} GB/s, nvls {net.nvls.bandwidth_gbps if net.nvls else '-'}; "
                   f"fit median error {net.validation['fit']['median_ape']:.1%}")
             if not a.dry_run:
-                save_network(net, Path(a.models_dir) / pid / "network.json")
+                try:  # atomic; refuses a model with a value network.json may not hold (ArtifactError)
+                    save_network(net, Path(a.models_dir) / pid / "network.json")
+                except ValueError as e:
+                    print(f"{pid}: not saved: {e}")
+                    rc = 1
     pooled = pooled_defaults(fits)
     print("pooled efficiencies (compare network.DEFAULTS):", json.dumps({k: round(v, 3) for k, v in pooled.items()}))
     print("network.DEFAULTS:", json.dumps(DEFAULTS))
-    return 0
+    return rc
 
 
 if __name__ == "__main__":

@@ -38,15 +38,30 @@ def cmd_ingest(a: argparse.Namespace) -> int:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
+    """Train, then check what was written: every model is saved atomically (.txt, then its .json with
+    the .txt's sha256), and the platform's folder is verified as the predictor will load it. Exit 1
+    when a model of a trained platform fails that check (each named with the reason)."""
+    from .paths import models_dir
+    from .regressors import check_models
     from .store import list_platforms
     from .training import train_platform
     platforms = a.platform or [p for p in list_platforms(store_path=a.store)["platform"]]
+    out = models_dir(a.models_dir)  # where predict reads: --models-dir, else $PREDICTOR_MODELS_DIR, else models_store/
+    rc = 0
     for pid in platforms:
         t0 = time.perf_counter()
-        report = train_platform(pid, store_path=a.store, models_dir=a.models_dir, progress=_progress_printer(a.quiet))
+        report = train_platform(pid, store_path=a.store, models_dir=out, progress=_progress_printer(a.quiet))
         print(f"\n{pid}: trained {len(report)} models in {time.perf_counter() - t0:.1f} s")
         print(report.to_string(index=False))
-    return 0
+        pdir = out / pid
+        good, problems = check_models(pdir, pid) if pdir.is_dir() else ({}, [])
+        for p in problems:
+            print(f"{pid}: model {p.stem} FAILS its check: {p.reason}", file=sys.stderr)
+        if problems:
+            rc = 1
+        else:
+            print(f"{pid}: {len(good)} models on disk verified (sha256, structure, identity)")
+    return rc
 
 
 # ---- platforms / models ---------------------------------------------------------------------

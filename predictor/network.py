@@ -37,6 +37,7 @@ times efficiencies measured on the calibrated platforms (`DEFAULTS`, see calibra
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -47,7 +48,16 @@ import numpy as np
 if TYPE_CHECKING:
     import pandas as pd
 
+from .paths import (
+    ArtifactError,
+    check_error_record,
+    check_number,
+    load_checked,
+    write_text_atomic,
+)
 from .platforms import Platform
+
+log = logging.getLogger(__name__)
 
 # Efficiencies and latencies of uncalibrated platforms: medians (rounded) of the per-platform fits of
 # `python -m predictor.calibrate_network` over the measured sweeps (fabrics: A100 NVSwitch, A100 NVLink
@@ -74,6 +84,9 @@ TREE_BW_FACTOR = 0.92               # NCCL: tree all-reduce busBw * 0.92
 MIN_BW_GBPS = 1e-3
 DEFAULT_EFFICIENCY = DEFAULTS["intra_efficiency"]  # kept for callers of the old module
 ALGORITHMS = ("ring", "tree", "nvls")
+TOPOLOGIES = ("switch", "mesh")
+MAX_EFFICIENCY = 1.5                # collective_efficiency above this is no measurement (see check_network_dict)
+NETWORK_FILE = "network.json"
 
 
 @dataclass(frozen=True)
@@ -134,7 +147,10 @@ class NetworkModel:
         return json.dumps(self.to_dict(), indent=2, default=float)
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "NetworkModel":
+    def from_dict(d: dict[str, Any], source: str | Path = NETWORK_FILE) -> NetworkModel:
+        """The model of a parsed network.json, its values checked (`check_network_dict`): ArtifactError
+        (a ValueError) naming `source` and the field when one is missing or out of range."""
+        check_network_dict(d, source)
         names = {f.name for f in fields(TierParams)}
 
         def tier(x):
@@ -147,8 +163,64 @@ class NetworkModel:
             collective_efficiency={k: float(v) for k, v in (d.get("collective_efficiency") or {}).items()})
 
     @staticmethod
-    def from_json(text: str) -> "NetworkModel":
-        return NetworkModel.from_dict(json.loads(text))
+    def from_json(text: str, source: str | Path = NETWORK_FILE) -> NetworkModel:
+        try:
+            d = json.loads(text)
+        except ValueError as e:
+            raise ArtifactError(source, None, f"is not valid JSON ({e})") from None
+        return NetworkModel.from_dict(d, source)
+
+
+def _check_tier(path: str | Path, name: str, t: Any) -> None:
+    if not isinstance(t, dict):
+        raise ArtifactError(path, name, f"must be an object, not {type(t).__name__}")
+    for k in ("bandwidth_gbps", "latency_us"):
+        if k not in t:
+            raise ArtifactError(path, f"{name}.{k}", "is missing")
+    check_number(path, f"{name}.bandwidth_gbps", t["bandwidth_gbps"], gt=0)
+    for k in ("ll_bandwidth_gbps", "p2p_bandwidth_gbps"):
+        check_number(path, f"{name}.{k}", t.get(k), gt=0, optional=True)
+    check_number(path, f"{name}.latency_us", t["latency_us"], ge=0)
+    check_number(path, f"{name}.base_latency_us", t.get("base_latency_us", 0.0), ge=0)
+    for k in ("ll_latency_us", "ll_base_latency_us", "p2p_latency_us", "fit_mape"):
+        check_number(path, f"{name}.{k}", t.get(k), ge=0, optional=True)
+    check_number(path, f"{name}.n_samples", t.get("n_samples", 0), ge=0, integer=True)
+    if not isinstance(t.get("source", ""), str):
+        raise ArtifactError(path, f"{name}.source", "must be a string")
+
+
+def check_network_dict(d: Any, path: str | Path = NETWORK_FILE) -> dict[str, Any]:
+    """`d` (a parsed network.json) if it can be used, else ArtifactError naming `path` and the field:
+    tiers intra / inter (and nvls or null) with bandwidths > 0, latencies >= 0, all finite;
+    collective efficiencies in (0, MAX_EFFICIENCY]; algorithms among ALGORITHMS; intra_topology among
+    TOPOLOGIES; node_gpus >= 1 and nvls_min_gpus >= 0 whole numbers; fit errors finite >= 0."""
+    if not isinstance(d, dict):
+        raise ArtifactError(path, None, f"must be a JSON object, not {type(d).__name__}")
+    for name in ("intra", "inter"):
+        if name not in d:
+            raise ArtifactError(path, name, "is missing")
+        _check_tier(path, name, d[name])
+    if d.get("nvls") is not None:
+        _check_tier(path, "nvls", d["nvls"])
+    algos = d.get("algorithms", ["ring", "tree"])
+    if not isinstance(algos, list) or not all(isinstance(a, str) and a in ALGORITHMS for a in algos):
+        raise ArtifactError(path, "algorithms", f"{algos!r}: must be a list drawn from {', '.join(ALGORITHMS)}")
+    if d.get("intra_topology", "switch") not in TOPOLOGIES:
+        raise ArtifactError(path, "intra_topology", f"{d.get('intra_topology')!r}: must be one of {', '.join(TOPOLOGIES)}")
+    check_number(path, "node_gpus", d.get("node_gpus", 8), ge=1, integer=True)
+    check_number(path, "nvls_min_gpus", d.get("nvls_min_gpus", 0), ge=0, integer=True)
+    eff = d.get("collective_efficiency") or {}
+    if not isinstance(eff, dict):
+        raise ArtifactError(path, "collective_efficiency", "must be an object")
+    for k, v in eff.items():
+        check_number(path, f"collective_efficiency.{k}", v, gt=0, le=MAX_EFFICIENCY)
+    if not isinstance(d.get("platform_id", ""), str):
+        raise ArtifactError(path, "platform_id", "must be a string")
+    val = d.get("validation", {})
+    if not isinstance(val, dict):
+        raise ArtifactError(path, "validation", "must be an object")
+    check_error_record(path, {f"validation.{k}": v for k, v in val.items()})
+    return d
 
 
 # --------------------------------------------------------------------------- spec model
@@ -469,33 +541,51 @@ def calibrate(platform: Platform, samples: pd.DataFrame, source: str = "measured
 
 # --------------------------------------------------------------------------- persistence
 def save_network(net: NetworkModel, path: Path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(net.to_json() + "\n")
+    """Write `net` to `path` atomically; refuses (ArtifactError) a model that would not load."""
+    text = net.to_json() + "\n"
+    check_network_dict(json.loads(text), path)
+    write_text_atomic(path, text)
+
+
+def load_network_file_checked(path: str | Path) -> tuple[NetworkModel | None, str | None]:
+    """(model, None) from a network.json; (None, None) without the file; (None, warning naming the file
+    and field) when it is unreadable or a value is out of range."""
+    return load_checked(path, lambda d: NetworkModel.from_dict(d, path))
+
+
+def load_network_checked(platform: Platform, models_dir: str | Path) -> tuple[NetworkModel, str | None]:
+    """(network model, warning or None). The calibrated model of this platform if one was saved
+    (models_store/<platform>/network.json), else the model of the platform named in its
+    `collective_calibration` (same network hardware), else the spec model. A calibration borrowed
+    from another platform keeps its fitted efficiencies but rescales bandwidths by this platform's
+    link specs. A network.json that is unreadable or holds an out-of-range value (a bandwidth <= 0,
+    a negative latency, ...) is not used: the spec model is, and the warning names the file, the
+    field and the fallback."""
+    d = Path(models_dir)
+    spec = spec_network(platform)
+    own = d / platform.platform_id / NETWORK_FILE
+    borrow = platform.collective_calibration
+    path = own if own.exists() or not borrow else d / borrow / NETWORK_FILE
+    net, warn = load_network_file_checked(path)
+    if warn:
+        return spec, f"Network calibration not used, link specs instead: {warn}"
+    if net is None:
+        return spec, None
+    if path == own:
+        return replace(net, algorithms=spec.algorithms if net.nvls is not None or spec.nvls is None
+                       else tuple(a for a in spec.algorithms if a != "nvls")), None
+    try:
+        return borrowed_network(platform, net, borrow), None
+    except (ValueError, KeyError, TypeError) as e:
+        return spec, f"Network calibration of {borrow} not usable for {platform.platform_id} ({e}): link specs instead"
 
 
 def load_network(platform: Platform, models_dir: Path) -> NetworkModel:
-    """The calibrated model of this platform if one was saved (models_store/<platform>/network.json),
-    else the model of the platform named in its `collective_calibration` (same network hardware),
-    else the spec model. A calibration borrowed from another platform keeps its fitted efficiencies
-    but rescales bandwidths by this platform's link specs."""
-    d = Path(models_dir)
-    path = d / platform.platform_id / "network.json"
-    spec = spec_network(platform)
-    if path.exists():
-        try:
-            net = NetworkModel.from_json(path.read_text())
-            return replace(net, algorithms=spec.algorithms if net.nvls is not None or spec.nvls is None
-                           else tuple(a for a in spec.algorithms if a != "nvls"))
-        except (OSError, ValueError, KeyError, TypeError):
-            return spec
-    borrow = platform.collective_calibration
-    if borrow and (d / borrow / "network.json").exists():
-        try:
-            return borrowed_network(platform, NetworkModel.from_json((d / borrow / "network.json").read_text()), borrow)
-        except (OSError, ValueError, KeyError, TypeError):
-            return spec
-    return spec
+    """`load_network_checked` without the warning (it is logged)."""
+    net, warn = load_network_checked(platform, models_dir)
+    if warn:
+        log.warning(warn)
+    return net
 
 
 def borrowed_network(platform: Platform, other: NetworkModel, other_id: str, other_platform: Platform | None = None
@@ -532,15 +622,23 @@ def borrowed_network(platform: Platform, other: NetworkModel, other_id: str, oth
 NETWORK_VALIDATION_FILE = "network_validation.json"
 
 
-def load_network_validation(models_dir: str | Path | None) -> dict[str, Any]:
-    """`models_store/network_validation.json` (written by tests/benchmarks/collective_accuracy.py)."""
+def load_network_validation_checked(models_dir: str | Path | None) -> tuple[dict[str, Any], str | None]:
+    """(record, None) from `models_store/network_validation.json` (written by
+    tests/benchmarks/collective_accuracy.py), every error finite and >= 0; ({}, None) without it;
+    ({}, warning naming the file and field) when it is unreadable or a value is out of range."""
     if models_dir is None:
-        return {}
+        return {}, None
     p = Path(models_dir) / NETWORK_VALIDATION_FILE
-    try:
-        return json.loads(p.read_text()) if p.exists() else {}
-    except (OSError, ValueError):
-        return {}
+    rec, warn = load_checked(p, lambda d: check_error_record(p, d))
+    return rec or {}, warn
+
+
+def load_network_validation(models_dir: str | Path | None) -> dict[str, Any]:
+    """`load_network_validation_checked` without the warning (it is logged)."""
+    rec, warn = load_network_validation_checked(models_dir)
+    if warn:
+        log.warning(warn)
+    return rec
 
 
 def expected_error(net: NetworkModel, models_dir: str | Path | None = None) -> tuple[float, str]:

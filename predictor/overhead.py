@@ -22,6 +22,7 @@ platform without that file has no host term (its predictions are kernel time onl
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -29,7 +30,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .paths import ArtifactError, check_number, load_checked, write_json_atomic
+
 HOST_OVERHEAD_FILE = "host_overhead.json"
+MAX_HOST_S_PER_LAYER_PASS = 1.0   # a host second per layer pass is no framework's overhead: a corrupt file
+log = logging.getLogger(__name__)
 RECOMPUTE_PASSES = {"none": 0.0, "selective": 0.25, "full": 1.0}
 
 
@@ -73,15 +78,47 @@ def blend(g, h, p: float):
     return m * ((g / m) ** p + (h / m) ** p) ** (1.0 / p)
 
 
-def load_host_overhead(models_dir: str | Path, platform_id: str) -> HostOverhead | None:
+def host_overhead_from_dict(d: Any, path: str | Path = HOST_OVERHEAD_FILE) -> HostOverhead:
+    """The HostOverhead of a parsed host_overhead.json, its values checked: host_s_per_layer_pass
+    finite, >= 0 and < 1 s; blend_p finite and >= 1 (p < 1 would make the blend exceed G + H) or
+    null (= infinity: max(G, H)); fitted_on_runs a count; cv_mape / fit_mape finite >= 0 or null.
+    ArtifactError naming `path` and the field otherwise."""
+    if not isinstance(d, dict):
+        raise ArtifactError(path, None, f"must be a JSON object, not {type(d).__name__}")
+    for k in ("host_s_per_layer_pass", "blend_p"):
+        if k not in d:
+            raise ArtifactError(path, k, "is missing")
+    h = check_number(path, "host_s_per_layer_pass", d["host_s_per_layer_pass"], ge=0, lt=MAX_HOST_S_PER_LAYER_PASS)
+    p = d["blend_p"]
+    p = float("inf") if p is None else check_number(path, "blend_p", p, ge=1)
+    runs = check_number(path, "fitted_on_runs", d.get("fitted_on_runs", 0), ge=0, integer=True)
+    cv = check_number(path, "cv_mape", d.get("cv_mape"), ge=0, optional=True)
+    fit = check_number(path, "fit_mape", d.get("fit_mape"), ge=0, optional=True)
+    src = d.get("source", "")
+    if not isinstance(src, str):
+        raise ArtifactError(path, "source", f"must be a string, not {type(src).__name__}")
+    return HostOverhead(host_s_per_layer_pass=float(h), blend_p=float(p), source=src, fitted_on_runs=int(runs),
+                        cv_mape=cv, fit_mape=fit)
+
+
+def load_host_overhead_checked(models_dir: str | Path, platform_id: str) -> tuple[HostOverhead | None, str | None]:
+    """(overhead, None) from models_store/<platform>/host_overhead.json; (None, None) without the file;
+    (None, warning) when it is unreadable or a value is out of range: the prediction then has no host
+    term, and the warning (naming the file and field) says so."""
     path = Path(models_dir) / platform_id / HOST_OVERHEAD_FILE
-    if not path.exists():
-        return None
-    try:
-        d = json.loads(path.read_text())
-        return HostOverhead(**{k: d[k] for k in HostOverhead.__dataclass_fields__ if k in d})
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    ho, warn = load_checked(path, lambda d: host_overhead_from_dict(d, path))
+    if warn:
+        warn = f"Host overhead not modelled: {warn}"
+    return ho, warn
+
+
+def load_host_overhead(models_dir: str | Path, platform_id: str) -> HostOverhead | None:
+    """`load_host_overhead_checked` without the warning (it is logged): None when the file is missing
+    or unusable."""
+    ho, warn = load_host_overhead_checked(models_dir, platform_id)
+    if warn:
+        log.warning(warn)
+    return ho
 
 
 # --------------------------------------------------------------------------- fitting
@@ -144,9 +181,10 @@ def fit_host_overhead(evaluate: Callable[[float, float], np.ndarray], measured_s
 
 def save_host_overhead(models_dir: str | Path, platform_id: str, ho: HostOverhead, report: dict[str, Any]) -> Path:
     path = Path(models_dir) / platform_id / HOST_OVERHEAD_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
     d = {**asdict(ho), "report": report,
          "model": "per chunk and micro-batch pass: T = (G**p + H**p)**(1/p), H = layers * host_s_per_layer_pass * "
                   "passes (forward 1; backward 1 + 1 per fully recomputed layer, 0.25 selective); see predictor/overhead.py"}
-    path.write_text(json.dumps(d, indent=2))
-    return path
+    if not np.isfinite(ho.blend_p):
+        d["blend_p"] = None  # infinity (max(G, H)) as JSON
+    host_overhead_from_dict(json.loads(json.dumps(d, default=float)), path)  # never write what would not load
+    return write_json_atomic(path, d)

@@ -13,10 +13,15 @@ folder: `../../etc/x` is refused with `InfeasibleConfig`, never opened.
 
 `write_text_atomic` writes through a temporary file in the same folder and renames it over the
 target, so a reader sees the old file or the new one, never half of one.
+
+Reading is checked: a file that is unreadable, not JSON, or holds a value out of range raises
+`ArtifactError(path, field, problem)` (a ValueError); `load_checked(path, parse)` turns that into
+`(value, None)`, `(None, None)` without the file, or `(None, warning)` for callers that degrade.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import tempfile
@@ -149,3 +154,146 @@ def json_default(o: Any) -> Any:
     if hasattr(o, "to_dict"):
         return o.to_dict()
     return str(o)
+
+
+# --------------------------------------------------------------------------- checked reading
+class ArtifactError(ValueError):
+    """A file under the models folder that cannot be used as it is: which file, which field (None:
+    the file as a whole) and what is wrong with it. A ValueError, so callers that already catch
+    ValueError keep working; `str()` is one line naming the file, the field and the problem."""
+
+    def __init__(self, path: str | os.PathLike[str], field: str | None, problem: str):
+        self.path = Path(path)
+        self.field = field
+        self.problem = problem
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        where = f"{self.path}" + (f": field '{self.field}'" if self.field else "")
+        return f"{where}: {self.problem}"
+
+    def __reduce__(self):  # picklable across processes despite the custom __init__
+        return (type(self), (self.path, self.field, self.problem))
+
+
+def read_bytes_checked(path: str | os.PathLike[str]) -> bytes | None:
+    """The bytes of `path`, None when it does not exist, ArtifactError when it cannot be read."""
+    p = Path(path)
+    try:
+        return p.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise ArtifactError(p, None, f"cannot be read ({type(e).__name__}: {e})") from None
+
+
+def read_json_checked(path: str | os.PathLike[str]) -> Any:
+    """The parsed JSON of `path`, None when it does not exist; ArtifactError (field None) when it
+    cannot be read, is not UTF-8 or is not JSON. NaN / Infinity tokens parse (to float) so that the
+    value checks can name the field that holds them."""
+    p = Path(path)
+    data = read_bytes_checked(p)
+    if data is None:
+        return None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ArtifactError(p, None, f"is not valid JSON ({type(e).__name__}: {e})") from None
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
+    """`write_text_atomic` for bytes written exactly as given (no newline translation), so a hash of
+    `data` is a hash of the file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_number(path: str | os.PathLike[str], field: str, value: Any, *, gt: float | None = None,
+                 ge: float | None = None, lt: float | None = None, le: float | None = None,
+                 optional: bool = False, integer: bool = False) -> Any:
+    """`value` if it is a finite number (an integer when `integer`) within the bounds given
+    (`gt` <, `ge` <=, `lt` >, `le` >=); None passes when `optional`. Else ArtifactError naming
+    `path` and `field`."""
+    if value is None:
+        if optional:
+            return None
+        raise ArtifactError(path, field, "is missing (null)")
+    if not _is_number(value):
+        raise ArtifactError(path, field, f"must be a number, not {type(value).__name__} {str(value)[:40]!r}")
+    if integer and not (isinstance(value, int) or float(value).is_integer()):
+        raise ArtifactError(path, field, f"must be a whole number, not {value!r}")
+    v = float(value)
+    if not math.isfinite(v):
+        raise ArtifactError(path, field, f"must be finite, not {value!r}")
+    for bound, ok, words in ((gt, lambda b: v > b, "> {}"), (ge, lambda b: v >= b, ">= {}"),
+                             (lt, lambda b: v < b, "< {}"), (le, lambda b: v <= b, "<= {}")):
+        if bound is not None and not ok(bound):
+            raise ArtifactError(path, field, f"is {value!r}; must be {words.format(bound)}")
+    return int(value) if integer else value
+
+
+def check_error_record(path: str | os.PathLike[str], data: Any, required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """An error record (validation.json, transfer_validation.json, network_validation.json): a JSON
+    object in which every number, at any depth, is finite and >= 0 (errors, counts, parameters);
+    the `required` top-level fields are present and a number or null. ArtifactError names the
+    first offending field as a dotted path (e.g. 'per_op.mlp_up.fwd.vista-gh200')."""
+    if not isinstance(data, dict):
+        raise ArtifactError(path, None, f"must be a JSON object, not {type(data).__name__}")
+    for k in required:
+        if k not in data:
+            raise ArtifactError(path, k, "is missing")
+        check_number(path, k, data[k], ge=0, optional=True)
+
+    def walk(o: Any, where: str) -> None:
+        if isinstance(o, dict):
+            for k, v in o.items():
+                walk(v, f"{where}.{k}" if where else str(k))
+        elif isinstance(o, list):
+            for i, v in enumerate(o):
+                walk(v, f"{where}[{i}]")
+        elif _is_number(o):
+            check_number(path, where, o, ge=0)
+    walk(data, "")
+    return data
+
+
+def load_checked(path: str | os.PathLike[str], parse) -> tuple[Any, str | None]:
+    """(parse(path's JSON), None); (None, None) when the file does not exist; (None, warning) when it
+    cannot be read or `parse` rejects it with ArtifactError / ValueError. The warning is one line
+    naming the file, the field and the problem, and says that the file is ignored."""
+    try:
+        data = read_json_checked(path)
+        if data is None:
+            return None, None
+        return parse(data), None
+    except ArtifactError as e:
+        return None, f"{e} (file ignored)"
+    except (ValueError, TypeError, KeyError) as e:
+        return None, f"{Path(path)}: {type(e).__name__}: {e} (file ignored)"
+
+
+def load_platform_validation_checked(platform_id: str, models: str | os.PathLike[str] | None = None
+                                     ) -> tuple[dict[str, Any] | None, str | None]:
+    """<models_dir>/<platform>/validation.json (the end-to-end error record of predictor.validate)
+    with its values checked (every error / count finite and >= 0): (record, None), (None, None)
+    without the file, (None, warning) when it is unusable."""
+    path = artifact(platform_id, VALIDATION, models)
+    return load_checked(path, lambda d: check_error_record(path, d))

@@ -29,13 +29,14 @@ from .engine import (HOST_PROVENANCE, RECOMPUTE, ZERO2_GATHER, Engine, Evaluatio
                      rows_for, structure_classes, unit_keys)
 from .frameworks import get_framework
 from .memory import GIB, MemoryOptions, MemoryReport, report_from_arrays
-from .network import analytic_time_s, expected_error, load_network
+from .network import analytic_time_s, expected_error, load_network_checked
 from .ops import STAND_INS
-from .overhead import load_host_overhead
+from .overhead import load_host_overhead_checked
 from .params import layer_matmul_params, padded_vocab
 from .platforms import Platform, get_platform
 from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict
-from .speed import SpeedCheck, load_speed_check
+from .paths import ArtifactError
+from .speed import SpeedCheck, load_speed_check_checked
 
 MODELS_DIR = paths.PACKAGED_MODELS_DIR
 
@@ -152,21 +153,32 @@ class Predictor:
         self.bank = load_bank(self.platform.op_models, self.models_dir) if self.platform.op_models else None
         self.coll_bank = (load_bank(self.platform.collective_models, self.models_dir)
                           if self.platform.collective_models else None)
-        self.network = load_network(self.platform, self.models_dir)
+        self.notes: list[str] = []   # said with every prediction: degraded artifacts, the speed check
+        for bank in (self.bank, self.coll_bank):
+            if bank is not None and bank.degraded:
+                self.notes += bank.warnings()
+        self.network, warn = load_network_checked(self.platform, self.models_dir)
+        self._note(warn)
         self.network_error, self.network_basis = expected_error(self.network, self.models_dir)
-        self.validation = _load_validation(self.models_dir, self.platform.platform_id)
-        self.host = load_host_overhead(self.models_dir, self.platform.platform_id) if options.host_overhead else None
-        self.speed, self.notes = speed_check, []
+        self.validation, warn = paths.load_platform_validation_checked(self.platform.platform_id, self.models_dir)
+        self._note(warn)
+        self.host = None
+        if options.host_overhead:
+            self.host, warn = load_host_overhead_checked(self.models_dir, self.platform.platform_id)
+            self._note(warn)
+        self.speed = speed_check
         if self.speed is None and options.speed_check:
-            try:
-                self.speed = load_speed_check(self.models_dir, self.platform.platform_id)
-            except ValueError as exc:
-                self.notes.append(f"Speed check ignored: {exc}")
+            self.speed, warn = load_speed_check_checked(self.models_dir, self.platform.platform_id)
+            self._note(warn)
         if self.speed is not None:
             self.notes.append(self.speed.describe() + ".")
         self.engine = Engine(self, memory_options)
         self._op_cache: dict[tuple, tuple[float, str, float | None]] = {}
         self._comm_cache: dict[tuple, tuple[float, str]] = {}
+
+    def _note(self, warning: str | None) -> None:
+        if warning:
+            self.notes.append(warning)
 
     # ---- operator times -------------------------------------------------------------------
     @property
@@ -189,8 +201,12 @@ class Predictor:
                 todo.setdefault((c.op, c.pass_, c.variant), {})[c.shape] = None
         for (op, pass_, variant), shp in todo.items():
             shapes = list(shp)
-            secs, prov, err = self._predict_op_group(op, pass_, features.arrays_from_shapes(shapes, variant),
-                                                     precision)
+            arrays = features.arrays_from_shapes(shapes, variant)
+            try:
+                secs, prov, err = self._predict_op_group(op, pass_, arrays, precision)
+            except ArtifactError as e:  # a model file changed on disk after it was checked: fall back, say so
+                self._note(f"Model {op}.{pass_} was not used: {e}")
+                secs, prov, err = self._predict_op_group(op, pass_, arrays, precision)
             secs = np.asarray(secs, dtype="float64")
             if self.speed is not None and prov == "measured":
                 secs = secs * self.speed.speed_factor
@@ -480,13 +496,6 @@ def chunk_times_of(det: dict[str, Any]) -> list[ChunkTimes]:
         out.append(ChunkTimes(i % S.pp, i // S.pp, {k: float(v[i]) for k, v in det["fwd"].items()},
                               {k: float(v[i]) for k, v in det["bwd"].items()}, float(det["recompute"][i])))
     return out
-
-
-def _load_validation(models_dir: Path, platform_id: str) -> dict | None:
-    try:
-        return paths.read_json(paths.artifact(platform_id, paths.VALIDATION, models_dir))
-    except (ValueError, InfeasibleConfig):
-        return None
 
 
 @lru_cache(maxsize=16)

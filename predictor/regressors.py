@@ -18,20 +18,25 @@ included). `cv_mape_clean_` excludes the rows the full-data residual filter flag
 `mape_all_rows_` adds the physically impossible rows, predicted by the final model.
 
 Files: `<dir>/<op>.<pass>.txt` (LightGBM text) + `<op>.<pass>.json`, `collective.<name>.txt/.json`.
-No pickle anywhere.
+No pickle anywhere. Written atomically, the .txt first (`save`); the sidecar's `model_file` record
+(sha256, size and tree count of the .txt) lets `verify_model` refuse a cut, swapped or edited file
+before LightGBM reads it (LightGBM crashes the process on a cut file); `ModelBank.problems` lists
+what a platform's bank left out.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import platform as _pyplatform
 import threading
 from collections import OrderedDict
-from functools import lru_cache
+from dataclasses import dataclass
 from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 from .lgb_import import import_lightgbm
 
@@ -43,6 +48,15 @@ import numpy as np
 
 from . import features as F
 from . import ops, paths
+from .paths import (
+    ArtifactError,
+    check_number,
+    read_bytes_checked,
+    read_json_checked,
+    write_bytes_atomic,
+)
+
+log = logging.getLogger(__name__)
 
 MODELS_DIR = paths.PACKAGED_MODELS_DIR  # kept for callers; use paths.models_dir() (honours $PREDICTOR_MODELS_DIR)
 RESIDUAL_MAD_K = 3.0
@@ -183,6 +197,24 @@ def _clean_json(o: Any) -> Any:
     if isinstance(o, (list, tuple)):
         return [_clean_json(v) for v in o]
     return o
+
+
+def write_model_pair(txt: Path, txt_bytes: bytes, meta: Path, meta_bytes: bytes) -> None:
+    """Replace the pair `txt` + `meta` atomically file by file, the .txt first; when the .json cannot
+    be written the previous .txt is restored (or the new one removed), and the error propagates."""
+    old = read_bytes_checked(txt)
+    write_bytes_atomic(txt, txt_bytes)
+    try:
+        write_bytes_atomic(meta, meta_bytes)
+    except BaseException:
+        try:
+            if old is None:
+                txt.unlink(missing_ok=True)
+            else:
+                write_bytes_atomic(txt, old)
+        except OSError as e:  # the pair now mismatches; verify_model reports it by its hash
+            log.error("%s could not be restored after a failed save: %s", txt, e)
+        raise
 
 
 # --------------------------------------------------------------------------- base
@@ -367,17 +399,25 @@ class _LogEfficiencyRegressor:
         }
 
     def save(self, directory: str | Path, **extra: Any) -> tuple[Path, Path]:
-        """Write `<stem>.txt` (LightGBM text) and `<stem>.json` (metadata) under `directory`."""
+        """Write `<stem>.txt` (LightGBM text) and `<stem>.json` (metadata, with the `model_file` record:
+        the .txt's name, sha256, size and tree count) under `directory`, each atomically (temporary
+        file + rename), the .txt first. If writing the .json fails, the previous .txt is put back, so
+        the pair on disk is the old one or the new one; a process killed between the two renames
+        leaves a new .txt beside the old .json, which `verify_model` rejects by its hash."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        txt, meta = d / f"{self._stem()}.txt", d / f"{self._stem()}.json"
+        stem = self._stem()
+        txt, meta = d / f"{stem}.txt", d / f"{stem}.json"
         text = compact_model_text(self.booster_.model_to_string())
-        txt.write_text(text)
+        data = text.encode("utf-8")
+        num_trees, _ = check_model_text(text)  # never write a model that would not load
         # what is on disk is what predicts from now on (the compaction rounds leaf values to 7 digits)
-        self.booster_ = lgb.Booster(model_str=text)
-        md = {**self._metadata(), **extra}
+        booster = lgb.Booster(model_str=text)
+        md = {**self._metadata(), **extra, MODEL_FILE_KEY: model_file_record(stem, data, num_trees)}
+        sidecar = (json.dumps(_clean_json(md), indent=1, default=_json_default, sort_keys=False) + "\n").encode()
+        write_model_pair(txt, data, meta, sidecar)
+        self.booster_ = booster
         self.extra_metadata_ = {**getattr(self, "extra_metadata_", {}), **extra}
-        meta.write_text(json.dumps(_clean_json(md), indent=1, default=_json_default, sort_keys=False) + "\n")
         return txt, meta
 
     def _restore(self, booster: lgb.Booster, md: dict[str, Any]) -> None:
@@ -411,13 +451,375 @@ class _LogEfficiencyRegressor:
         return ("kind", "feature_names", "target", "lightgbm_params", "n_samples", "n_used", "n_outliers_removed",
                 "outlier_filter", "warnings", "reliable", "reliable_rule", "work_scaling_slope", "data_hash",
                 "cv_mape", "cv_median_ape", "cv_p90_ape",
-                "cv_mape_clean", "mape_all_rows", "cv", "train_ratio_range", "versions", "trained_at")
+                "cv_mape_clean", "mape_all_rows", "cv", "train_ratio_range", "versions", "trained_at",
+                MODEL_FILE_KEY)
+
+
+# --------------------------------------------------------------------------- integrity
+# Nothing reaches LightGBM before `verify_model` passed: LightGBM's text parser trusts its input, and a
+# model file cut short (an interrupted write, a full disk) makes `lgb.Booster` crash the process with a
+# segmentation fault instead of raising. The verified bytes are what LightGBM parses (from memory,
+# `model_str=`), so the file cannot change between the check and the load.
+MODEL_FILE_KEY = "model_file"  # the sidecar's record of its .txt: name, sha256, bytes, num_trees
+_TREE_INNER = ("split_feature", "threshold", "decision_type", "left_child", "right_child")
+_HEX = frozenset("0123456789abcdef")
+_ERROR_FIELDS = ("cv_mape", "cv_median_ape", "cv_p90_ape", "cv_mape_clean", "mape_all_rows", "cv_mape_paper_groups",
+                 "paper_best_error")
+
+
+class ModelProblem(NamedTuple):
+    """A model of a platform that failed its check and is not served: the stem ('mlp_up.fwd',
+    'collective.allreduce') and the reason (one line naming the file and what is wrong).
+    Unpacks as `(stem, reason)`."""
+    stem: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class VerifiedModel:
+    """A model pair that passed `verify_model`: the exact text to give LightGBM and its metadata."""
+    stem: str
+    text: str
+    metadata: dict[str, Any]
+    sha256: str          # of the .txt bytes as read
+    hashed: bool         # False: the sidecar has no hash (older version): checked structurally only
+    num_trees: int
+
+
+def known_stems() -> frozenset[str]:
+    """Every regressor file stem this version can serve: '<op>.<pass>' and 'collective.<name>'."""
+    return frozenset({f"{o}.{ps}" for o, i in ops.OPS.items() for ps in i.passes}
+                     | {f"collective.{c}" for c in ops.COLLECTIVES})
+
+
+def model_sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def model_file_record(stem: str, data: bytes, num_trees: int) -> dict[str, Any]:
+    """The sidecar's `model_file` block for the exact bytes `data` of `<stem>.txt`."""
+    return {"name": f"{stem}.txt", "sha256": model_sha256(data), "bytes": len(data), "num_trees": int(num_trees)}
+
+
+def _tokens(tree: int, key: str, value: str, n: int, into: list[str]) -> None:
+    parts = value.split()
+    if len(parts) != n:
+        raise ValueError(f"tree {tree}: {key} has {len(parts)} values, num_leaves needs {n}")
+    into.extend(parts)
+
+
+def _numbers(key: str, tokens: list[str], dtype) -> np.ndarray:
+    try:
+        return np.array(tokens, dtype=dtype)
+    except (ValueError, OverflowError):
+        raise ValueError(f"a {key} value is not a number") from None
+
+
+def check_model_text(text: str) -> tuple[int, list[str]]:
+    """(number of trees, feature names) of a complete, well-formed LightGBM text model of one
+    regression output, else ValueError saying what is wrong. Checks the header (feature names and
+    infos match max_feature_idx), every tree block in order (Tree=0, 1, ...), the value counts of
+    each tree's arrays against its num_leaves, split features in range, child links forming a tree,
+    finite leaf values, and the closing 'end of trees' line (absent when the file was cut short).
+    Linear and categorical trees, which this project never trains, are refused."""
+    if not text.startswith("tree\n"):
+        raise ValueError("no 'tree' header: not a LightGBM text model")
+    end = text.find("\nend of trees\n")  # LightGBM always ends that line with a newline
+    if end < 0:
+        raise ValueError("no 'end of trees' line: the file is cut short")
+    tail = text[end + len("\nend of trees\n"):]
+    if tail.strip() and "parameters:" in tail and "end of parameters" not in tail:
+        raise ValueError("its parameters section after 'end of trees' is cut short")
+    first = text.find("\nTree=")
+    if first < 0 or first > end:
+        raise ValueError("no tree before 'end of trees'")
+    head: dict[str, str] = {}
+    for line in text[5:first].split("\n"):
+        if line:
+            k, sep, v = line.partition("=")
+            if not sep or "=" in v:
+                raise ValueError(f"header line {line[:40]!r} is not key=value")
+            head[k] = v
+    for k in ("version", "num_class", "num_tree_per_iteration", "max_feature_idx", "objective", "feature_names",
+              "feature_infos"):
+        if k not in head:
+            raise ValueError(f"header has no {k}")
+    try:
+        num_class, per_iter, max_f = (int(head[k]) for k in ("num_class", "num_tree_per_iteration", "max_feature_idx"))
+    except ValueError:
+        raise ValueError("header num_class / num_tree_per_iteration / max_feature_idx is not an integer") from None
+    if num_class != 1 or per_iter != 1:
+        raise ValueError(f"num_class={num_class}, num_tree_per_iteration={per_iter}: not a one-output regressor")
+    names = head["feature_names"].split()
+    if max_f < 0 or len(names) != max_f + 1 or len(head["feature_infos"].split()) != max_f + 1:
+        raise ValueError(f"header lists {len(names)} feature names / {len(head['feature_infos'].split())} infos "
+                         f"for max_feature_idx={max_f}")
+    blocks = text[first + len("\nTree="):end].split("\nTree=")
+    leaves_n: list[int] = []
+    tok: dict[str, list[str]] = {k: [] for k in ("leaf_value", *_TREE_INNER)}
+    for i, block in enumerate(blocks):
+        lines = block.split("\n")
+        if lines[0] != str(i):
+            raise ValueError(f"tree block {i} is labelled Tree={lines[0][:20]} (trees missing or out of order)")
+        kv: dict[str, str] = {}
+        for j, line in enumerate(lines[1:]):
+            if not line:  # LightGBM ends a tree at its first blank line: only blank lines may follow
+                if any(lines[1 + j:]):
+                    raise ValueError(f"tree {i}: a blank line inside the tree block")
+                break
+            k, sep, v = line.partition("=")
+            if not sep or "=" in v:
+                raise ValueError(f"tree {i}: line {line[:40]!r} is not key=value")
+            kv[k] = v
+        for k in ("num_leaves", "num_cat", "leaf_value", "shrinkage"):
+            if k not in kv:
+                raise ValueError(f"tree {i} has no {k}")
+        try:
+            L, ncat, linear = int(kv["num_leaves"]), int(kv["num_cat"]), int(kv.get("is_linear", "0"))
+            shrink = float(kv["shrinkage"])
+        except ValueError:
+            raise ValueError(f"tree {i}: num_leaves / num_cat / is_linear / shrinkage is not a number") from None
+        if L < 1 or L > 1 << 17:
+            raise ValueError(f"tree {i}: num_leaves={L}")
+        if ncat != 0 or linear != 0:
+            raise ValueError(f"tree {i}: categorical or linear tree (num_cat={ncat}, is_linear={linear}), "
+                             "which this project never trains")
+        if not math.isfinite(shrink):
+            raise ValueError(f"tree {i}: shrinkage {kv['shrinkage']!r}")
+        _tokens(i, "leaf_value", kv["leaf_value"], L, tok["leaf_value"])
+        leaves_n.append(L)
+        if L > 1:
+            for k in _TREE_INNER:
+                if k not in kv:
+                    raise ValueError(f"tree {i} has no {k}")
+                _tokens(i, k, kv[k], L - 1, tok[k])
+    if not np.isfinite(_numbers("leaf_value", tok["leaf_value"], np.float64)).all():
+        raise ValueError("a leaf value is not finite")
+    if tok["split_feature"]:
+        sf = _numbers("split_feature", tok["split_feature"], np.int64)
+        if sf.min() < 0 or sf.max() > max_f:
+            raise ValueError(f"a split uses feature {int(sf.min() if sf.min() < 0 else sf.max())}, "
+                             f"outside 0..{max_f}")
+        if np.isnan(_numbers("threshold", tok["threshold"], np.float64)).any():
+            raise ValueError("a split threshold is NaN")
+        dt = _numbers("decision_type", tok["decision_type"], np.int64)
+        if dt.min() < 0 or dt.max() > 255 or (dt & 1).any():
+            raise ValueError("a decision_type is out of range or categorical")
+        # child links: internal node j of tree t -> t's internal nodes 0..L-2 (>= 0) or leaves ~c (< 0);
+        # every node but the root is referenced exactly once, every leaf exactly once
+        Ls = np.array([n for n in leaves_n if n > 1])
+        inner_off = np.concatenate([[0], np.cumsum(Ls - 1)])[:-1]
+        leaf_off = np.concatenate([[0], np.cumsum(Ls)])[:-1]
+        per = np.repeat(np.arange(len(Ls)), Ls - 1)
+        ch = np.concatenate([_numbers("left_child", tok["left_child"], np.int64),
+                             _numbers("right_child", tok["right_child"], np.int64)])
+        tr = np.concatenate([per, per])
+        if (ch < -Ls[tr]).any() or (ch > Ls[tr] - 2).any():
+            raise ValueError("a child index is outside its tree")
+        inner = ch >= 0
+        inner_refs = np.bincount(inner_off[tr[inner]] + ch[inner], minlength=int((Ls - 1).sum()))
+        leaf_refs = np.bincount(leaf_off[tr[~inner]] + ~ch[~inner], minlength=int(Ls.sum()))
+        want_inner = np.ones(int((Ls - 1).sum()), np.int64)
+        want_inner[inner_off] = 0  # roots
+        if not (np.array_equal(inner_refs, want_inner) and (leaf_refs == 1).all()):
+            raise ValueError("the child links of a tree do not form a tree")
+    return len(blocks), names
+
+
+def _check_range_pairs(path: Path, field: str, value: Any, width: int) -> None:
+    if not isinstance(value, dict):
+        raise ArtifactError(path, field, f"must be an object, not {type(value).__name__}")
+    for k, v in value.items():
+        if not isinstance(v, list) or len(v) < width:
+            raise ArtifactError(path, f"{field}.{k}", f"must be a list of {width} numbers")
+        for j, x in enumerate(v[:width]):
+            check_number(path, f"{field}.{k}[{j}]", x)
+        if v[0] > v[1]:
+            raise ArtifactError(path, f"{field}.{k}", f"minimum {v[0]} > maximum {v[1]}")
+
+
+def check_model_metadata(path: str | Path, md: Any, stem: str, platform_id: str | None = None) -> dict[str, Any]:
+    """The parsed sidecar `md` of `<stem>.txt` if its keys, types, value ranges and identity hold
+    (kind, op/pass or collective matching the file name, the platform matching `platform_id`, the
+    feature names this version computes), else ArtifactError naming `path` and the field."""
+    path = Path(path)
+    if not isinstance(md, dict):
+        raise ArtifactError(path, None, f"must be a JSON object, not {type(md).__name__}")
+    kind = md.get("kind")
+    if kind == "op":
+        op, ps = md.get("op"), md.get("pass")
+        if not isinstance(op, str) or op not in ops.OPS:
+            raise ArtifactError(path, "op", f"{op!r} is not a known operator")
+        if not isinstance(ps, str) or ps not in ops.OPS[op].passes:
+            raise ArtifactError(path, "pass", f"{ps!r} is not a pass of {op}")
+        own, expected = f"{op}.{ps}", list(F.feature_names(op))
+    elif kind == "collective":
+        c = md.get("collective")
+        if not isinstance(c, str) or c not in ops.COLLECTIVES:
+            raise ArtifactError(path, "collective", f"{c!r} is not a known collective")
+        own, expected = f"collective.{c}", list(F.COLLECTIVE_FEATURES)
+    else:
+        raise ArtifactError(path, "kind", f"{kind!r}: must be 'op' or 'collective'")
+    if own != stem:
+        raise ArtifactError(path, "op" if kind == "op" else "collective",
+                            f"this is the metadata of {own}, not of {stem} (files swapped or copied)")
+    plat = md.get("platform")
+    if plat is not None and not isinstance(plat, str):
+        raise ArtifactError(path, "platform", f"must be a string, not {type(plat).__name__}")
+    if platform_id and plat and plat != platform_id:
+        raise ArtifactError(path, "platform", f"this model belongs to platform '{plat}', not '{platform_id}' "
+                                              "(copied from another platform's folder)")
+    names = md.get("feature_names")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ArtifactError(path, "feature_names", "must be a list of strings")
+    if names != expected:
+        raise ArtifactError(path, "feature_names", f"the model was trained on {len(names)} features this version "
+                                                   f"does not compute in that order ({len(expected)} expected): "
+                                                   "retrain it with `python -m predictor train`")
+    for k in _ERROR_FIELDS:
+        check_number(path, k, md.get(k), ge=0, optional=True)
+    check_number(path, "n_samples", md.get("n_samples"), ge=0, integer=True, optional=True)
+    check_number(path, "n_used", md.get("n_used"), ge=0, integer=True, optional=True)
+    for k, t in (("reliable", bool), ("warnings", list), ("lightgbm_params", dict), ("outlier_filter", dict),
+                 ("cv", dict)):
+        if md.get(k) is not None and not isinstance(md[k], t):
+            raise ArtifactError(path, k, f"must be {t.__name__}, not {type(md[k]).__name__}")
+    pb = (md.get("outlier_filter") or {}).get("physical_bound")
+    if pb is not None:
+        if not isinstance(pb, dict):
+            raise ArtifactError(path, "outlier_filter.physical_bound", "must be an object")
+        check_number(path, "outlier_filter.physical_bound.fraction", pb.get("fraction"), ge=0, le=1, optional=True)
+    rounds = (md.get("lightgbm_params") or {}).get("num_boost_round")
+    check_number(path, "lightgbm_params.num_boost_round", rounds, ge=1, integer=True, optional=True)
+    if kind == "op" and md.get("shape_ranges") is not None:
+        _check_range_pairs(path, "shape_ranges", md["shape_ranges"], 2)
+    if kind == "collective":
+        if md.get("topologies") is not None:
+            _check_range_pairs(path, "topologies", md["topologies"], 3)
+        mbr = md.get("message_bytes_range")
+        if mbr is not None:
+            if not isinstance(mbr, list) or len(mbr) != 2:
+                raise ArtifactError(path, "message_bytes_range", "must be [min, max]")
+            lo, hi = (check_number(path, f"message_bytes_range[{j}]", v, ge=0) for j, v in enumerate(mbr))
+            if lo > hi:
+                raise ArtifactError(path, "message_bytes_range", f"minimum {lo} > maximum {hi}")
+    mf = md.get(MODEL_FILE_KEY)
+    if mf is not None:
+        if not isinstance(mf, dict):
+            raise ArtifactError(path, MODEL_FILE_KEY, "must be an object")
+        if mf.get("name") != f"{stem}.txt":
+            raise ArtifactError(path, f"{MODEL_FILE_KEY}.name", f"{mf.get('name')!r}: this metadata describes "
+                                                                f"another file than {stem}.txt")
+        sha = mf.get("sha256")
+        if not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= _HEX:
+            raise ArtifactError(path, f"{MODEL_FILE_KEY}.sha256", "must be 64 lower-case hex digits")
+        check_number(path, f"{MODEL_FILE_KEY}.bytes", mf.get("bytes"), ge=1, integer=True)
+        check_number(path, f"{MODEL_FILE_KEY}.num_trees", mf.get("num_trees"), ge=1, integer=True)
+    return md
+
+
+def check_model_outline(text: str) -> tuple[int, list[str]]:
+    """(number of trees, feature names) from the outline of a model text alone: the 'tree' header and
+    its feature_names line, the Tree= labels (the last one Tree=<count - 1>) and the closing 'end of
+    trees' line. Enough for a text whose size and sha256 match its sidecar (written by `save`, which
+    ran the full `check_model_text` first); ValueError otherwise. ~0.1 ms."""
+    if not text.startswith("tree\n"):
+        raise ValueError("no 'tree' header: not a LightGBM text model")
+    end = text.find("\nend of trees\n")
+    if end < 0:
+        raise ValueError("no 'end of trees' line: the file is cut short")
+    first = text.find("\nTree=")
+    n = text.count("\nTree=", 0, end)
+    if first < 0 or n == 0 or not text.startswith(f"\nTree={n - 1}\n", text.rfind("\nTree=", 0, end)):
+        raise ValueError("its Tree= blocks are missing or out of order")
+    i = text.find("\nfeature_names=", 0, first)
+    if i < 0:
+        raise ValueError("header has no feature_names")
+    return n, text[i + len("\nfeature_names="):text.index("\n", i + 1)].split()
+
+
+def verify_model(directory: str | Path, stem: str, platform_id: str | None = None, *,
+                 full: bool = True) -> VerifiedModel:
+    """Check the pair `<stem>.txt` + `<stem>.json` in `directory` before anything parses the model:
+    the sidecar (`check_model_metadata`), the .txt's size and sha256 against the sidecar's
+    `model_file` record (a sidecar without one, from an older version, is checked structurally
+    only: `hashed` False), the structure of the text, its tree count and its feature names against
+    the sidecar. The structure check is the full `check_model_text` (~2-10 ms a model), except for
+    a hashed model with `full=False`, where the hash already vouches for the bytes and the outline
+    (`check_model_outline`) is checked. ArtifactError (path, field, problem) otherwise."""
+    d = Path(directory)
+    txt, meta = d / f"{stem}.txt", d / f"{stem}.json"
+    md = read_json_checked(meta)
+    if md is None:
+        raise ArtifactError(meta, None, f"is missing (the metadata of {txt.name}; retrain the platform)")
+    check_model_metadata(meta, md, stem, platform_id)
+    data = read_bytes_checked(txt)
+    if data is None:
+        raise ArtifactError(txt, None, "is missing (the model its metadata describes; retrain the platform)")
+    sha = model_sha256(data)
+    mf = md.get(MODEL_FILE_KEY)
+    if mf is not None:
+        if len(data) != mf["bytes"]:
+            raise ArtifactError(txt, None, f"has {len(data)} bytes where {meta.name} records {mf['bytes']} "
+                                           "(cut short, or replaced by another file)")
+        if sha != mf["sha256"]:
+            raise ArtifactError(txt, None, f"its sha256 differs from the one {meta.name} records (replaced by "
+                                           "another model's file, or edited)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ArtifactError(txt, None, "is not UTF-8 text: not a LightGBM text model") from None
+    try:
+        n, names = check_model_text(text) if full or mf is None else check_model_outline(text)
+    except ValueError as e:
+        raise ArtifactError(txt, None, f"is not a complete LightGBM model: {e}") from None
+    if mf is not None and n != mf["num_trees"]:
+        raise ArtifactError(txt, None, f"has {n} trees where {meta.name} records {mf['num_trees']}")
+    rounds = (md.get("lightgbm_params") or {}).get("num_boost_round")
+    if mf is None and rounds is not None and n > int(rounds):
+        raise ArtifactError(txt, None, f"has {n} trees, more than the {rounds} rounds {meta.name} was trained with")
+    if names != md["feature_names"]:
+        raise ArtifactError(txt, "feature_names", f"the model's features differ from those {meta.name} lists "
+                                                  "(files of different models)")
+    return VerifiedModel(stem, text, md, sha, mf is not None, n)
+
+
+def check_models(directory: str | Path, platform_id: str | None = None, *, full: bool = True
+                 ) -> tuple[dict[str, VerifiedModel], list[ModelProblem]]:
+    """Verify every regressor in `directory` (one platform's folder): ({stem: VerifiedModel} of those
+    that pass, [ModelProblem] of those that fail). A regressor is any `<stem>.txt` or `<stem>.json`
+    whose stem this version knows, and any other `.txt` with a `.json` beside it; the platform's
+    other files (network.json, host_overhead.json, ...) are not regressors. `full`: see
+    `verify_model`."""
+    d = Path(directory)
+    known = known_stems()
+    try:
+        names = {p.name for p in d.iterdir() if p.is_file() and not p.name.startswith(".")}
+    except OSError as e:
+        return {}, [ModelProblem("*", f"{d}: cannot be listed ({type(e).__name__}: {e})")]
+    stems = {n[:-4] for n in names if n.endswith(".txt") and (n[:-4] in known or f"{n[:-4]}.json" in names)}
+    stems |= {n[:-5] for n in names if n.endswith(".json") and n[:-5] in known}
+    good: dict[str, VerifiedModel] = {}
+    problems: list[ModelProblem] = []
+    for stem in sorted(stems):
+        try:
+            good[stem] = verify_model(d, stem, platform_id, full=full)
+        except ArtifactError as e:
+            problems.append(ModelProblem(stem, str(e)))
+    return good, problems
 
 
 def _read_pair(directory: Path, stem: str) -> tuple[lgb.Booster, dict[str, Any]]:
-    md = json.loads((directory / f"{stem}.json").read_text())
-    booster = lgb.Booster(model_file=str(directory / f"{stem}.txt"))
-    return booster, md
+    """The booster and metadata of a verified pair (ArtifactError when the check fails)."""
+    v = verify_model(directory, stem, None)
+    return _booster_from_text(directory / f"{stem}.txt", v.text), v.metadata
+
+
+def _booster_from_text(path: Path, text: str) -> lgb.Booster:
+    try:
+        return lgb.Booster(model_str=text)
+    except (lgb.basic.LightGBMError, ValueError) as e:
+        raise ArtifactError(path, None, f"LightGBM cannot load it ({type(e).__name__}: {e})") from None
 
 
 # --------------------------------------------------------------------------- operators
@@ -592,17 +994,38 @@ def _shape_key(shapes: Any) -> tuple | None:
 
 
 class ModelBank:
-    """All trained regressors of one platform, loaded lazily from `<models_dir>/<platform>/`."""
+    """All trained regressors of one platform, loaded lazily from `<models_dir>/<platform>/`.
+
+    Every model is checked when the bank is built (`check_models`: sidecar keys and ranges, identity,
+    the .txt's size, sha256 and outline; the full structure for a model without a hash), and again
+    in full when its booster is first built, from the very bytes LightGBM then parses. A model that
+    fails is left out and reported; the rest of the platform is served:
+
+        bank.problems    -> list[ModelProblem]: (stem, reason) of each model left out, e.g.
+                            ('mlp_down.fwd', '.../mlp_down.fwd.txt: its sha256 differs from ...')
+        bank.degraded    -> bool: True when any model was left out
+        bank.unhashed    -> list[str]: stems whose sidecar has no hash (older version): structure-checked only
+        bank.warnings()  -> list[str]: one line per problem (and one for unhashed models), ready to show
+        bank.has_op(op, pass) / has_collective(name) -> False for a model left out, so callers fall back
+
+    The booster of a model is built on first use from the bytes verified again at that moment; if the
+    file changed since and the new pair verifies, the new pair is used, else the model joins
+    `problems` and `predict_*` raise `ArtifactError` (a ValueError) for it.
+    """
 
     CACHE_SIZE = 4096
 
     def __init__(self, platform_id: str, directory: Path):
         self.platform_id = platform_id
         self.directory = Path(directory)
-        self._meta: dict[str, dict[str, Any]] = {}
-        for p in sorted(self.directory.glob("*.json")):
-            if (p.with_suffix(".txt")).exists():
-                self._meta[p.stem] = json.loads(p.read_text())
+        # hash + outline now (fast); the full structural check runs in _booster, before LightGBM parses it
+        verified, problems = check_models(self.directory, platform_id, full=False)
+        self._meta: dict[str, dict[str, Any]] = {s: v.metadata for s, v in verified.items()}
+        self._sha: dict[str, str] = {s: v.sha256 for s, v in verified.items()}
+        self.problems: list[ModelProblem] = problems
+        self.unhashed: list[str] = sorted(s for s, v in verified.items() if not v.hashed)
+        for p in problems:
+            log.warning("platform %s: model %s not used: %s", platform_id, p.stem, p.reason)
         self._boosters: dict[str, lgb.Booster] = {}
         self._cache: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
@@ -615,6 +1038,29 @@ class ModelBank:
             raise FileNotFoundError(f"no trained models for platform '{platform_id}' under {d} "
                                     f"(train with predictor.training.train_platform('{platform_id}'))")
         return cls(platform_id, path)
+
+    # ------------------------------------------------------------ integrity
+    @property
+    def degraded(self) -> bool:
+        """True when at least one model of this platform failed its check and is not served."""
+        return bool(self.problems)
+
+    def warnings(self) -> list[str]:
+        """Lines for a prediction's warnings / the platform listing: one per model left out (its
+        operator is then timed by the fallback: stand-in or analytical), and one naming the models
+        checked for structure only. Empty when every model passed with its hash."""
+        out = [f"Model {p.stem} of platform '{self.platform_id}' is not used (its time is estimated instead): "
+               f"{p.reason}" for p in self.problems]
+        if self.unhashed:
+            out.append(f"{len(self.unhashed)} model(s) of platform '{self.platform_id}' carry no content hash "
+                       "(written by an older version): checked for structure only; retrain to add one")
+        return out
+
+    def _drop(self, stem: str, reason: str) -> None:
+        self._meta.pop(stem, None)
+        self._sha.pop(stem, None)
+        self.problems = [p for p in self.problems if p.stem != stem] + [ModelProblem(stem, reason)]
+        log.warning("platform %s: model %s not used: %s", self.platform_id, stem, reason)
 
     # ------------------------------------------------------------ introspection
     def ops_available(self) -> list[tuple[str, str]]:
@@ -647,7 +1093,14 @@ class ModelBank:
             with self._lock:
                 b = self._boosters.get(stem)
                 if b is None:
-                    b = lgb.Booster(model_file=str(self.directory / f"{stem}.txt"))
+                    try:  # verified again: LightGBM parses exactly the bytes just checked
+                        v = verify_model(self.directory, stem, self.platform_id)
+                        b = _booster_from_text(self.directory / f"{stem}.txt", v.text)
+                    except ArtifactError as e:
+                        self._drop(stem, str(e))
+                        raise
+                    if v.sha256 != self._sha.get(stem):  # replaced by a complete new pair since the bank was built
+                        self._meta[stem], self._sha[stem] = v.metadata, v.sha256
                     self._boosters[stem] = b
         return b
 

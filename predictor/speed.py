@@ -24,9 +24,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from .paths import ArtifactError, check_number, read_json_checked, write_json_atomic
+
 SPEED_CHECK_FILE = "speed_check.json"
 # Beyond this the samples no longer describe the machine: re-sample rather than rescale.
 PLAUSIBLE_FACTOR = (0.5, 2.0)
+_FIX = "Delete the file or run `python -m bench speed-check --platform {} --save` again."
 
 
 @dataclass(frozen=True)
@@ -80,34 +83,64 @@ def check_plausible(sc: SpeedCheck) -> None:
 def save_speed_check(models_dir: str | Path, sc: SpeedCheck) -> Path:
     check_plausible(sc)
     path = Path(models_dir) / sc.platform / SPEED_CHECK_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(sc), indent=2) + "\n")
-    tmp.replace(path)
-    return path
+    speed_check_from_dict(json.loads(json.dumps(asdict(sc))), path)  # never write what would not load
+    return write_json_atomic(path, asdict(sc))
 
 
-def speed_check_from_dict(d: dict[str, Any]) -> SpeedCheck:
+def speed_check_from_dict(d: dict[str, Any], path: str | Path = SPEED_CHECK_FILE,
+                          platform_id: str | None = None) -> SpeedCheck:
+    """The SpeedCheck of a parsed speed_check.json, checked: the required fields present; speed_factor
+    finite and within PLAUSIBLE_FACTOR; points a count >= 1; ratio_p25 / ratio_p75 / per_op factors
+    finite > 0 (or null); check_s >= 0; `platform` equal to `platform_id` when given (a file copied
+    from another machine's folder). ArtifactError (a ValueError) naming `path` and the field."""
     if not isinstance(d, dict):
-        raise ValueError("a speed check is a JSON object")
+        raise ArtifactError(path, None, "a speed check is a JSON object")
     missing = [k for k in ("platform", "speed_factor", "points", "measured_at") if k not in d]
     if missing:
-        raise ValueError(f"missing field(s) {', '.join(missing)}")
-    sc = SpeedCheck(**{k: d[k] for k in SpeedCheck.__dataclass_fields__ if k in d})
-    if not isinstance(sc.speed_factor, (int, float)) or not math.isfinite(sc.speed_factor):
-        raise ValueError("speed_factor must be a number")
-    check_plausible(sc)
-    return sc
+        raise ArtifactError(path, missing[0], f"missing field(s) {', '.join(missing)}")
+    if not isinstance(d["platform"], str) or not isinstance(d["measured_at"], str):
+        raise ArtifactError(path, "platform" if not isinstance(d["platform"], str) else "measured_at",
+                            "must be a string")
+    if platform_id is not None and d["platform"] != platform_id:
+        raise ArtifactError(path, "platform", f"is '{d['platform']}': this check was taken on another platform "
+                                              f"than '{platform_id}'")
+    lo, hi = PLAUSIBLE_FACTOR
+    f = check_number(path, "speed_factor", d["speed_factor"], gt=0)
+    if not lo <= f <= hi:
+        raise ArtifactError(path, "speed_factor", f"speed_factor {f:.3f} is outside {lo}..{hi}: the machine is not "
+                                                  "the one that was sampled (or the check was disturbed); sample it "
+                                                  "again with `python -m bench ops`")
+    check_number(path, "points", d["points"], ge=1, integer=True)
+    for k in ("ratio_p25", "ratio_p75"):
+        check_number(path, k, d.get(k), gt=0, optional=True)
+    check_number(path, "check_s", d.get("check_s"), ge=0, optional=True)
+    per_op = d.get("per_op") or {}
+    if not isinstance(per_op, dict):
+        raise ArtifactError(path, "per_op", "must be an object")
+    for k, v in per_op.items():
+        check_number(path, f"per_op.{k}", v, gt=0)
+    if not isinstance(d.get("facts") or {}, dict) or not isinstance(d.get("samples_from", ""), str):
+        raise ArtifactError(path, "facts" if not isinstance(d.get("facts") or {}, dict) else "samples_from",
+                            "has the wrong type")
+    return SpeedCheck(**{k: d[k] for k in SpeedCheck.__dataclass_fields__ if k in d})
+
+
+def load_speed_check_checked(models_dir: str | Path, platform_id: str) -> tuple[SpeedCheck | None, str | None]:
+    """(check, None); (None, None) without the file; (None, warning) when the file is unreadable or a
+    value is out of range: nothing is scaled and the warning (naming the file, the field and the fix)
+    says so."""
+    try:
+        return load_speed_check(models_dir, platform_id), None
+    except ValueError as exc:
+        return None, f"Speed check ignored: {exc}"
 
 
 def load_speed_check(models_dir: str | Path, platform_id: str) -> SpeedCheck | None:
-    """The platform's saved speed check, None without one; ValueError (naming the file and the fix)
-    when the file is unreadable."""
+    """The platform's saved speed check, None without one; ArtifactError (a ValueError, naming the
+    file, the field and the fix) when the file is unreadable or a value is out of range."""
     path = Path(models_dir) / platform_id / SPEED_CHECK_FILE
-    if not path.exists():
-        return None
     try:
-        return speed_check_from_dict(json.loads(path.read_text()))
-    except (OSError, ValueError, TypeError) as exc:
-        raise ValueError(f"{path}: {exc}. Delete the file or run `python -m bench speed-check --platform "
-                         f"{platform_id} --save` again.") from exc
+        d = read_json_checked(path)
+        return None if d is None else speed_check_from_dict(d, path, platform_id)
+    except ArtifactError as exc:
+        raise ArtifactError(exc.path, exc.field, f"{exc.problem}. {_FIX.format(platform_id)}") from None

@@ -33,7 +33,7 @@ band of transferred parts.
 """
 from __future__ import annotations
 
-import json
+import logging
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,10 +41,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import features as F
+from .paths import ArtifactError, check_error_record, load_checked
+
 if TYPE_CHECKING:
     import pandas as pd
 
 from .platforms import DeviceSpec
+
+log = logging.getLogger(__name__)
 
 LAUNCH_S = F.LAUNCH_LATENCY_S
 TILE = 128.0
@@ -217,14 +221,31 @@ def summarize(res: pd.DataFrame) -> pd.DataFrame:
 
 
 # --------------------------------------------------------------------------- validation record
-def load_validation(models_dir: str | Path) -> dict[str, Any] | None:
+def check_validation_record(d: Any, path: str | Path = VALIDATION_FILE) -> dict[str, Any]:
+    """`d` (a parsed transfer_validation.json) if usable: every error / count finite and >= 0 (nulls
+    allowed: an op without a measured error), `per_op` an object of objects. ArtifactError naming
+    `path` and the field otherwise."""
+    check_error_record(path, d)
+    per_op = d.get("per_op", {})
+    if not isinstance(per_op, dict) or not all(isinstance(v, dict) for v in per_op.values()):
+        raise ArtifactError(path, "per_op", "must be an object of {source platform: error} objects")
+    return d
+
+
+def load_validation_checked(models_dir: str | Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(record, None) from models_store/transfer_validation.json; (None, None) without it; (None,
+    warning naming the file and field) when it is unreadable or a value is out of range (transferred
+    parts then carry no measured error band)."""
     p = Path(models_dir) / VALIDATION_FILE
-    if not p.exists():
-        return None
-    try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
-        return None
+    return load_checked(p, lambda d: check_validation_record(d, p))
+
+
+def load_validation(models_dir: str | Path) -> dict[str, Any] | None:
+    """`load_validation_checked` without the warning (it is logged): None when missing or unusable."""
+    rec, warn = load_validation_checked(models_dir)
+    if warn:
+        log.warning(warn)
+    return rec
 
 
 def transfer_error(validation: dict[str, Any] | None, op: str | None = None, pass_: str | None = None,
