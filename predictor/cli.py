@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from .layout_io import BATCH_COLUMNS, DEFAULTS_DOC, layout_from_fields, model_from_fields
+from .layout_io import BATCH_COLUMNS, DEFAULTS_DOC, OPTIONAL_BATCH_COLUMNS, layout_from_fields, model_from_fields
 from .specs import InfeasibleConfig
 
 
@@ -112,7 +112,8 @@ def cmd_models(a: argparse.Namespace) -> int:
 def _fields_from_args(a: argparse.Namespace) -> dict:
     keys = ["model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
-            "zero_stage", "precision", "attention", "stage_layers"]
+            "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
+            "overlap_param_gather"]
     return {k: getattr(a, k, None) for k in keys}
 
 
@@ -234,7 +235,14 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
     missing = [c for c in BATCH_COLUMNS if c not in df.columns]
     if missing:
         raise InfeasibleConfig("input", f"{path} lacks columns {missing}.",
-                               f"the header must be exactly: {','.join(BATCH_COLUMNS)}")
+                               f"the header must hold: {','.join(BATCH_COLUMNS)} (optional: "
+                               f"{','.join(OPTIONAL_BATCH_COLUMNS)})")
+    unknown = [c for c in df.columns if c not in BATCH_COLUMNS and c not in OPTIONAL_BATCH_COLUMNS]
+    if unknown:
+        raise InfeasibleConfig("input", f"{path} has columns this version does not know: {unknown}; a row would be "
+                                        "predicted without them.",
+                               f"remove them, or use only {','.join(BATCH_COLUMNS)} and the optional "
+                               f"{','.join(OPTIONAL_BATCH_COLUMNS)}.")
     t0 = time.perf_counter()
     out = predict_rows(df, a.models_dir, _progress_printer(a.quiet))
     out.to_csv(a.output, index=False)
@@ -329,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--sequence-parallel", action="store_true", default=None)
     sp.add_argument("--precision", choices=["fp16", "bf16", "fp32"])
     sp.add_argument("--attention", choices=["flash", "unfused"], help="attention kernels (default flash)")
+    sp.add_argument("--framework", help="megatron (default), megatron-deepspeed, deepspeed, fsdp or ddp: when the "
+                                        "data-parallel traffic runs and whether it overlaps compute")
+    sp.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action=argparse.BooleanOptionalAction,
+                    default=None, help="override the framework's default (e.g. Megatron's --overlap-grad-reduce)")
+    sp.add_argument("--overlap-param-gather", dest="overlap_param_gather", action=argparse.BooleanOptionalAction,
+                    default=None, help="override the framework's default (Megatron's --overlap-param-gather)")
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     common(sp, store=False)

@@ -61,7 +61,9 @@ def cmd_search(a: argparse.Namespace) -> int:
     from .layout_io import model_from_fields
     from .memory import MemoryOptions
     from .predict import get_predictor
+    from .frameworks import get_framework
     from .search import RC, SearchSpace, search
+    from .specs import DEFAULT_FRAMEWORK
 
     fields = {k: getattr(a, k, None) for k in ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
                                                "vocab", "attention")}
@@ -78,7 +80,9 @@ def cmd_search(a: argparse.Namespace) -> int:
                         max_micro_batch=a.max_micro_batch, vpp=_ints(a.vpp, "vpp"), max_vpp=a.max_vpp,
                         recompute=rc, sequence_parallel=sp,
                         zero_stage=_ints(a.zero_stage, "zero_stage") or (0, 1, 2, 3), schedules=schedules,
-                        uneven_splits=not a.no_uneven, tp_within_node=not a.tp_across_nodes, precision=a.precision)
+                        uneven_splits=not a.no_uneven, tp_within_node=not a.tp_across_nodes, precision=a.precision,
+                        framework=get_framework(a.framework or DEFAULT_FRAMEWORK).name,
+                        overlap_grad_reduce=a.overlap_grad_reduce)
     mopt = MemoryOptions(framework_gib=a.framework_gib, allocator_reserve=a.allocator_reserve)
     try:
         tokens = parse_count(a.tokens)
@@ -233,6 +237,9 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--tokens", help="tokens to train (e.g. 15T, 300B): adds steps, days, GPU-hours, cost")
     sp.add_argument("--price-per-gpu-hour", type=float, help="price per GPU-hour (any currency)")
     sp.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    sp.add_argument("--framework", help="megatron (default), megatron-deepspeed, deepspeed, fsdp or ddp")
+    sp.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action=argparse.BooleanOptionalAction,
+                    default=None, help="override the framework's default")
     g = sp.add_argument_group("search space (default: everything valid)")
     g.add_argument("--tp", help="tensor-parallel degrees to try, e.g. 4,8")
     g.add_argument("--pp", help="pipeline degrees, e.g. 1,2,4")

@@ -6,16 +6,22 @@ import math
 from typing import Any, Mapping
 
 from .presets import get_preset
-from .specs import InfeasibleConfig, Layout, ModelSpec
+from .specs import DEFAULT_FRAMEWORK, InfeasibleConfig, Layout, ModelSpec
 
 BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
+# Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
+OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "attention", "stage_layers",
+                          "model", "name", "tied_embeddings")
 
 DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
   kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
   vocab = 50257; seq_len = 2048; tp = pp = 1; dp = num_gpus/(tp*pp); num_gpus = tp*pp*dp;
   micro_batch = 1; global_batch = micro_batch*dp; vpp = 1; schedule = 1f1b (interleaved when vpp > 1);
-  recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash."""
+  recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash;
+  framework = megatron (megatron, megatron-deepspeed, deepspeed, fsdp, ddp: when the data-parallel traffic runs
+  and whether it overlaps compute, see predictor/frameworks.py); overlap_grad_reduce / overlap_param_gather =
+  the framework's default."""
 
 
 def _blank(v: Any) -> bool:
@@ -122,4 +128,12 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   global_batch=_int(row, "global_batch", mb * dp), seq_len=_int(row, "seq_len", 2048), vpp=vpp,
                   schedule=schedule, recompute=_str(row, "recompute", "none"),
                   sequence_parallel=_bool(row, "sequence_parallel", False), zero_stage=_int(row, "zero_stage", 0),
-                  precision=_str(row, "precision", "bf16"), stage_layers=stage_layers)
+                  precision=_str(row, "precision", "bf16"), stage_layers=stage_layers,
+                  framework=_str(row, "framework", DEFAULT_FRAMEWORK),
+                  overlap_grad_reduce=_opt_bool(row, "overlap_grad_reduce"),
+                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"))
+
+
+def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:
+    """True / False, or None (the default) for an empty cell."""
+    return None if _blank(row.get(name)) else _bool(row, name)

@@ -51,6 +51,8 @@ def default_models_dir() -> Path:
 ANALYTIC_EFFICIENCY = 0.6
 # Expected error of an end-to-end composition not validated on this platform.
 UNVALIDATED_COMPOSITION_ERROR = 0.15
+# Operators whose time is floored at their FLOPs over the achievable matmul throughput
+TENSOR_CORE_OPS = frozenset(features.GEMM_OPS + features.BMM_OPS + ("flash_attn",))
 # Below this much GPU work per layer forward, host (framework) time matters (predictor.overhead).
 SHORT_LAYER_PASS_S = 2e-3
 OP_COLUMNS = ["stage", "chunk", "part", "phase", "op", "pass", "category", "count", "seconds_each", "seconds_total",
@@ -210,9 +212,34 @@ class Predictor:
             secs = np.asarray(secs, dtype="float64")
             if self.speed is not None and prov == "measured":
                 secs = secs * self.speed.speed_factor
+            secs = np.maximum(secs, self._achievable_floor_s(op, pass_, arrays, precision))
             for s, t in zip(shapes, secs):
                 cache[(op, pass_, s, variant, precision)] = (float(t), prov, err)
         return [cache[(*c.key, precision)] for c in calls]
+
+    def achievable_flops(self, precision: str) -> float | None:
+        """The device's measured maximum achievable matmul FLOP/s (MAMF), else its peak scaled by the MAMF/peak
+        ratio of the sampled device behind it; None where neither is known (a CPU)."""
+        dev = self.platform.device
+        ach = dev.achievable_flops(precision)
+        if ach:
+            return ach
+        from . import transfer
+        src = transfer.source_device(self.platform)
+        if src is not None and src.achievable_flops(precision) and dev.peak_flops(precision) > 0:
+            return dev.peak_flops(precision) * src.achievable_flops(precision) / src.peak_flops(precision)
+        return None
+
+    def _achievable_floor_s(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
+        """A tensor-core operator cannot beat its FLOPs at the achievable matmul throughput: the floor that keeps
+        every predicted MFU at or below MAMF / peak (measured, transferred or analytical alike)."""
+        if op not in TENSOR_CORE_OPS:
+            return 0.0
+        ach = self.achievable_flops(precision)
+        if not ach:
+            return 0.0
+        flops, _ = features.op_work(op, shapes, precision, pass_)
+        return np.asarray(flops, dtype="float64") / ach
 
     def _predict_op_group(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
         """Seconds per shape row, provenance, and the expected relative error of those seconds.
