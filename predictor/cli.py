@@ -27,14 +27,26 @@ def _progress_printer(quiet: bool):
 
 # ---- ingest / train -------------------------------------------------------------------------
 def cmd_ingest(a: argparse.Namespace) -> int:
+    """All paths in one transaction. Exit 0 when everything found was ingested (or was already
+    there), 2 when a file or a row was rejected, when nothing ingestible was found, or when the
+    project's own definitions are wrong (then nothing is committed); Ctrl-C exits 130 (main)."""
+    import duckdb
+
+    from .ingest_formats import KINDS, SourceDefinitionError
     from .store import ingest_path
-    rc = 0
-    for p in a.paths:
-        rep = ingest_path(p, store_path=a.store, platform=a.platform, progress=_progress_printer(a.quiet))
-        print(json.dumps(rep.to_dict(), indent=2, default=str) if a.json else rep.to_text())
-        if getattr(rep, "files_ingested", 1) == 0 and getattr(rep, "files_seen", 0) == 0:
-            rc = 2
-    return rc
+    if a.kind is not None and a.kind not in KINDS:
+        print(f"error: unknown --kind {a.kind!r}; use one of {', '.join(KINDS)}", file=sys.stderr)
+        return 2
+    try:
+        rep = ingest_path(a.paths, store_path=a.store, platform=a.platform, kind=a.kind,
+                          progress=_progress_printer(a.quiet))
+    except duckdb.InterruptException:  # Ctrl-C inside a DuckDB statement: the transaction was rolled back
+        raise KeyboardInterrupt from None
+    except (SourceDefinitionError, InfeasibleConfig) as e:
+        print(f"error: {e}\nnothing was ingested (the store is as it was).", file=sys.stderr)
+        return 2
+    print(json.dumps(rep.to_dict(), indent=2, default=str) if a.json else rep.to_text())
+    return 0 if rep.clean else 2
 
 
 def cmd_train(a: argparse.Namespace) -> int:
@@ -304,9 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--json", action="store_true", help="machine-readable output")
         sp.add_argument("--quiet", action="store_true", help="no progress messages")
 
-    sp = sub.add_parser("ingest", help="load samples / measured runs into the store (idempotent)")
+    sp = sub.add_parser("ingest", help="load samples / measured runs into the store (idempotent, all or nothing)",
+                        description="Load sample and measured-run files (CSV / Parquet; folders recursively) into "
+                                    "the store, every path in one transaction. Files already ingested and rows "
+                                    "already in the store (in any format or order) add nothing. Exit status: 0 all "
+                                    "good, 2 something was rejected (listed with the reason) or nothing ingestible "
+                                    "was found, 130 interrupted (nothing committed).")
     sp.add_argument("paths", nargs="+")
     sp.add_argument("--platform", help="platform id for files that do not name one")
+    sp.add_argument("--kind", help="force the format of every file (see predictor/ingest_formats.py KINDS)")
     common(sp, models=False)
     sp.set_defaults(func=cmd_ingest)
 
@@ -376,6 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        what = "; nothing was committed (the store is as it was)" if args.command == "ingest" else ""
+        print(f"interrupted{what}", file=sys.stderr)
+        return 130
     except InfeasibleConfig as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -288,3 +289,246 @@ def test_real_paper_samples_ingest(tmp_path: Path) -> None:
         assert have == paper_ops, platform
     # the known outliers are kept, not rejected
     assert store.read_op_samples("vista-gh200", "optimizer", store_path=db)["duration_s"].max() > 50
+
+
+# --------------------------------------------------------------------------- trustworthy ingest
+
+OP_COLUMNS = ["platform", "op", "pass", "tp", "batch", "seq", "hidden", "heads", "variant", "dtype", "duration_s",
+              "source"]
+
+
+def op_frame(n: int = 12) -> pd.DataFrame:
+    """Own-schema op samples with distinct shapes (and one legitimate repeat of a measurement)."""
+    rows = []
+    for i in range(n):
+        rows.append({"platform": "h100-sxm", "op": ["layernorm", "qkv_proj", "res_add"][i % 3],
+                     "pass": ["fwd", "bwd"][i % 2], "tp": 1 if i % 3 != 1 else 2, "batch": 1 + i % 4,
+                     "seq": 2048, "hidden": 4096 + 512 * (i // 4), "heads": 32 if i % 3 == 1 else None,
+                     "variant": None, "dtype": "bf16", "duration_s": 1.25e-05 * (i + 1) + 3.3e-07 * i,
+                     "source": "bench run 7"})
+    rows.append(dict(rows[0]))  # the same shape measured twice with the same time: kept twice
+    return pd.DataFrame(rows, columns=OP_COLUMNS)
+
+
+def snapshot(db: Path) -> dict[str, pd.DataFrame]:
+    """Every table of the store, fully, in a canonical order."""
+    with store.connect(db, read_only=True) as con:
+        tables = [r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()]
+        return {t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").df() for t in sorted(tables)}
+
+
+def same_snapshot(a: dict[str, pd.DataFrame], b: dict[str, pd.DataFrame]) -> bool:
+    return a.keys() == b.keys() and all(a[t].equals(b[t]) for t in a)
+
+
+def test_same_samples_in_another_format_or_order_add_nothing(tmp_path: Path) -> None:
+    df = op_frame()
+    first = tmp_path / "a" / "ops.csv"
+    first.parent.mkdir()
+    df.to_csv(first, index=False)
+    db = tmp_path / "s.duckdb"
+    r1 = store.ingest_path(first, store_path=db)
+    assert r1.rows_added["op_samples"] == 13 and r1.rows_duplicate == 0  # the in-file repeat is kept
+    before = snapshot(db)
+    rng = np.random.default_rng(7)
+    shuffled = df.sample(frac=1.0, random_state=3)[list(rng.permutation(OP_COLUMNS))]
+    pq_path = tmp_path / "b" / "ops.parquet"
+    pq_path.parent.mkdir()
+    shuffled.to_parquet(pq_path, index=False)
+    crlf = tmp_path / "c" / "ops.csv"
+    crlf.parent.mkdir()
+    crlf.write_bytes(shuffled.iloc[::-1].to_csv(index=False).replace("\n", "\r\n").encode())
+    for path in (pq_path, crlf):
+        rep = store.ingest_path(path, store_path=db)
+        (f,) = rep.files
+        assert (f.status, sum(rep.rows_added.values()), rep.rows_duplicate, rep.rows_rejected) == \
+            ("duplicate", 0, 13, 0), rep.to_text()
+        assert "already in the store" in rep.to_text()
+    after = snapshot(db)
+    for t in before:
+        if t != "batches":  # the batches table keeps the provenance of every file seen
+            assert after[t].equals(before[t]), t
+    assert len(after["batches"]) == 3 and after["batches"]["rows_duplicate"].fillna(0).tolist().count(13) == 2
+    # a fourth export with one genuinely new row adds exactly that row
+    extra = pd.concat([df, df.iloc[[1]].assign(duration_s=9.99e-05)], ignore_index=True)
+    extra.to_csv(tmp_path / "d.csv", index=False)
+    rep = store.ingest_path(tmp_path / "d.csv", store_path=db)
+    assert rep.rows_added["op_samples"] == 1 and rep.rows_duplicate == 13
+
+
+def test_an_old_store_gets_row_keys_before_deduplicating(tmp_path: Path) -> None:
+    df = op_frame()
+    df.to_csv(tmp_path / "ops.csv", index=False)
+    db = tmp_path / "s.duckdb"
+    store.ingest_path(tmp_path / "ops.csv", store_path=db)
+    with store.connect(db) as con:  # a store written before row keys existed
+        con.execute("UPDATE op_samples SET row_key = NULL")
+    df.sample(frac=1.0, random_state=1).to_parquet(tmp_path / "ops.parquet", index=False)
+    rep = store.ingest_path(tmp_path / "ops.parquet", store_path=db)
+    assert sum(rep.rows_added.values()) == 0 and rep.rows_duplicate == 13
+    with store.connect(db, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM op_samples WHERE row_key IS NULL").fetchone()[0] == 0
+
+
+def test_several_paths_are_one_transaction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    op_frame().iloc[:6].to_csv(a, index=False)
+    op_frame().iloc[6:].to_csv(b, index=False)
+    db = tmp_path / "s.duckdb"
+    store.ingest_path(tmp_path / "a.csv", store_path=db)  # the store holds a already
+    c = tmp_path / "c.csv"
+    op_frame().assign(platform="other-gpu").to_csv(c, index=False)
+    before = snapshot(db)
+    real, calls = store._insert_frame, {"n": 0}
+
+    def flaky(con, table, df):  # c goes in, then b fails
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("disk on fire")
+        real(con, table, df)
+    monkeypatch.setattr(store, "_insert_frame", flaky)
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        store.ingest_path([c, a, b], store_path=db)
+    assert same_snapshot(snapshot(db), before)
+    monkeypatch.setattr(store, "_insert_frame", real)
+    rep = store.ingest_path([c, a, b], store_path=db)
+    assert [f.status for f in rep.files] == ["ingested", "already ingested", "ingested"]
+    assert rep.root == f"{c}, {a}, {b}"
+
+
+def test_truncated_last_line_is_rejected_with_its_line_number(tmp_path: Path) -> None:
+    head = "platform,op,pass,batch,seq,hidden,dtype,duration_s\n"
+    ok = "x,layernorm,fwd,1,2048,4096,bf16,4.12e-05\nx,layernorm,fwd,2,2048,4096,bf16,8.31e-05\n"
+    db = tmp_path / "s.duckdb"
+    cases = {  # the last line was cut: where the file would end
+        "exponent_cut.csv": (head + ok + "x,layernorm,fwd,4,2048,4096,bf16,4.22835", "looks cut"),
+        "fields_cut.csv": (head + ok + "x,layernorm,fwd,4,2048", "5 of 8 fields"),
+        "value_cut.csv": (head + ok + "x,layernorm,fwd,4,2048,4096,bf16,4.2e-", "not a number"),
+        "quote_cut.csv": (head + ok + 'x,layernorm,fwd,4,2048,4096,"bf1', "inside a quoted field"),
+    }
+    for name, (text, why) in cases.items():
+        f = write(tmp_path / name, text)
+        rep = store.ingest_path(f, store_path=tmp_path / f"{name}.duckdb")
+        assert rep.rows_added["op_samples"] == 2 and rep.rows_rejected == 1, (name, rep.to_text())
+        (example,) = rep.rejection_examples[str(f)]
+        assert example.startswith("line 4:") and why in example, (name, example)
+        assert set(rep.rejected_by_reason) == {"truncated last line"}, name
+    # the same line ending with a newline is complete: nothing to reject
+    f = write(tmp_path / "complete.csv", head + ok + "x,layernorm,fwd,4,2048,4096,bf16,4.22835\n")
+    assert store.ingest_path(f, store_path=db).rows_rejected == 0
+    # not detectable: a cut that leaves a value written like its neighbours is kept (documented)
+    f = write(tmp_path / "undetectable.csv", head + "x,res_add,fwd,1,2048,4096,bf16,4.12e-05\n"
+              "x,res_add,fwd,2,2048,4096,bf16,8.31e-05\nx,res_add,fwd,4,2048,4096,bf16,1.23e-05")
+    assert store.ingest_path(f, store_path=db).rows_rejected == 0
+
+
+def test_bad_rows_in_the_middle_are_rejected_alone_with_counted_reasons(tmp_path: Path) -> None:
+    f = write(tmp_path / "ops.csv",
+              "platform,op,pass,batch,seq,hidden,dtype,duration_s\n"
+              "x,layernorm,fwd,1,2048,4096,bf16,4.1e-05\n"
+              "x,layernorm,fwd,2,2048,4096,bf16,nan\n"
+              "x,layernorm,fwd,3,2048,4096,bf16,inf\n"
+              "x,layernorm,fwd,4,2048,4096,bf16,-1e-05\n"
+              "x,layernorm,fwd,5,2048,4096,bf16,0\n"
+              "x,layernorm,fwd,6,2048,4096,bf16,4.1e-05,extra\n"
+              "\n"
+              "x,layernorm,fwd,7,2048,4096,bf16,\n"
+              "x,layernorm,fwd,8,2048,4096,bf16,fast\n"
+              "x,layernorm,fwd,9,2048,4096,bf16,5.5e-05\n")
+    db = tmp_path / "s.duckdb"
+    rep = store.ingest_path(f, store_path=db, max_examples=10)
+    assert rep.rows_added["op_samples"] == 2 and rep.rows_rejected == 7
+    assert rep.rejected_by_reason == {"duration not finite": 2, "duration not positive": 2,
+                                      "duration missing": 1, "duration not a number": 1,
+                                      "wrong number of fields": 1}
+    ex = rep.rejection_examples[str(f)]
+    assert "line 3: duration_s=nan is not finite" in ex and "line 6: duration_s=0 is not positive" in ex
+    assert "line 7: has 9 fields, the header has 8" in ex and "line 9: duration_s is missing" in ex  # line 8 blank
+    text = rep.to_text()
+    assert "rows rejected by reason: duration not finite 2, duration not positive 2" in text
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("empty.csv", b"", "empty file (0 bytes)"),
+    ("blank.csv", b"\n\n  \n", "empty file"),
+    ("header_only.csv", b"platform,op,pass,dtype,duration_s\n",
+     "has a header (platform, op, pass, dtype, duration_s) but no data rows"),
+    ("latin1.csv", "platform,op,pass,dtype,duration_s\nx,layernorm,fwd,bf16,1e-05\nnaïve,layernorm,fwd,bf16,1e-05\n"
+     .encode("latin-1"), "not UTF-8 text: byte 0xef at line 3"),
+    ("unknown.csv", b"a,b,c\n1,2,3\n", "unrecognised format: columns (a, b, c) match no known layout"),
+    ("lists.parquet", None, "column 'op' holds list<element: string> values"),
+    ("no_rows.parquet", None, "no rows"),
+])
+def test_files_that_used_to_crash_give_a_clear_message(tmp_path: Path, name: str, content: bytes | None,
+                                                       message: str) -> None:
+    f = tmp_path / name
+    if name == "lists.parquet":
+        pd.DataFrame({"platform": ["x"], "op": [["layernorm", "res_add"]], "pass": ["fwd"], "dtype": ["bf16"],
+                      "duration_s": [1e-5]}).to_parquet(f)
+    elif name == "no_rows.parquet":
+        pd.DataFrame({"platform": [], "op": [], "pass": [], "dtype": [], "duration_s": []}).to_parquet(f)
+    else:
+        f.write_bytes(content)
+    db = tmp_path / "s.duckdb"
+    rep = store.ingest_path(f, store_path=db)
+    (outcome,) = rep.files
+    assert outcome.status == "rejected" and message in outcome.reason, outcome.reason
+    assert not rep.clean and f.name in rep.to_text()
+
+
+def test_a_folder_with_nothing_ingestible_is_said_so_and_the_store_is_not_touched(tmp_path: Path) -> None:
+    d = tmp_path / "notes"
+    d.mkdir()
+    (d / "readme.txt").write_text("hello")
+    write(d / "sub" / "table.csv", "a,b\n1,2\n")
+    db = tmp_path / "s.duckdb"
+    rep = store.ingest_path(d, store_path=db)
+    assert rep.nothing_ingestible and not rep.clean and rep.ignored_files == 1
+    assert rep.files[0].status == "skipped" and "unrecognised format" in rep.files[0].reason
+    assert "nothing ingestible under" in rep.to_text() and not db.exists()
+
+
+def test_cli_exit_status_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from predictor import cli
+    good = tmp_path / "good.csv"
+    op_frame().to_csv(good, index=False)
+    bad = write(tmp_path / "bad.csv", "platform,op,pass,batch,seq,hidden,dtype,duration_s\n"
+                "x,layernorm,fwd,1,2048,4096,bf16,4.1e-05\nx,layernorm,fwd,2,2048,4096,bf16,-3\n")
+    db = str(tmp_path / "s.duckdb")
+    assert cli.main(["ingest", "--quiet", "--store", db, str(good)]) == 0
+    assert cli.main(["ingest", "--quiet", "--store", db, str(good)]) == 0  # already ingested is fine
+    assert cli.main(["ingest", "--quiet", "--store", db, str(bad)]) == 2
+    out = capsys.readouterr().out
+    assert "rows rejected by reason: duration not positive 1" in out and "line 3: duration_s=-3 is not positive" in out
+    assert cli.main(["ingest", "--quiet", "--store", db, str(tmp_path / "missing")]) == 2
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli.main(["ingest", "--quiet", "--store", db, str(empty)]) == 2
+    assert "nothing ingestible" in capsys.readouterr().out
+
+
+def test_ctrl_c_inside_the_transaction_commits_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from predictor import cli
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    op_frame().iloc[:6].to_csv(a, index=False)
+    op_frame().iloc[6:].to_csv(b, index=False)
+    db = tmp_path / "s.duckdb"
+    store.ingest_path(write(tmp_path / "ops0.csv", "platform,op,pass,dtype,duration_s\ny,layernorm,fwd,bf16,1e-05\n"),
+                      store_path=db)
+    before = snapshot(db)
+    real, calls = store._insert_frame, {"n": 0}
+
+    def interrupted(con, table, df):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        real(con, table, df)
+    monkeypatch.setattr(store, "_insert_frame", interrupted)
+    assert cli.main(["ingest", "--store", str(db), str(a), str(b)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "interrupted; nothing was committed (the store is as it was)"
+    assert not any("Traceback" in line for line in err)
+    assert same_snapshot(snapshot(db), before)
+    monkeypatch.setattr(store, "_insert_frame", real)
+    assert cli.main(["ingest", "--quiet", "--store", str(db), str(a), str(b)]) == 0
