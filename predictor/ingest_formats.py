@@ -76,7 +76,7 @@ PAPER_VOCAB = 50257
 KINDS = ("paper_operator", "paper_optimizer", "paper_nccl", "paper_summary", "vtrain", "vtrain_allreduce_lut",
          "op_samples", "collective_samples", "measured_runs", "published_runs")
 # How a measured run was executed (measured_runs.framework).
-FRAMEWORKS = ("megatron", "megatron-deepspeed", "deepspeed", "fsdp", "ddp")
+from .specs import FRAMEWORKS  # noqa: E402  (one list: predictor.frameworks)
 PUBLISHED_SOURCES_FILE = Path(__file__).resolve().parent / "catalog" / "published_sources.json"
 
 OP_SAMPLE_COLUMNS = ("platform", "op", "pass", *ops.SHAPE_COLUMNS, "variant", "dtype", "duration_s",
