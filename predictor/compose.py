@@ -182,6 +182,7 @@ class ArrayComposition:
     detail_s: dict[str, np.ndarray]
     critical_stage: np.ndarray
     stage_finish_s: np.ndarray   # [R, pp]: when each stage finishes its last backward
+    contention_s: np.ndarray | float = 0.0   # compute lost to the overlapped gradient reduction (critical stage)
 
 
 def closed_form_pipeline(F: np.ndarray, B: np.ndarray, m: np.ndarray, schedule: str, vpp: int) -> np.ndarray:
@@ -202,15 +203,16 @@ def compose_arrays(fwd: dict[str, np.ndarray], bwd: dict[str, np.ndarray], recom
                    chunk_stage: np.ndarray, *, pp: int, vpp: int, schedule: str, m: np.ndarray,
                    dp_sync_s: np.ndarray, param_gather_s: np.ndarray, embedding_sync_s: np.ndarray,
                    optimizer_s: np.ndarray, overlap_grad_reduce: np.ndarray, overlap_param_gather: np.ndarray,
-                   grad_buckets: int = 8) -> ArrayComposition:
+                   grad_buckets: int = 8, contention: float = 0.0) -> ArrayComposition:
     """The step time of R layouts that share one pipeline structure (pp, vpp, schedule, chunks).
 
     fwd / bwd: category -> [R, C] seconds of one micro-batch through each of the C = pp * vpp chunks
     (categories of CATEGORIES but bubble / optimizer; bwd 'compute' includes recomputation, `recompute`
     [R, C] says how much). chunk_stage [C]: the physical stage of each chunk. The once-per-step tail of
     each stage [R, pp]: gradient sync (`dp_sync_s`, hidden behind the last backward in `grad_buckets`
-    buckets where `overlap_grad_reduce`), ZeRO-1 parameter gather after the optimizer (hidden where
-    `overlap_param_gather`), tied-embedding sync, optimizer.
+    buckets where `overlap_grad_reduce`, the hidden part slowing the last backward by `contention` seconds per
+    second), ZeRO-1 parameter gather after the optimizer (hidden where `overlap_param_gather`), tied-embedding
+    sync, optimizer.
 
     The pipeline is the closed form (`pipeline_time_closed_form`; the event simulation of
     `simulate_pipeline` agrees within 0.3 % and draws the timeline). The breakdown follows the critical
@@ -230,9 +232,10 @@ def compose_arrays(fwd: dict[str, np.ndarray], bwd: dict[str, np.ndarray], recom
     dp = dp_sync_s
     hidden = np.maximum(dp / max(1, grad_buckets), dp - last_bwd)
     dp_exposed = np.where(np.asarray(overlap_grad_reduce, bool)[:, None] & (dp > 0), hidden, dp)
+    slowed = contention * (dp - dp_exposed)   # the last backward shares the GPU with the hidden reduction
     gather = np.where(np.asarray(overlap_param_gather, bool)[:, None], 0.0, param_gather_s)
     part_dp = dp_exposed + gather + embedding_sync_s
-    ends = finish + part_dp + optimizer_s
+    ends = finish + slowed + part_dp + optimizer_s
     step = np.maximum(pipe, ends.max(axis=1))
     crit = T.argmax(axis=1)
     rr = np.arange(n)
@@ -244,17 +247,18 @@ def compose_arrays(fwd: dict[str, np.ndarray], bwd: dict[str, np.ndarray], recom
     cat["bubble"] = np.maximum(0.0, pipe - m * T[rr, crit])
     extra = step - pipe
     ct = ends.argmax(axis=1)
-    pd_, po = part_dp[rr, ct], optimizer_s[rr, ct]
-    tot = pd_ + po
+    pd_, po, sl = part_dp[rr, ct], optimizer_s[rr, ct], slowed[rr, ct]
+    tot = pd_ + po + sl
     safe = np.where(tot > 0, tot, 1.0)
     pos = (extra > 0) & (tot > 0)
     cat["dp_comm"] = cat["dp_comm"] + np.where(pos, extra * pd_ / safe, 0.0)
     cat["optimizer"] = cat["optimizer"] + np.where(pos, extra * po / safe, 0.0)
+    cat["compute"] = cat["compute"] + np.where(pos, extra * sl / safe, 0.0)
     # exact closure: any rounding goes to the bubble, and a bubble that is only rounding is none
     cat["bubble"] = cat["bubble"] + step - sum(cat.values())
     cat["bubble"] = np.where(np.abs(cat["bubble"]) <= 1e-9 * step, 0.0, cat["bubble"])
     return ArrayComposition(step_time_s=step, pipeline_s=pipe, breakdown_s=cat, detail_s=detail,
-                            critical_stage=crit, stage_finish_s=finish)
+                            critical_stage=crit, stage_finish_s=finish, contention_s=slowed.sum(axis=1))
 
 
 def compose(chunks: list[ChunkTimes], tails: list[StageTail], *, pp: int, vpp: int, m: int, schedule: str,

@@ -26,7 +26,8 @@ from . import params
 from .ops import SHAPE_COLUMNS
 from .frameworks import get_framework
 from .platforms import Platform
-from .specs import BYTES_PER_ELEMENT, Layout, ModelSpec, grad_comm_bytes
+from .specs import BYTES_PER_ELEMENT, FLASH_IMPLS, Layout, ModelSpec, grad_comm_bytes
+from .terms import TRITON_ATTENTION_FACTOR
 
 Shape = tuple  # values in ops.SHAPE_COLUMNS order, None where unused
 Topology = tuple[int, int, int]  # (ranks, nodes, gpus_per_node) of a communication group
@@ -158,9 +159,12 @@ def _tp_comms(kind: str, phase: str, count: float, act_bytes: int, tp_topo: Topo
 
 def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str) -> list[OpCall]:
     h = model.hidden_size
-    if model.attention_impl == "flash":
+    if model.attention_impl in FLASH_IMPLS:
+        # a decoder's attention is causal (Predictor.op_times discounts non-causal samples); the Triton kernel
+        # runs TRITON_ATTENTION_FACTOR times longer than FlashAttention-2
+        k = TRITON_ATTENTION_FACTOR if model.attention_impl == "triton" else 1.0
         return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
-                                                        kv_heads=model.kv_heads), 1, phase, "layer")]
+                                                        kv_heads=model.kv_heads), 1, phase, "layer", scale=k)]
     shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads)
     # the fused softmax kernel was sampled per rank (tp = 1, heads already divided)
     shp_sm = make_shape(tp=1, batch=b, seq=s, heads=model.num_heads // tp)
@@ -221,7 +225,7 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
     b_comms = _as_phase(f_comms, "bwd")
     if recompute == "full":
         r_ops, r_comms = _as_phase(f_ops, "recompute"), _as_phase(f_comms, "recompute")
-    elif recompute == "selective" and model.attention_impl != "flash":
+    elif recompute == "selective" and model.attention_impl not in FLASH_IMPLS:
         r_ops, r_comms = _attention_core(model, tp, micro_batch, seq_len, "recompute"), []
     else:  # none, or selective with flash attention (which recomputes inside its own kernel)
         r_ops, r_comms = [], []

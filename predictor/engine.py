@@ -20,7 +20,7 @@ A layout is a row of int64 columns `COLUMNS`; its pipeline structure is an index
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
@@ -29,7 +29,8 @@ from . import decompose as D
 from .arrayops import unique_rows as _unique_rows
 from . import memory as mem
 from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
-from .overhead import HostOverhead
+from .overhead import RECOMPUTE_PASSES, HostOverhead
+from .terms import EndToEndTerms, blend
 from .frameworks import FRAMEWORK_SPECS, get_framework
 from .specs import FRAMEWORKS, Layout, ModelSpec
 
@@ -111,6 +112,9 @@ class UnitTimes:
     rc: float = 0.0      # recomputation
     ft: float = 0.0      # tensor-parallel communication in the forward
     bt: float = 0.0      # ... in the backward (and recomputation)
+    fi: float = 0.0      # forward tensor-core FLOPs at the achievable matmul throughput (seconds)
+    bi: float = 0.0      # ... backward and recomputation
+    ri: float = 0.0      # ... recomputation
     prov: dict[str, list[float]] = field(default_factory=dict)  # provenance -> [seconds, seconds x error]
     raw: tuple = ()      # (unit, op times, comm times, errors): what `calls` is built from, on demand
 
@@ -169,6 +173,7 @@ class Evaluation:
     capacity_bytes: float
     provenance_s: list[dict[str, list[float]]]   # per row: provenance -> [seconds, seconds x error] (all stages)
     host_all_s: np.ndarray                        # host (framework) seconds over every stage and micro-batch
+    terms_all_s: np.ndarray                       # seconds the end-to-end terms add (compute factor, contention)
     details: dict[int, dict[str, Any]] = field(default_factory=dict)  # row -> per-chunk detail (detail=True)
 
     @property
@@ -240,15 +245,19 @@ class Engine:
         comm_t = self.P.comm_times(unit.comms)
         prov_d = u.prov
         op_e, comm_e = [], []
-        fc = bc = rc = ft = bt = 0.0
-        for c, (t, prov, err) in zip(unit.ops, op_t):
+        fc = bc = rc = ft = bt = fi = bi = ri = 0.0
+        for c, (t, prov, err), ideal in zip(unit.ops, op_t, self.P.op_ideal_s(unit.ops, precision)):
             total = t * c.count * c.scale
+            itot = ideal * c.count * c.scale
             if c.phase == "fwd":
                 fc += total
+                fi += itot
             else:
                 bc += total
+                bi += itot
                 if c.phase == "recompute":
                     rc += total
+                    ri += itot
             e = err if err is not None and err == err else self._err(prov, None, False)
             op_e.append(e)
             if total > 0:
@@ -266,7 +275,7 @@ class Engine:
             e = self._err(prov, None, True)
             comm_e.append(e)
             _add_prov(prov_d, prov, total, e)
-        u.fc, u.bc, u.rc, u.ft, u.bt = fc, bc, rc, ft, bt
+        u.fc, u.bc, u.rc, u.ft, u.bt, u.fi, u.bi, u.ri = fc, bc, rc, ft, bt, fi, bi, ri
         u.raw = (unit, op_t, comm_t, op_e, comm_e)
         return u
 
@@ -354,18 +363,25 @@ class Engine:
     # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self, model: ModelSpec, rows: np.ndarray, structures: Sequence[Structure], seq_len: int,
                  precision: str, *, host: HostOverhead | None | bool = True, options: ComposeOptions | None = None,
-                 detail: bool = False, provenance: bool = True) -> Evaluation:
+                 detail: bool = False, provenance: bool = True, terms: EndToEndTerms | None | bool = True
+                 ) -> Evaluation:
         """Every row of `rows` (columns `COLUMNS`) of `model` at `seq_len` / `precision`.
 
-        host: True = the predictor's fitted host overhead (if any and `options.host_overhead`), None / False =
-        none, or a HostOverhead to use instead (calibration). detail: keep per-chunk times, tails and timed
-        calls of every row (one prediction's charts and tables). provenance: sum each row's time per
-        provenance (for the confidence band)."""
+        host: True = the platform's own fitted host overhead (if any and `options.host_overhead`), None /
+        False = none, or a HostOverhead to use instead (calibration). terms: True = the predictor's end-to-end
+        terms (predictor.terms: compute factor, contention, per-framework host; GPU platforms), None / False =
+        none, or EndToEndTerms to use instead (calibration); the platform's own host overhead, where it has
+        one, replaces the terms' host part. detail: keep per-chunk times, tails and timed calls of every row
+        (one prediction's charts and tables). provenance: sum each row's time per provenance (for the
+        confidence band)."""
         opts = options or self.P.options
         if host is True:
             host_term = self.P.host if opts.host_overhead else None
         else:
             host_term = host or None
+        e2e = (self.P.terms if terms is True else terms or None)
+        if e2e is not None and not opts.host_overhead:
+            e2e = replace(e2e, host={})
         n = len(rows)
         out = Evaluation(step_time_s=np.full(n, np.nan), pipeline_s=np.full(n, np.nan),
                          breakdown_s={c: np.full(n, np.nan) for c in CATEGORIES},
@@ -374,7 +390,7 @@ class Engine:
                          memory_parts={k: np.full(n, np.nan) for k in MEMORY_PARTS},
                          usable_bytes=self.platform.device.hbm_gib * mem.GIB * (1.0 - self.mopt.allocator_reserve),
                          capacity_bytes=self.platform.device.hbm_gib * mem.GIB,
-                         provenance_s=[{} for _ in range(n)], host_all_s=np.zeros(n))
+                         provenance_s=[{} for _ in range(n)], host_all_s=np.zeros(n), terms_all_s=np.zeros(n))
         if n == 0:
             return out
         rows = np.asarray(rows, dtype=np.int64)
@@ -387,8 +403,8 @@ class Engine:
 
         def kvec(get) -> np.ndarray:
             return np.array([get(p) for p in parts], float)[kinv]
-        unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name), f)) for f in ("fc", "bc", "rc",
-                                                                                                   "ft", "bt")}
+        unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name), f))
+                       for f in ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri")}
                 for name in ("layer", "first", "last")}
         p2p_bytes = kvec(lambda p: p.p2p_bytes).astype(np.int64)
         u, inv = _unique_rows(np.column_stack([p2p_bytes, tp_a, pp_a, dp_a]))
@@ -405,15 +421,16 @@ class Engine:
             S = structures[int(st_id)]
             idx = np.nonzero(st_a == st_id)[0]
             self._evaluate_structure(out, model, S, struct_classes[int(st_id)], idx, rows[idx], unit, p2p_t[idx],
-                                     emb_t[idx], seq_len, precision, host_term, opts, detail)
+                                     emb_t[idx], seq_len, precision, host_term, e2e, opts, detail)
         if provenance or detail:
             self._provenance(out, model, rows, structures, kinv, parts, inv, p2p, inv2, emb, seq_len, precision,
-                             host_term)
+                             host_term, e2e)
         return out
 
     def _evaluate_structure(self, out: Evaluation, model: ModelSpec, S: Structure, classes: list[tuple], idx: np.ndarray,
                             sub: np.ndarray, unit: dict, p2p_t: np.ndarray, emb_t: np.ndarray, seq_len: int,
-                            precision: str, host: HostOverhead | None, opts: ComposeOptions, detail: bool) -> None:
+                            precision: str, host: HostOverhead | None, e2e: EndToEndTerms | None,
+                            opts: ComposeOptions, detail: bool) -> None:
         pp, vpp = S.pp, S.vpp
         nch = pp * vpp
         R = len(idx)
@@ -438,15 +455,30 @@ class Engine:
             return (cn * unit["layer"][f][idx][:, None] + cf * unit["first"][f][idx][:, None]
                     + cl * unit["last"][f][idx][:, None])
         fc, bc, rcp, ft, bt = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt"))
+        sampled = fc + bc
+        alpha = e2e.compute_factor if e2e is not None else 1.0
+        beta = e2e.power_factor if e2e is not None else 0.0
+        kappa = e2e.contention if e2e is not None else 0.0
+        if alpha != 1.0:  # kernels in a sustained step run slower than sampled in isolation (predictor.terms)
+            fc, bc, rcp = fc * alpha, bc * alpha, rcp * alpha
+        if beta != 0.0:   # ... in proportion to the tensor-core work they do at full power (predictor.terms)
+            fi, bi, ri = (chunks_of(f) for f in ("fi", "bi", "ri"))
+            fc, bc, rcp = fc + beta * fi, bc + beta * bi, rcp + beta * ri
         ppc = n_p2p[None, :] * p2p_t[:, None]
         zf_tot, zf_unit, zb_tot, zb_unit = W[..., 3], W[..., 4], W[..., 5], W[..., 6]
         # ZeRO-2/3: prefetched under compute; what compute cannot cover is exposed, and at least one unit
         fdp = np.where(zf_tot > 0, np.maximum(zf_unit, zf_tot - fc), 0.0)
         bdp = np.where(zb_tot > 0, np.maximum(zb_unit, zb_tot - bc), 0.0)
+        if kappa > 0:  # the overlapped part slows the compute it shares the GPU with
+            fc = fc + kappa * np.maximum(0.0, zf_tot - fdp)
+            bc = bc + kappa * np.maximum(0.0, zb_tot - bdp)
+        m_r = sub[:, I_M].astype(float)
         if host is not None:
             bpasses = np.array([host.passes("bwd", RECOMPUTE[int(v)]) for v in sub[:, I_RC]])[:, None]
             fh = host.extra_s(fc + ft, cn[None, :], "fwd", "none")
             bh = host.extra_for_passes_s(bc + bt, cn[None, :], bpasses)
+        elif e2e is not None and e2e.host:
+            fh, bh = self._framework_host(e2e, sub, cn, vpp, fc + ft, bc + bt)
         else:
             fh = bh = np.zeros_like(fc)
         onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
@@ -456,12 +488,13 @@ class Engine:
         ov_grad = sub[:, I_OGR].astype(bool) & opts.overlap_grad_reduce        # the platform may forbid it
         ov_gather = sub[:, I_OPG].astype(bool) & opts.overlap_param_gather
         comp: ArrayComposition = compose_arrays(
-            fwd, bwd, rcp, cstage, pp=pp, vpp=vpp, schedule=S.schedule, m=sub[:, I_M].astype(float),
+            fwd, bwd, rcp, cstage, pp=pp, vpp=vpp, schedule=S.schedule, m=m_r,
             dp_sync_s=W[..., 1] @ onehot, param_gather_s=W[..., 2] @ onehot, embedding_sync_s=emb_s,
             optimizer_s=W[..., 0] @ onehot, overlap_grad_reduce=ov_grad, overlap_param_gather=ov_gather,
-            grad_buckets=opts.grad_buckets)
+            grad_buckets=opts.grad_buckets, contention=kappa)
         out.step_time_s[idx] = comp.step_time_s
-        out.host_all_s[idx] = sub[:, I_M] * (fh + bh).sum(axis=1)
+        out.host_all_s[idx] = m_r * (fh + bh).sum(axis=1)
+        out.terms_all_s[idx] = m_r * (fc + bc - sampled).sum(axis=1) + comp.contention_s
         out.pipeline_s[idx] = comp.pipeline_s
         out.critical_stage[idx] = comp.critical_stage
         for k, v in comp.breakdown_s.items():
@@ -491,12 +524,35 @@ class Engine:
                     "memory": {k: v[j] for k, v in arr.items()}, "classes": [classes[c] for c in cls_of],
                     "stage_finish_s": comp.stage_finish_s[j]}
 
+    @staticmethod
+    def _framework_host(e2e: EndToEndTerms, sub: np.ndarray, cn: np.ndarray, vpp: int, g_fwd: np.ndarray,
+                        g_bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Host seconds each chunk's forward / backward adds per micro-batch, by each row's framework: the
+        per-layer host time blended with the GPU time, plus the per-micro-batch time of its stage split over
+        the stage's chunk passes."""
+        R = len(sub)
+        h = np.zeros(R)
+        p = np.full(R, 2.0)
+        u = np.zeros(R)
+        for fi in np.unique(sub[:, I_FW]):
+            t = e2e.host_for(FRAMEWORKS[int(fi)])
+            if t is not None:
+                sel = sub[:, I_FW] == fi
+                h[sel], p[sel], u[sel] = t.host_s_per_layer_pass, t.blend_p, t.host_s_per_micro_batch
+        bpasses = np.array([1.0 + RECOMPUTE_PASSES.get(RECOMPUTE[int(v)], 0.0) for v in sub[:, I_RC]])[:, None]
+        fh = blend(g_fwd, cn[None, :] * h[:, None], p[:, None]) - g_fwd
+        bh = blend(g_bwd, cn[None, :] * h[:, None] * bpasses, p[:, None]) - g_bwd
+        per_pass = (u / (2.0 * vpp))[:, None]
+        return fh + per_pass, bh + per_pass
+
     def _provenance(self, out: Evaluation, model: ModelSpec, rows: np.ndarray, structures: Sequence[Structure],
                     kinv: np.ndarray, parts: list[Parts], p2p_inv: np.ndarray, p2p: list, emb_inv: np.ndarray,
-                    emb: list, seq_len: int, precision: str, host: HostOverhead | None) -> None:
+                    emb: list, seq_len: int, precision: str, host: HostOverhead | None,
+                    e2e: EndToEndTerms | None = None) -> None:
         """Per row: seconds (and seconds x expected error) resting on each provenance, over every stage:
         per-micro-batch work x the micro-batches, plus the once-per-step work."""
         host_err = (host.cv_mape if host is not None and host.cv_mape is not None else ASSUMED_ERROR["host"])
+        terms_err = terms_error(e2e)
         for r in range(len(rows)):
             row = rows[r]
             S = structures[int(row[I_STRUCT])]
@@ -529,11 +585,24 @@ class Engine:
                 add(c.prov_mb, m)
             h = float(out.host_all_s[r])
             if h > 0:
-                add({HOST_PROVENANCE: [h, h * host_err]}, 1.0)
+                add({HOST_PROVENANCE if host is not None else TERMS_HOST_PROVENANCE: [h, h * host_err]}, 1.0)
+            x = float(out.terms_all_s[r])
+            if x > 0:
+                add({TERMS_PROVENANCE: [x, x * terms_err]}, 1.0)
             out.provenance_s[r] = acc
 
 
 HOST_PROVENANCE = "host overhead (fitted on measured runs)"
+TERMS_HOST_PROVENANCE = "framework host overhead (end-to-end terms)"
+TERMS_PROVENANCE = "end-to-end terms (compute factor, contention)"
+
+
+def terms_error(e2e: EndToEndTerms | None) -> float:
+    """Expected relative error of what the end-to-end terms add: their source-held-out MAPE where fitted."""
+    if e2e is None:
+        return ASSUMED_ERROR["host"]
+    v = (e2e.validation or {}).get("held_out_mape")
+    return float(v) if isinstance(v, (int, float)) and v == v else ASSUMED_ERROR["host"]
 
 
 def structure_classes(s: Structure) -> list[tuple[int, int, int]]:

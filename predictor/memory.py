@@ -58,7 +58,7 @@ import numpy as np
 from . import params
 from .arrayops import unique_rows
 from .params import chunk_params, edge_params, layer_params_per_gpu  # noqa: F401  (re-exported)
-from .specs import BYTES_PER_ELEMENT, GRAD_BYTES, InfeasibleConfig, Layout, ModelSpec, grad_comm_bytes, padded_vocab  # noqa: F401
+from .specs import BYTES_PER_ELEMENT, FLASH_IMPLS, GRAD_BYTES, InfeasibleConfig, Layout, ModelSpec, grad_comm_bytes, padded_vocab  # noqa: F401
 
 GIB = float(2 ** 30)
 
@@ -203,7 +203,7 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     else:
         mlp = s * b * (ffn / t) * e * 2   # GeLU input + GeLU output (fc2 input)
     sharded = q + kv + o + mlp
-    if model.attention_impl == "flash":
+    if model.attention_impl in FLASH_IMPLS:
         quadratic = 0.0
         flash = 4.0 * b * (a / t) * s
     else:

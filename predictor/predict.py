@@ -36,6 +36,9 @@ from .params import layer_matmul_params, padded_vocab
 from .platforms import Platform, get_platform
 from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict
 from .paths import ArtifactError
+from .terms import causal_attention_factors, load_terms_checked
+
+PAPER_SOURCE_PREFIX = "arXiv 2509.22832"  # regressors.PAPER_SOURCE: the paper's (non-causal) samples
 from .speed import SpeedCheck, load_speed_check_checked
 
 MODELS_DIR = paths.PACKAGED_MODELS_DIR
@@ -164,6 +167,10 @@ class Predictor:
         self.network_error, self.network_basis = expected_error(self.network, self.models_dir)
         self.validation, warn = paths.load_platform_validation_checked(self.platform.platform_id, self.models_dir)
         self._note(warn)
+        self.terms = None   # end-to-end terms (predictor.terms): GPU platforms
+        if self.platform.device.vendor != "cpu":
+            self.terms, warn = load_terms_checked(self.models_dir)
+            self._note(warn)
         self.host = None
         if options.host_overhead:
             self.host, warn = load_host_overhead_checked(self.models_dir, self.platform.platform_id)
@@ -177,6 +184,7 @@ class Predictor:
         self.engine = Engine(self, memory_options)
         self._op_cache: dict[tuple, tuple[float, str, float | None]] = {}
         self._comm_cache: dict[tuple, tuple[float, str]] = {}
+        self._ideal_cache: dict[tuple, float] = {}
 
     def _note(self, warning: str | None) -> None:
         if warning:
@@ -212,10 +220,23 @@ class Predictor:
             secs = np.asarray(secs, dtype="float64")
             if self.speed is not None and prov == "measured":
                 secs = secs * self.speed.speed_factor
-            secs = np.maximum(secs, self._achievable_floor_s(op, pass_, arrays, precision))
-            for s, t in zip(shapes, secs):
+            ideal = self._achievable_floor_s(op, pass_, arrays, precision)
+            secs = np.maximum(secs, ideal)
+            if op == "flash_attn" and not self._flash_samples_causal(pass_):
+                # samples (or the roofline) of the non-causal kernel; a decoder's causal kernel computes only the
+                # blocks on and below the diagonal
+                k = causal_attention_factors(arrays["seq"])
+                secs, ideal = secs * k, np.asarray(ideal) * k
+            ideal = np.broadcast_to(np.asarray(ideal, dtype="float64"), secs.shape)
+            for s, t, i in zip(shapes, secs, ideal):
                 cache[(op, pass_, s, variant, precision)] = (float(t), prov, err)
+                self._ideal_cache[(op, pass_, s, variant, precision)] = float(i)
         return [cache[(*c.key, precision)] for c in calls]
+
+    def op_ideal_s(self, calls: Sequence[OpCall], precision: str) -> list[float]:
+        """Per call: its FLOPs over the achievable matmul throughput (tensor-core operators; 0 for the rest),
+        the time it would take at the device's measured maximum. After `op_times` on the same calls."""
+        return [self._ideal_cache.get((*c.key, precision), 0.0) for c in calls]
 
     def achievable_flops(self, precision: str) -> float | None:
         """The device's measured maximum achievable matmul FLOP/s (MAMF), else its peak scaled by the MAMF/peak
@@ -240,6 +261,15 @@ class Predictor:
             return 0.0
         flops, _ = features.op_work(op, shapes, precision, pass_)
         return np.asarray(flops, dtype="float64") / ach
+
+    def _flash_samples_causal(self, pass_: str) -> bool:
+        """Whether the flash-attention times come from causal samples: the project's bench samples are
+        (F.scaled_dot_product_attention(is_causal=True)); the paper's flash_attn_func samples are not (its
+        README: causal flag left False), nor is the roofline."""
+        b = self.bank
+        if b is None or not b.has_op("flash_attn", pass_):
+            return False
+        return not str(b.op_info("flash_attn", pass_).get("source", "")).startswith(PAPER_SOURCE_PREFIX)
 
     def _predict_op_group(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
         """Seconds per shape row, provenance, and the expected relative error of those seconds.
@@ -365,6 +395,14 @@ class Predictor:
                 out[i] = self._prediction(model, items[i][1], ev, j)
         return out  # type: ignore[return-value]
 
+    @property
+    def host_modelled(self) -> bool:
+        """Whether predictions carry a host (framework) overhead: the platform's own fit, or the end-to-end
+        terms' per-framework host where they have one."""
+        if not self.options.host_overhead:
+            return False
+        return self.host is not None or bool(self.terms is not None and self.terms.host)
+
     def check_runs(self, layout: Layout) -> None:
         """Raise InfeasibleConfig when the platform cannot run this many ranks (no collectives)."""
         if layout.num_gpus > 1 and self.platform.gpus_per_node == 1 and self.platform.inter_node.bandwidth_gbps <= 0:
@@ -392,7 +430,7 @@ class Predictor:
                             f"{ev.peak_bytes[r] / GIB:.1f} GiB of {ev.usable_bytes / GIB:.1f} GiB usable "
                             f"({self.platform.device.hbm_gib:g} GiB HBM).")
         warnings += self.notes
-        if self.host is None and self.options.host_overhead:
+        if not self.host_modelled and self.options.host_overhead:
             key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
                    int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute))
             lay = self.engine._parts[key].layer
@@ -408,7 +446,7 @@ class Predictor:
             detail_s={k: float(v[r]) for k, v in ev.detail_s.items()}, provenance_share=share, expected_error=err,
             error_basis=basis, tokens_per_s=layout.tokens_per_step / step, model_tflops_per_gpu=tflops_gpu,
             mfu=tflops_gpu / peak, pipeline_s=float(ev.pipeline_s[r]), critical_stage=int(ev.critical_stage[r]),
-            memory=memory, warnings=warnings, host_overhead_modelled=self.host is not None and self.options.host_overhead,
+            memory=memory, warnings=warnings, host_overhead_modelled=self.host_modelled,
             memory_gib=float(ev.peak_bytes[r] / GIB), fits_memory=fits)
 
     def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:

@@ -39,7 +39,7 @@ from .engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  
 from .platforms import Platform
 from .predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
 from .frameworks import get_framework
-from .specs import DEFAULT_FRAMEWORK, FRAMEWORKS, RECOMPUTES, SCHEDULES, InfeasibleConfig, Layout, ModelSpec
+from .specs import DEFAULT_FRAMEWORK, FLASH_IMPLS, FRAMEWORKS, RECOMPUTES, SCHEDULES, InfeasibleConfig, Layout, ModelSpec
 
 OBJECTIVES = {"time": ("step_time_s", True), "tokens": ("tokens_per_s", False), "mfu": ("mfu", False),
               "cost": ("gpu_hours_per_mtok", True)}
@@ -209,7 +209,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
             excl.append({"option": f"zero_stage={z}", "values": {"zero_stage": z},
                          "reason": f"{fw.description} has no ZeRO stage {z}."})
     rcs = [r for r in space.recompute if r in RC]
-    if model.attention_impl == "flash" and "selective" in rcs and "none" in rcs:
+    if model.attention_impl in FLASH_IMPLS and "selective" in rcs and "none" in rcs:
         rcs.remove("selective")
         excl.append({"option": "recompute=selective", "values": {"recompute": "selective"},
                      "reason": "with flash attention selective recomputation equals none (the kernel recomputes "

@@ -16,7 +16,10 @@ ARCHS = ("gpt", "llama")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32")
-ATTENTION_IMPLS = ("flash", "unfused")
+ATTENTION_IMPLS = ("flash", "triton", "unfused")
+# FlashAttention kernels (no s^2 score matrix kept): FlashAttention-2/3 CUDA ("flash") or the Triton implementation
+# ("triton", as MPT / llm-foundry ran it); "unfused" is Megatron's QK^T + fused scale-mask-softmax + AV.
+FLASH_IMPLS = ("flash", "triton")
 FRAMEWORKS = ("megatron", "megatron-deepspeed", "deepspeed", "fsdp", "ddp")  # see predictor.frameworks
 DEFAULT_FRAMEWORK = "megatron"
 BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}

@@ -87,7 +87,7 @@ def test_both_published_files_ingest_with_counted_skips(tmp_path: Path) -> None:
     assert math.isclose(r["step_time_s"], 159.637, rel_tol=1e-5)
     assert (r["platform"], r["dp"], r["tp"], r["pp"], r["zero_stage"], r["micro_batch"], r["recompute"],
             r["precision"], r["attention"], r["kv_heads"]) == \
-        ("mosaicml-a100-80gb", 64, 1, 1, 3, 8, "full", "bf16", "flash", 64)
+        ("mosaicml-a100-80gb", 64, 1, 1, 3, 8, "full", "bf16", "triton", 64)
     assert "GradAccum=4 = global_batch/(micro_batch*dp) checked" in r["notes"]
     # BLOOM's 20B test model on one node, fp16: the iteration time as reported
     b = runs.set_index("run_id").loc["bigscience_176b_a100:2"]

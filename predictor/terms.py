@@ -1,0 +1,152 @@
+"""End-to-end terms: what separately timed GPU kernels and collectives miss inside a real training step.
+
+Operator samples are short, warmed-up, isolated kernels; a training step runs them back to back for
+minutes at full power, beside NCCL kernels, issued by an eager framework. Three terms capture that,
+fitted on measured end-to-end runs of real frameworks (`predictor.calibrate_framework`) and scored
+leave-one-source-out (each source predicted by terms fitted without it):
+
+  compute_factor   alpha: GPU kernel time in a sustained step / time sampled in isolation (cold caches
+                   between kernels). Multiplies every GPU operator time.
+  power_factor     beta: seconds added per second of tensor-core work at the achievable matmul throughput
+                   (FLOPs / MAMF): a GEMM running near the device's maximum draws full power, and over a
+                   sustained step the clocks drop; a small, latency-bound kernel barely does.
+  contention       kappa: seconds of compute lost per second of communication that overlaps it (NCCL
+                   kernels occupy SMs and memory bandwidth); charged on the overlapped part of ZeRO
+                   gathers / reduce-scatters and of the bucketed gradient reduction.
+  host[framework]  host (framework) time: seconds per layer pass blended with the GPU time
+                   (predictor.overhead), plus seconds per micro-batch and pipeline stage (the
+                   framework's per-micro-batch loop: schedule, loss scaling, hooks). A framework
+                   without runs of its own takes the pooled fit of the others ("default").
+
+The file `models_store/framework_terms.json` holds the terms with their provenance: the runs and
+sources they were fitted on, and the in-sample and source-held-out errors per source. GPU platforms
+use it; CPU platforms have their own host fit (`<platform>/host_overhead.json`) and no other term.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .paths import ArtifactError, check_number
+from .specs import FRAMEWORKS
+
+DEFAULT_HOST = "default"
+
+
+@dataclass(frozen=True)
+class HostTerm:
+    host_s_per_layer_pass: float = 0.0
+    blend_p: float = 2.0
+    host_s_per_micro_batch: float = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.host_s_per_layer_pass > 0 or self.host_s_per_micro_batch > 0
+
+
+@dataclass(frozen=True)
+class EndToEndTerms:
+    compute_factor: float = 1.0
+    contention: float = 0.0
+    host: dict[str, HostTerm] = field(default_factory=dict)
+    power_factor: float = 0.0
+    source: str = ""
+    fitted_on: dict[str, int] = field(default_factory=dict)     # source id -> runs
+    validation: dict[str, Any] = field(default_factory=dict)    # per source: in-sample and held-out errors
+    fitted_at: str = ""
+
+    def host_for(self, framework: str) -> HostTerm | None:
+        """The host term of a framework, else the pooled one, else None."""
+        t = self.host.get(framework) or self.host.get(DEFAULT_HOST)
+        return t if t is not None and t.active else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["host"] = {k: asdict(v) for k, v in self.host.items()}
+        return d
+
+
+NONE = EndToEndTerms()
+
+
+def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEndTerms:
+    """Parsed and checked; ArtifactError naming the file and field on a bad value."""
+    if not isinstance(d, dict):
+        raise ArtifactError(path, None, f"must be a JSON object, not {type(d).__name__}")
+    alpha = float(check_number(path, "compute_factor", d.get("compute_factor", 1.0), ge=0.5, le=2.0))
+    kappa = float(check_number(path, "contention", d.get("contention", 0.0), ge=0.0, le=2.0))
+    beta = float(check_number(path, "power_factor", d.get("power_factor", 0.0), ge=0.0, le=1.0))
+    host: dict[str, HostTerm] = {}
+    raw = d.get("host") or {}
+    if not isinstance(raw, dict):
+        raise ArtifactError(path, "host", "must be a mapping of framework -> term")
+    for fw, t in raw.items():
+        if fw not in FRAMEWORKS and fw != DEFAULT_HOST:
+            raise ArtifactError(path, f"host.{fw}", f"unknown framework (use {', '.join(FRAMEWORKS)} or default)")
+        if not isinstance(t, dict):
+            raise ArtifactError(path, f"host.{fw}", "must be a mapping")
+        host[fw] = HostTerm(
+            host_s_per_layer_pass=float(check_number(path, f"host.{fw}.host_s_per_layer_pass",
+                                                     t.get("host_s_per_layer_pass", 0.0), ge=0.0, lt=1.0)),
+            blend_p=float(check_number(path, f"host.{fw}.blend_p", t.get("blend_p", 2.0), ge=1.0, le=64.0)),
+            host_s_per_micro_batch=float(check_number(path, f"host.{fw}.host_s_per_micro_batch",
+                                                      t.get("host_s_per_micro_batch", 0.0), ge=0.0, lt=10.0)))
+    return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
+                         source=str(d.get("source", "")),
+                         fitted_on={str(k): int(v) for k, v in (d.get("fitted_on") or {}).items()},
+                         validation=dict(d.get("validation") or {}), fitted_at=str(d.get("fitted_at", "")))
+
+
+def load_terms_checked(models_dir: str | Path | None = None) -> tuple[EndToEndTerms | None, str | None]:
+    """(terms, warning): None without a file; a bad file gives no terms and a warning naming it."""
+    p = paths.shared_artifact(paths.FRAMEWORK_TERMS, models_dir)
+    try:
+        d = paths.read_json(p)
+        return (None, None) if d is None else (terms_from_dict(d, p), None)
+    except (ArtifactError, ValueError) as e:
+        return None, f"End-to-end terms ignored: {e}"
+
+
+def save_terms(terms: EndToEndTerms, models_dir: str | Path | None = None) -> Path:
+    p = paths.shared_artifact(paths.FRAMEWORK_TERMS, models_dir)
+    d = terms.to_dict()
+    terms_from_dict(d, p)  # refuse to write what would not load back
+    d["model"] = ("GPU operator times x compute_factor + power_factor x FLOPs / MAMF; + contention x overlapped "
+                  "communication; host per layer "
+                  "pass blended (T = (G**p + H**p)**(1/p)) plus host_s_per_micro_batch per micro-batch and stage; "
+                  "see predictor/terms.py")
+    return paths.write_json_atomic(p, d)
+
+
+def blend(g: Any, h: Any, p: Any) -> Any:
+    """(g**p + h**p)**(1/p) elementwise, p an array or a number (>= 1)."""
+    import numpy as np
+    g = np.asarray(g, dtype="float64")
+    h = np.asarray(h, dtype="float64")
+    p = np.asarray(p, dtype="float64")
+    m = np.maximum(np.maximum(g, h), 1e-30)
+    return m * ((g / m) ** p + (h / m) ** p) ** (1.0 / p)
+
+
+# FlashAttention in Triton (the attn_impl 'triton' of MPT / llm-foundry) against FlashAttention-2 on A100: "1.3-2.5x
+# faster than FlashAttention in Triton" (Dao 2023, FlashAttention-2, section 4.1); the geometric middle of the range,
+# which goes into the error band as +/-30 %.
+TRITON_ATTENTION_FACTOR = 1.8
+TRITON_ATTENTION_ERROR = 0.30
+
+
+def causal_attention_factors(seq_len: Any, block: int = 128) -> Any:
+    """`causal_attention_factor` for an array of sequence lengths."""
+    import numpy as np
+    nb = np.maximum(1.0, np.ceil(np.asarray(seq_len, dtype="float64") / block))
+    return (nb + 1.0) / (2.0 * nb)
+
+
+def causal_attention_factor(seq_len: int, block: int = 128) -> float:
+    """Share of the (query block, key block) tiles a causal FlashAttention kernel computes: nb(nb+1)/2 of nb**2
+    with nb = ceil(seq / block) (FlashAttention-2 skips the blocks above the diagonal)."""
+    nb = max(1, math.ceil(seq_len / block))
+    return (nb + 1) / (2 * nb)
