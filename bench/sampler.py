@@ -66,11 +66,13 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
             n_per_op: int = 64, profile: "str | D.Profile" = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0,
             flush_every_s: float = 15.0, quiet_info: dict[str, Any] | None = None, show_progress: bool = True,
             target_s: float = 0.12, guard_interference: bool = True, max_retries: int = 3,
-            calm_wait_s: float = 600.0, log: Callable[[str], None] = print) -> dict[str, Any]:
+            calm_wait_s: float = 600.0, log: Callable[[str], None] = print,
+            clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Measure the plan (skipping shapes already in `out_dir`) until done or `budget_s` is spent
     (time spent waiting for other processes to finish does not count). With `guard_interference`, a
     shape during which other processes took CPU time is measured again once the machine is calm.
-    Returns a summary (also stored as this run's entry in manifest.json)."""
+    Returns a summary (also stored as this run's entry in manifest.json). `clock` measures the
+    budget (tests inject a deterministic one)."""
     import torch
     dist = _dist()
     rank = dist.get_rank() if dist else 0
@@ -107,7 +109,7 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
     rows: list[dict[str, Any]] = []
     shard_seq, written, measured, skipped = 0, 0, 0, []
     last_flush = time.monotonic()
-    t_start = time.monotonic()
+    t_start = clock()
     progress = None
     if lead and show_progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -164,7 +166,7 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
     try:
         for p in todo:
             go = 1
-            if lead and budget_s is not None and time.monotonic() - t_start - waited_calm >= budget_s:
+            if lead and budget_s is not None and clock() - t_start - waited_calm >= budget_s:
                 go = 0
             if dist:
                 t = torch.tensor([go])
@@ -210,7 +212,7 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
                              "disturbed": bool(disturbed and guard), "attempts": attempt + 1})
                 measured += 1
             if progress:
-                el = time.monotonic() - t_start - waited_calm
+                el = clock() - t_start - waited_calm
                 progress.update(task, advance=1, op=p.op,
                                 budget=f"{el:.0f}/{budget_s:.0f} s" if budget_s else f"{el:.0f} s")
             flush()
@@ -221,7 +223,7 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
         flush(force=True)
         if progress:
             progress.stop()
-        elapsed = time.monotonic() - t_start
+        elapsed = clock() - t_start
         run.update({"finished_at": store_io.now_iso(), "elapsed_s": round(elapsed, 1),
                     "sampling_s": round(elapsed - waited_calm, 1), "rows_written": written,
                     "stopped": stopped, "loadavg_end": list(env.loadavg()), "skipped_shapes": skipped[:20],
