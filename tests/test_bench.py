@@ -310,3 +310,29 @@ def test_older_sets_are_judged_by_the_facts_they_recorded(tmp_path):
     (legacy / "manifest.json").unlink()
     with pytest.raises(store_io.ForeignSamples, match="no record of the machine"):
         store_io.check_same_machine(legacy, like)
+
+
+def test_cli_refuses_another_machines_out_and_defaults_to_this_machines_folder(tmp_path, monkeypatch, capsys):
+    import bench.cli as C
+    from predictor.machine import current
+    root = tmp_path / "samples"
+    here = current()
+    run_ops("test-cpu", root / "test-cpu", ops=["res_add"], n_per_op=1, profile=TINY, threads=1, show_progress=False,
+            target_s=0.001, guard_interference=False, log=lambda m: None, machine=here)
+    monkeypatch.setattr(C, "SAMPLES", root)
+    monkeypatch.setenv("PREDICTOR_MACHINE_OVERRIDE", json.dumps({"vendor": "GenuineIntel", "model_name": "Intel Xeon",
+                                                                 "family": "6", "model": "143"}))
+    other = current()
+    args = ["ops", "--platform", "test-cpu", "--ops", "res_add", "--n-per-op", "1", "--threads", "1", "--no-wait",
+            "--no-guard", "--no-progress"]
+    assert C.main([*args, "--out", str(root / "test-cpu")]) == 2
+    err = capsys.readouterr().err
+    assert "holds samples of another machine" in err and "Intel Xeon" in err
+    assert f"Leave out --out to sample into {root / f'machine-{other.id}' / 'test-cpu'}" in err
+    assert C.main(args) == 0
+    mine = root / f"machine-{other.id}" / "test-cpu"
+    assert len(store_io.read_shards(mine, "ops")) == 2 and store_io.set_machine(mine).model_name == "Intel Xeon"
+    assert len(store_io.read_shards(root / "test-cpu", "ops")) == 2  # the other machine's set is untouched
+    # the speed check compares a machine only with its own samples
+    assert C.main(["speed-check", "--platform", "cpu-2t", "--samples", str(REPO / "bench" / "samples" / "cpu-2t")]) == 2
+    assert "sample it first (`python -m bench cpu-platform`)" in capsys.readouterr().err
