@@ -460,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-progress", action="store_true")
     sp.add_argument("--coll-sizes", type=int, default=20)
     sp.add_argument("--n-per-op", type=int, default=96)
+    sp.add_argument("--profile", default="cpu", choices=["cpu", "cpu-wide"],
+                    help="operator shape domain (bench/design.py); cpu-wide also samples 4096-token heads, "
+                         "hidden-1024 MLPs and large optimizers instead of extrapolating to them (slower points)")
     _common(sp)
     sp.set_defaults(fn=cmd_cpu_platform)
     return ap

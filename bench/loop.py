@@ -176,7 +176,7 @@ def _last_run(out: Path, kind: str) -> dict:
 def ph_ops_2t(L: Loop, budget: float, q: dict | None) -> dict:
     from .sampler import run_ops
     run = run_ops("cpu-2t", L.sets["cpu-2t"], threads=2, budget_s=budget, n_per_op=L.a.n_per_op, quiet_info=q,
-                  show_progress=not L.a.no_progress, log=L.log)
+                  profile=getattr(L.a, "profile", "cpu"), show_progress=not L.a.no_progress, log=L.log)
     return {"rows": run["rows_written"], "stopped": run["stopped"], "waited_s": run.get("waited_for_calm_s", 0.0)}
 
 
@@ -184,7 +184,8 @@ def ph_ops_1t(L: Loop, budget: float, q: dict | None) -> dict:
     from .cli import _torchrun
     out = L.sets["cpu-1t"]
     rc = _torchrun(2, ["ops", "--platform", "cpu-1t", "--out", str(out), "--threads", "1", "--budget-s",
-                       f"{budget:.1f}", "--n-per-op", str(L.a.n_per_op), "--no-wait", "--no-progress", *_common(L)],
+                       f"{budget:.1f}", "--n-per-op", str(L.a.n_per_op), "--profile", getattr(L.a, "profile", "cpu"),
+                       "--no-wait", "--no-progress", *_common(L)],
                    quiet=q)
     if rc:
         raise RuntimeError(f"the cpu-1t operator sampler (torchrun, 2 ranks) exited with {rc}")
@@ -384,6 +385,8 @@ def plan_text(L: Loop, phases: list[str], b: dict[str, float], why: str, resumin
              (f"  models      : {L.rel(Path(L.models_dir) / 'cpu-2t')}, cpu-1t (retrained; sampled_on.json names "
               f"machine {L.here.id})"),
              f"  store       : {L.rel(store_path(L.store))} (rows of cpu-2t / cpu-1t replaced by this machine's)",
+             f"  op shapes   : profile {getattr(L.a, 'profile', 'cpu')}, {L.a.n_per_op} design points per op "
+             f"(bench/design.py)",
              f"  record      : {L.rel(L.record_path)}"]
     if resuming:
         done = [n for n, e in resuming.get("phases", {}).items() if e.get("status") == "done"]

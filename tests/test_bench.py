@@ -148,6 +148,23 @@ def test_time_budget_stops_the_sampler_and_keeps_what_it_measured(tmp_path, monk
     assert again["already_done_points"] == 3 and again["rows_written"] == 6
 
 
+def test_wide_cpu_profile_samples_what_the_cpu_profile_extrapolates():
+    """4096-token batches of large vocabularies (logits of 131 M elements) and hidden-1024 MLPs are
+    outside the `cpu` profile's guards (48 M elements, 3e10 FLOPs): `cpu-wide` samples such shapes."""
+    wide, cpu = D.PROFILES["cpu-wide"], D.PROFILES["cpu"]
+    head = {"tp": 1, "batch": 8, "seq": 512, "hidden": 512, "vocab": 32000}
+    assert not D.feasible("lm_head", head, cpu) and D.feasible("lm_head", head, wide)
+    ce = {"tp": 1, "batch": 8, "seq": 512, "vocab": 32000}
+    assert not D.feasible("cross_entropy", ce, cpu) and D.feasible("cross_entropy", ce, wide)
+    mlp = {"tp": 1, "batch": 8, "seq": 512, "hidden": 1024, "ffn_hidden": 4096}
+    assert not D.feasible("mlp_up", mlp, cpu) and D.feasible("mlp_up", mlp, wide)
+    for op in ("lm_head", "cross_entropy", "optimizer"):
+        pts = D.op_design(op, 96, "cpu-wide")
+        assert all(D.in_bounds(p, "cpu-wide") for p in pts)
+        assert sum(not D.feasible(op, p.shape, cpu) for p in pts) >= 5  # a few large points, not a different plan
+        assert len({p.index for p in pts} & {p.index for p in D.op_design(op, 96, "cpu")}) >= 75
+
+
 def test_design_shapes_are_consistent_models():
     for p in D.op_design("qkv_proj", 64, "cpu") + D.op_design("flash_attn", 64, "cpu"):
         s = p.shape
