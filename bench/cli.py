@@ -452,6 +452,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--steps", nargs="+", choices=list(PHASES) + list(OLD_NAMES), help=argparse.SUPPRESS)
     sp.add_argument("--budget", action="append", metavar="PHASE=SECONDS", help="a phase's budget (repeatable)")
     sp.add_argument("--out-root", default=str(SAMPLES))
+    sp.add_argument("--no-catalog", action="store_true",
+                    help="leave predictor/catalog/*.json alone (default: cpu-host, cpu-2t, cpu-1t get this machine's "
+                         "measured device and loopback figures)")
     sp.add_argument("--store", help="sample store (default: the project's store)")
     sp.add_argument("--models-dir")
     sp.add_argument("--budget-2t", type=float, help="seconds of cpu-2t op sampling (same as --budget ops-2t=S)")

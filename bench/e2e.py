@@ -388,7 +388,7 @@ def calibrate(out_dir: Path, *, models_dir: str | None = None, store: str | None
             start = time.monotonic()
             deadline = None if my is None else start + max(0.0, my)
             log(f"calibration {p}: {len(todo)} HF training jobs, each in a fresh process"
-                + (f" (budget {my:.0f} s)" if my is not None else ""))
+                + (f" (budget {max(0.0, my):.0f} s)" if my is not None else ""))
             for r in runners[p](todo, deadline):
                 t["runs"].append(r)
                 save()

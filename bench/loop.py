@@ -156,12 +156,14 @@ def ph_device(L: Loop, budget: float, q: dict | None) -> dict:
     m = measure("cpu", 2, "fp32")
     entry = cpu_device_entry(m)
     entry["sources"].append(f"quiet-machine check before measuring: {json.dumps(q, default=str)}")
-    upsert_catalog_entry(CATALOG / "devices.json", "cpu-host", entry)
     L.log(f"device cpu-host: {entry['peak_tflops']} TFLOP/s, {entry['hbm_bandwidth_gbps']} GB/s")
-    upsert_catalog_entry(CATALOG / "clusters.json", "cpu-2t", cluster_entry_2t())
-    if "cpu-1t" not in json.loads((CATALOG / "clusters.json").read_text()):
-        upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(None))
-    return {"peak_tflops": entry["peak_tflops"], "stream_gbps": entry["hbm_bandwidth_gbps"], "waited_s": waited}
+    if not getattr(L.a, "no_catalog", False):
+        upsert_catalog_entry(CATALOG / "devices.json", "cpu-host", entry)
+        upsert_catalog_entry(CATALOG / "clusters.json", "cpu-2t", cluster_entry_2t())
+        if "cpu-1t" not in json.loads((CATALOG / "clusters.json").read_text()):
+            upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(None))
+    return {"peak_tflops": entry["peak_tflops"], "stream_gbps": entry["hbm_bandwidth_gbps"], "entry": entry,
+            "waited_s": waited}
 
 
 def _common(L: Loop) -> list[str]:
@@ -204,7 +206,8 @@ def ph_coll_1t(L: Loop, budget: float, q: dict | None) -> dict:
     if rc:
         raise RuntimeError(f"the collective sampler (torchrun, 2 gloo ranks) exited with {rc}")
     net = fit_network(out, "cpu-1t")
-    upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(net))
+    if not getattr(L.a, "no_catalog", False):
+        upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(net))
     L.log(f"cpu-1t loopback: {net.intra.bandwidth_gbps:.2f} GB/s, {net.intra.latency_us:.1f} us "
           f"(fit MAPE {net.intra.fit_mape})")
     run = _last_run(out, "collectives")
@@ -385,8 +388,11 @@ def plan_text(L: Loop, phases: list[str], b: dict[str, float], why: str, resumin
              (f"  models      : {L.rel(Path(L.models_dir) / 'cpu-2t')}, cpu-1t (retrained; sampled_on.json names "
               f"machine {L.here.id})"),
              f"  store       : {L.rel(store_path(L.store))} (rows of cpu-2t / cpu-1t replaced by this machine's)",
-             f"  op shapes   : profile {getattr(L.a, 'profile', 'cpu')}, {L.a.n_per_op} design points per op "
-             f"(bench/design.py)",
+             (f"  op shapes   : profile {getattr(L.a, 'profile', 'cpu')}, {L.a.n_per_op} design points per op "
+              "(bench/design.py)"),
+             "  catalog     : " + ("not touched (--no-catalog)" if getattr(L.a, "no_catalog", False) else
+                                   "predictor/catalog/devices.json cpu-host and clusters.json cpu-2t / cpu-1t "
+                                   "updated with this machine's measurements"),
              f"  record      : {L.rel(L.record_path)}"]
     if resuming:
         done = [n for n, e in resuming.get("phases", {}).items() if e.get("status") == "done"]

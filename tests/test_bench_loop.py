@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
     return ["cpu-platform", "--out-root", str(tmp_path / "samples"), "--models-dir", str(tmp_path / "models"),
-            "--store", str(tmp_path / "st.duckdb"), "--no-wait", "--no-progress", *extra]
+            "--store", str(tmp_path / "st.duckdb"), "--no-wait", "--no-progress", "--no-catalog", *extra]
 
 
 @pytest.fixture
