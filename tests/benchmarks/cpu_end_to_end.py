@@ -340,6 +340,10 @@ def main(argv=None) -> int:
             pooled = print_history(data, kind, a.models_dir)
             if a.save and kind in latest:
                 pred, t = latest[kind]
+                if not same_machine_as_models(t, t["platform"], a.models_dir):
+                    print(f"--save: the latest {kind} table was measured on another machine than {t['platform']}'s "
+                          f"models; validation.json not written", file=sys.stderr)
+                    continue
                 save_runs(pred, t["platform"], 1 if kind == "single" else 2, t["quiet_check"], a.models_dir,
                           summary=pooled)
         _print_targets(results)
