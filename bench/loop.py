@@ -434,7 +434,10 @@ def run(a: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     phases = selected_phases(a)
     b = budgets(a)
     prev = _read_record(mroot / RECORD_FILE)
-    resuming = prev if (prev and prev.get("machine_id") == here.id and prev.get("status") != "done") else None
+    prev = prev if prev and prev.get("machine_id") == here.id else None
+    resuming = prev if prev and prev.get("status") != "done" else None
+    # a finished loop of this machine: later phases may run again on its sets (and in its record)
+    redo = prev is not None and resuming is None and not a.fresh and not any(PHASES[n].samples for n in phases)
     L = Loop(a=a, here=here, root=root, mroot=mroot, models_dir=str(a.models_dir or default_models_dir()),
              store=a.store, record={}, log=log)
     if getattr(a, "plan", False):
@@ -460,6 +463,10 @@ def run(a: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     if resuming:
         L.record = resuming
         log(f"resuming the loop started {resuming.get('started_at', '?')[:19]} (record {L.rel(L.record_path)})")
+    elif redo:
+        L.record = prev
+        log(f"running {', '.join(phases)} again in the loop of {prev.get('started_at', '?')[:19]} "
+            f"(record {L.rel(L.record_path)})")
     else:
         L.record = {"loop_id": time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:4],
                     "started_at": store_io.now_iso(), "status": "running", "machine_id": here.id,
@@ -473,9 +480,11 @@ def run(a: argparse.Namespace, log: Callable[[str], None] = print) -> int:
     t_all = time.monotonic()
     for n in phases:
         ent = L.record["phases"].get(n, {})
-        if ent.get("status") == "done":
+        if ent.get("status") == "done" and not redo:
             log(f"phase {n}: done {str(ent.get('finished_at', ''))[:19]}, skipped")
             continue
+        if ent.get("status") == "done":
+            ent = {}  # run again: its budget starts afresh
         spent_before = float(ent.get("spent_s") or 0) if ent.get("status") in ("interrupted", "failed") else 0.0
         left = max(0.0, b[n] - spent_before)
         t_gate = time.monotonic()

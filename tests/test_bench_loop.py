@@ -108,12 +108,15 @@ def test_loop_runs_in_order_records_every_phase_and_resumes_after_a_failure(tmp_
 def test_a_finished_loop_is_not_extended_and_fresh_starts_over(tmp_path, fake_phases, capsys):
     calls, _ = fake_phases
     assert C.main(_args(tmp_path)) == 0
+    loop_id = json.loads((tmp_path / "samples" / LP.RECORD_FILE).read_text())["loop_id"]
     calls.clear()
     assert C.main(_args(tmp_path)) == 2 and calls == []
     err = capsys.readouterr().err
     assert "already hold samples of this machine" in err and "--fresh" in err
     assert C.main(_args(tmp_path, "--phases", "train", "calibrate")) == 0  # later phases on the same sets: fine
     assert [c[0] for c in calls] == ["train", "calibrate"]
+    rec = json.loads((tmp_path / "samples" / LP.RECORD_FILE).read_text())  # ... in the same record, still done
+    assert rec["status"] == "done" and rec["plan"] == list(LP.DEFAULT_PHASES) and rec["loop_id"] == loop_id
     calls.clear()
     assert C.main(_args(tmp_path, "--fresh")) == 0
     assert [c[0] for c in calls] == list(LP.DEFAULT_PHASES)
