@@ -262,11 +262,11 @@ def read_machine(cpuinfo: str | None = None, meminfo: str | None = None, cpu_cou
                    recorded_at=datetime.now(UTC).isoformat(timespec="seconds"))
 
 
-_CURRENT: dict[str, Machine] = {}
+_CURRENT: dict[str, tuple[Machine, str]] = {}
 
 
-def current(refresh: bool = False) -> Machine:
-    """This machine (read once per process; `$PREDICTOR_MACHINE_OVERRIDE` fields applied)."""
+def _current_cached(refresh: bool = False) -> tuple[Machine, str]:
+    """(this machine, its id), read once per process and override; shared: never modify it."""
     key = os.environ.get(OVERRIDE_ENV, "")
     if refresh or key not in _CURRENT:
         m = read_machine()
@@ -277,9 +277,14 @@ def current(refresh: bool = False) -> Machine:
                 raise ValueError(f"${OVERRIDE_ENV} is not a JSON object: {exc}") from None
             m = from_dict({**asdict(m), **over, "source": f"read on this machine, fields replaced by ${OVERRIDE_ENV}"})
         _CURRENT.clear()
-        _CURRENT[key] = m
-    m = _CURRENT[key]
-    return from_dict(asdict(m))  # a copy: callers may set threads / allocator
+        _CURRENT[key] = (m, m.id)
+    return _CURRENT[key]
+
+
+def current(refresh: bool = False) -> Machine:
+    """This machine (read once per process; `$PREDICTOR_MACHINE_OVERRIDE` fields applied). A copy:
+    callers may record settings (threads, allocator) on it."""
+    return from_dict(asdict(_current_cached(refresh)[0]))
 
 
 # --------------------------------------------------------------------------- comparing
@@ -387,8 +392,8 @@ def mismatch_warning(platform_id: str, models_dir: str | os.PathLike[str],
         st = path.stat()
     except (ValueError, OSError):
         return None
-    here = machine or current()
-    key = (str(path), st.st_mtime_ns, st.st_size, here.id)
+    here, here_id = (machine, machine.id) if machine is not None else _current_cached()
+    key = (str(path), st.st_mtime_ns, st.st_size, here_id)
     if key in _WARN_CACHE:
         return _WARN_CACHE[key]
     try:
