@@ -1,4 +1,9 @@
-"""`python -m bench ...`: info, device, ops, collectives, curve, fit-network, cpu-platform, speed-check."""
+"""`python -m bench ...`: info, device, ops, collectives, context, curve, fit-network, cpu-platform, speed-check,
+sampled-on.
+
+Sample sets belong to one machine (predictor.machine): without --out a platform's set is
+bench/samples/<platform> when that folder is free or this machine's, else
+bench/samples/machine-<id>/<platform>; an --out holding another machine's samples is refused."""
 from __future__ import annotations
 
 import argparse
@@ -95,14 +100,43 @@ def cmd_device(a) -> int:
     return 0
 
 
+def sample_dir(a, platform: str) -> Path | None:
+    """The sample set of `platform` for this command: --out (refused when it holds another machine's
+    samples: None, after saying why), else this machine's default (bench.store_io.sample_set_dir)."""
+    from .env import this_machine
+    here = this_machine()
+    default = store_io_mod().sample_set_dir(SAMPLES, platform, here)
+    if not getattr(a, "out", None):
+        if default != SAMPLES / platform and int(os.environ.get("RANK", "0")) == 0:
+            _log(f"{SAMPLES / platform} holds another machine's samples: this machine's go to {default}")
+        return default
+    try:
+        store_io_mod().check_same_machine(Path(a.out), here, hint=f"Leave out --out to sample into {default} "
+                                                                f"(this machine's folder), or name an empty folder.")
+    except store_io_mod().ForeignSamples as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return None
+    return Path(a.out)
+
+
+def store_io_mod():
+    from . import store_io
+    return store_io
+
+
 def cmd_ops(a) -> int:
     from .sampler import run_ops
     ws = int(os.environ.get("WORLD_SIZE", "1"))
-    if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun
+    out = sample_dir(a, a.platform)
+    if out is None:
+        return 2
+    if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun, every rank on the same set
+        if not a.out:
+            a._argv = [*a._argv, "--out", str(out)]
         return _relaunch(a, "--ranks", a.ranks)
     q = _quiet(a) if int(os.environ.get("RANK", "0")) == 0 else None
     ops = tuple(a.ops) if a.ops else (D.DEFAULT_OPS + (D.UNFUSED_ATTENTION_OPS if a.unfused else ()))
-    run_ops(a.platform, a.out or SAMPLES / a.platform, ops=ops, device=a.device, dtype=a.dtype,
+    run_ops(a.platform, out, ops=ops, device=a.device, dtype=a.dtype,
             threads=a.threads or (1 if ws > 1 else None), budget_s=a.budget_s, n_per_op=a.n_per_op,
             profile=a.profile, tps=tuple(a.tp), seed=a.seed, quiet_info=q, show_progress=not a.no_progress,
             guard_interference=not a.no_guard, log=_log)
@@ -116,9 +150,17 @@ def cmd_collectives(a) -> int:
             print("run under torchrun (e.g. torchrun --standalone --nproc_per_node 2 -m bench collectives ...) "
                   "or pass --launch-local N", file=sys.stderr)
             return 2
+        out = sample_dir(a, a.platform)
+        if out is None:
+            return 2
+        if not a.out:
+            a._argv = [*a._argv, "--out", str(out)]
         return _relaunch(a, "--launch-local", a.launch_local)
+    out = sample_dir(a, a.platform)
+    if out is None:
+        return 2
     q = _quiet(a) if os.environ.get("RANK") == "0" else None
-    run_collectives(a.platform, a.out or SAMPLES / a.platform, device=a.device, dtype=a.dtype,
+    run_collectives(a.platform, out, device=a.device, dtype=a.dtype,
                     collectives=tuple(a.collectives), n_sizes=a.sizes, min_bytes=a.min_bytes,
                     max_bytes=a.max_bytes, budget_s=a.budget_s, threads=a.threads, quiet_info=q,
                     show_progress=not a.no_progress, guard_interference=not a.no_guard, log=_log)
@@ -140,8 +182,12 @@ def cmd_speed_check(a) -> int:
     if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun
         return _relaunch(a, "--ranks", a.ranks, wait_quiet=False)
     try:
-        sc = run_speed_check(a.platform, a.samples or SAMPLES / a.platform, threads=a.threads, per_op=a.per_op,
-                             log=_log)
+        samples = Path(a.samples) if a.samples else speed_check_samples(a.platform, a.models_dir)
+        from .env import this_machine
+        from .store_io import check_same_machine
+        check_same_machine(samples, this_machine(), hint="The speed check compares this machine with its own "
+                           "samples: sample it first (`python -m bench cpu-platform`).")
+        sc = run_speed_check(a.platform, samples, threads=a.threads, per_op=a.per_op, log=_log)
     except ValueError as exc:
         print(f"speed-check: {exc}", file=sys.stderr)
         return 2
@@ -160,9 +206,61 @@ def cmd_speed_check(a) -> int:
     return 0
 
 
+def speed_check_samples(platform: str, models_dir: str | None) -> Path:
+    """The sample set the platform's models were trained on (their sampled_on.json), else this machine's
+    default set of the platform."""
+    from predictor.machine import read_sampled_on
+    from predictor.paths import models_dir as mdir
+
+    from .env import this_machine
+    from .store_io import sample_set_dir
+    try:
+        rec = read_sampled_on(platform, models_dir or mdir())
+    except ValueError:
+        rec = None
+    if rec and rec.get("samples_dir"):
+        d = Path(rec["samples_dir"])
+        d = d if d.is_absolute() else REPO / d
+        if d.is_dir():
+            return d
+    return sample_set_dir(SAMPLES, platform, this_machine())
+
+
+def cmd_context(a) -> int:
+    from .context import run_context
+    ws = int(os.environ.get("WORLD_SIZE", "1"))
+    out = sample_dir(a, a.platform)
+    if out is None:
+        return 2
+    if a.ranks and a.ranks > 1 and ws == 1:
+        if not a.out:
+            a._argv = [*a._argv, "--out", str(out)]
+        return _relaunch(a, "--ranks", a.ranks)
+    if int(os.environ.get("RANK", "0")) == 0 and not a.no_wait:
+        _quiet(a)
+    run_context(a.platform, out, threads=a.threads or (1 if ws > 1 else None), budget_s=a.budget_s, log=_log)
+    return 0
+
+
+def cmd_sampled_on(a) -> int:
+    """Record which machine (and sample set) a platform's models come from, after a manual
+    `python -m predictor train`: models_store/<platform>/sampled_on.json."""
+    from predictor.paths import models_dir as mdir
+
+    from .loop import record_sampled_on
+    samples = Path(a.samples) if a.samples else SAMPLES / a.platform
+    try:
+        path = record_sampled_on(a.platform, samples, a.models_dir or mdir(), "python -m bench sampled-on")
+    except ValueError as exc:
+        print(f"sampled-on: {exc}", file=sys.stderr)
+        return 2
+    print(path.read_text(), end="")
+    return 0
+
+
 def cmd_curve(a) -> int:
     from .curve import print_curve
-    for s in a.samples:
+    for s in a.samples or [speed_check_samples(p, None) for p in ("cpu-2t", "cpu-1t")]:
         print_curve(s, a.platform)
     return 0
 
@@ -195,150 +293,18 @@ def cmd_fit_network(a) -> int:
 
 
 def cmd_cpu_platform(a) -> int:
-    """Everything for this machine's CPU: device facts, samples for cpu-2t and cpu-1t, collectives,
-    catalog entries, ingest, training, the network calibration and the error-vs-samples curves."""
-    from .device import CATALOG, cpu_device_entry, measure, upsert_catalog_entry
-    from .env import loadavg
-    t_all = time.monotonic()
-    budgets = {}
-    root = Path(a.out_root)
-    steps = set(a.steps)
-    first = True
-    if "device" in steps:
-        q = _gate(a, first)
-        first = False
-        from .env import wait_calm
-        q["waited_for_calm_s"] = round(wait_calm(300, log=_log), 1)
-        t0 = time.monotonic()
-        m = measure("cpu", 2, "fp32")
-        budgets["cpu-host device"] = time.monotonic() - t0
-        entry = cpu_device_entry(m)
-        entry["sources"].append(f"quiet-machine check before measuring: {json.dumps(q)}")
-        upsert_catalog_entry(CATALOG / "devices.json", "cpu-host", entry)
-        _log(f"device cpu-host: {entry['peak_tflops']} TFLOP/s, {entry['hbm_bandwidth_gbps']} GB/s")
-        upsert_catalog_entry(CATALOG / "clusters.json", "cpu-2t", cluster_entry_2t())
-        import json as _j
-        clusters = _j.loads((CATALOG / "clusters.json").read_text())
-        if "cpu-1t" not in clusters:
-            upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(None))
-    common = ["--quiet-load", str(a.quiet_load), "--max-wait-s", str(a.max_wait_s)]
-    if "ops2t" in steps:
-        q = _gate(a, first)
-        first = False
-        t0 = time.monotonic()
-        from .sampler import run_ops
-        run_ops("cpu-2t", root / "cpu-2t", threads=2, budget_s=a.budget_2t, n_per_op=a.n_per_op, quiet_info=q,
-                show_progress=not a.no_progress, log=_log)
-        budgets["cpu-2t ops"] = _phase_s(root / "cpu-2t", "ops", t0)
-    if "coll" in steps:
-        q = _gate(a, first)
-        first = False
-        t0 = time.monotonic()
-        rc = _torchrun(2, ["collectives", "--platform", "cpu-1t", "--out", str(root / "cpu-1t"), "--threads", "1",
-                           "--budget-s", str(a.budget_coll), "--sizes", str(a.coll_sizes), "--no-wait", "--no-progress",
-                           *common], quiet=q)
-        if rc:
-            return rc
-        budgets["cpu-1t collectives"] = _phase_s(root / "cpu-1t", "collectives", t0)
-        net = fit_network(root / "cpu-1t", "cpu-1t")
-        upsert_catalog_entry(CATALOG / "clusters.json", "cpu-1t", cluster_entry_1t(net))
-        _log(f"cpu-1t loopback: {net.intra.bandwidth_gbps:.2f} GB/s, {net.intra.latency_us:.1f} us "
-             f"(fit MAPE {net.intra.fit_mape})")
-    if "ops1t" in steps:
-        q = _gate(a, first)
-        first = False
-        t0 = time.monotonic()
-        rc = _torchrun(2, ["ops", "--platform", "cpu-1t", "--out", str(root / "cpu-1t"), "--threads", "1",
-                           "--budget-s", str(a.budget_1t), "--n-per-op", str(a.n_per_op), "--no-wait", "--no-progress",
-                           *common], quiet=q)
-        if rc:
-            return rc
-        budgets["cpu-1t ops"] = _phase_s(root / "cpu-1t", "ops", t0)
-    if "train" in steps:
-        train_platforms(root, a.store, a.models_dir)
-    for k, v in budgets.items():
-        _log(f"sampling time {k}: {v / 60:.1f} min")
-    if budgets:
-        rec = root / "cpu_sampling_time.json"
-        prev = json.loads(rec.read_text()) if rec.exists() else {}
-        phases = {**prev.get("phases_s", {}), **{k: round(v, 1) for k, v in budgets.items()}}
-        rec.write_text(json.dumps({"phases_s": phases, "total_s": round(sum(phases.values()), 1),
-                                   "budget_limit_s": 900, "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                                   "note": "wall time of each sampling phase (waits for a quiet machine excluded)"},
-                                  indent=1) + "\n")
-    if "curve" in steps:
-        import contextlib
-        import io
-
-        from .curve import print_curve
-        text = io.StringIO()
-        for p in ("cpu-2t", "cpu-1t"):
-            if (root / p).is_dir():
-                with contextlib.redirect_stdout(text):
-                    print_curve(root / p, p)
-        print(text.getvalue(), end="")
-        (root / "cpu_error_curve.txt").write_text(text.getvalue().replace(str(root.resolve()) + "/", ""))
-    _log(f"cpu-platform done in {(time.monotonic() - t_all) / 60:.1f} min; load average now {loadavg()}")
-    return 0
-
-
-def _phase_s(out: Path, kind: str, t0: float) -> float:
-    """Wall time of a sampling phase less the time its sampler spent waiting for other processes
-    to stop (from the run's manifest entry); launch overhead (torchrun start-up) included."""
-    from .store_io import read_manifest
-    wall = time.monotonic() - t0
-    runs = [r for r in read_manifest(out).get("runs", []) if r.get("kind") == kind]
-    waited = float(runs[-1].get("waited_for_calm_s") or 0.0) if runs else 0.0
-    return max(0.0, wall - waited)
-
-
-def train_platforms(root: Path, store: str | None, models_dir: str | None,
-                    platforms: tuple[str, ...] = ("cpu-2t", "cpu-1t")) -> None:
-    """Ingest the sample directories, train the regressors, save the calibrated loopback network."""
-    from predictor.network import save_network
-    from predictor.regressors import MODELS_DIR
-    from predictor.store import ingest_path
-    from predictor.training import train_platform
-    from predictor import regressors
-    mdir = Path(models_dir) if models_dir else MODELS_DIR
-    if os.getloadavg()[0] > 1.5:  # OpenMP threads thrash on a busy 2-core machine; results do not depend on it
-        regressors.DEFAULT_PARAMS["num_threads"] = 1
-    for p in platforms:
-        d = root / p
-        if not d.is_dir():
-            continue
-        dropped = drop_platform_samples(p, store)
-        if dropped:
-            _log(f"{p}: removed {dropped} earlier sample rows from the store (the store mirrors {d})")
-        rep = ingest_path(d, store_path=store)
-        _log(rep.to_text().splitlines()[1])
-        df = train_platform(p, store_path=store, models_dir=mdir,
-                            progress=lambda i, n, m: _log(f"[{i}/{n}] {m}") if i == n or "final" in m else None)
-        _log(f"{p}: trained {len(df)} models; median CV MAPE {df['cv_mape'].median():.1%}")
-        if list(d.glob("coll-*.parquet")):
-            save_network(fit_network(d, p), mdir / p / "network.json")
+    """Everything for this machine's CPU, phase by phase with budgets, resumable on the same machine
+    (bench/loop.py): device facts, samples for cpu-2t and cpu-1t, collectives, per-op and in-context
+    timings, ingest + training, the end-to-end calibration and a speed check."""
+    from .loop import run
+    return run(a, log=_log)
 
 
 def drop_platform_samples(platform: str, store: str | None) -> int:
     """Delete a platform's op / collective samples (and the batches left without rows) from the store,
     so that re-sampled directories replace, rather than add to, earlier measurements."""
-    from predictor.store import connect
-    n = 0
-    with connect(store, read_only=False) as con:
-        con.execute("BEGIN TRANSACTION")
-        ids = set()
-        for table in ("op_samples", "collective_samples"):
-            ids |= {r[0] for r in con.execute(f"SELECT DISTINCT batch_id FROM {table} WHERE platform = ?",
-                                              [platform]).fetchall()}
-            n += con.execute(f"SELECT count(*) FROM {table} WHERE platform = ?", [platform]).fetchone()[0]
-            con.execute(f"DELETE FROM {table} WHERE platform = ?", [platform])
-        for bid in ids:
-            left = sum(con.execute(f"SELECT count(*) FROM {t} WHERE batch_id = ?", [bid]).fetchone()[0]
-                       for t in ("op_samples", "collective_samples", "measured_runs", "paper_errors"))
-            if not left:
-                con.execute("DELETE FROM batches WHERE batch_id = ?", [bid])
-        con.execute("COMMIT")
-    return int(n)
+    from .store_io import drop_platform_rows
+    return drop_platform_rows(platform, store)
 
 
 def cluster_entry_2t() -> dict:
@@ -400,7 +366,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("ops", help="sample operators (space-filling plan, resumable)")
     sp.add_argument("--platform", required=True)
-    sp.add_argument("--out", help="sample directory (default bench/samples/<platform>)")
+    sp.add_argument("--out", help="sample directory (default bench/samples/<platform>, or "
+                                  "bench/samples/machine-<id>/<platform> when that holds another machine's samples)")
     sp.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     sp.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
     sp.add_argument("--threads", type=int, help="torch CPU threads per process")
@@ -433,7 +400,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_collectives)
 
     sp = sub.add_parser("curve", help="regressor error vs number of samples")
-    sp.add_argument("--samples", nargs="+", default=[str(SAMPLES / "cpu-2t"), str(SAMPLES / "cpu-1t")])
+    sp.add_argument("--samples", nargs="+", help="default: this machine's cpu-2t and cpu-1t sets")
     sp.add_argument("--platform")
     sp.set_defaults(fn=cmd_curve)
 
@@ -446,7 +413,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("speed-check", help="re-time a few sampled shapes: how fast is the machine now vs its samples")
     sp.add_argument("--platform", required=True)
-    sp.add_argument("--samples", help="sample directory (default bench/samples/<platform>)")
+    sp.add_argument("--samples", help="sample directory (default: the set the platform's models were trained on, "
+                                      "from its sampled_on.json; else this machine's set of the platform)")
     sp.add_argument("--threads", type=int, help="default: the threads of the sampling run")
     sp.add_argument("--per-op", type=int, default=2, help="sampled shapes re-timed per op")
     sp.add_argument("--ranks", type=int, help="launch N concurrent ranks under torchrun (as the platform was sampled)")
@@ -456,18 +424,48 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json-out", help="also write the result to this file")
     sp.set_defaults(fn=cmd_speed_check)
 
-    sp = sub.add_parser("cpu-platform", help="sample, train and register this machine's CPU (cpu-2t, cpu-1t)")
+    sp = sub.add_parser("context", help="per-op framework cost and whole HF layers vs their operators (bench/context.py)")
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--out", help="sample set to add context.json to (default: this machine's set of the platform)")
+    sp.add_argument("--threads", type=int)
+    sp.add_argument("--budget-s", type=float, default=60.0)
+    sp.add_argument("--ranks", type=int, help="launch N concurrent ranks under torchrun (as cpu-1t was sampled)")
+    _common(sp)
+    sp.set_defaults(fn=cmd_context)
+
+    sp = sub.add_parser("sampled-on", help="write models_store/<platform>/sampled_on.json from a sample set's machine "
+                                           "(after a manual `python -m predictor train`)")
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--samples", help="the sample set the models were trained on (default bench/samples/<platform>)")
+    sp.add_argument("--models-dir")
+    sp.set_defaults(fn=cmd_sampled_on)
+
+    from .loop import DEFAULT_PHASES, OLD_NAMES, PHASES
+    sp = sub.add_parser("cpu-platform", help="the whole loop for this machine's CPU (cpu-2t, cpu-1t): sample, train, "
+                                             "calibrate end to end, speed check; --plan shows it without measuring")
+    sp.add_argument("--plan", "--dry-run", action="store_true", dest="plan",
+                    help="print the phases, their budgets and where everything goes; measure nothing")
+    sp.add_argument("--fresh", action="store_true",
+                    help="sample from scratch: this machine's earlier sets and loop record move to previous/<time>/")
+    sp.add_argument("--phases", nargs="+", choices=list(PHASES), metavar="PHASE",
+                    help=f"run only these ({', '.join(PHASES)}; default: {' '.join(DEFAULT_PHASES)})")
+    sp.add_argument("--steps", nargs="+", choices=list(PHASES) + list(OLD_NAMES), help=argparse.SUPPRESS)
+    sp.add_argument("--budget", action="append", metavar="PHASE=SECONDS", help="a phase's budget (repeatable)")
     sp.add_argument("--out-root", default=str(SAMPLES))
+    sp.add_argument("--no-catalog", action="store_true",
+                    help="leave predictor/catalog/*.json alone (default: cpu-host, cpu-2t, cpu-1t get this machine's "
+                         "measured device and loopback figures)")
     sp.add_argument("--store", help="sample store (default: the project's store)")
     sp.add_argument("--models-dir")
-    sp.add_argument("--budget-2t", type=float, default=330, help="seconds of cpu-2t op sampling")
-    sp.add_argument("--budget-1t", type=float, default=330, help="seconds of cpu-1t op sampling (2 ranks)")
-    sp.add_argument("--budget-coll", type=float, default=75, help="seconds of gloo collective sampling")
+    sp.add_argument("--budget-2t", type=float, help="seconds of cpu-2t op sampling (same as --budget ops-2t=S)")
+    sp.add_argument("--budget-1t", type=float, help="seconds of cpu-1t op sampling (same as --budget ops-1t=S)")
+    sp.add_argument("--budget-coll", type=float, help="seconds of gloo collective sampling (--budget coll-1t=S)")
     sp.add_argument("--no-progress", action="store_true")
     sp.add_argument("--coll-sizes", type=int, default=20)
     sp.add_argument("--n-per-op", type=int, default=96)
-    sp.add_argument("--steps", nargs="+", default=["device", "ops2t", "coll", "ops1t", "train", "curve"],
-                    choices=["device", "ops2t", "coll", "ops1t", "train", "curve"])
+    sp.add_argument("--profile", default="cpu", choices=["cpu", "cpu-wide"],
+                    help="operator shape domain (bench/design.py); cpu-wide also samples 4096-token heads, "
+                         "hidden-1024 MLPs and large optimizers instead of extrapolating to them (slower points)")
     _common(sp)
     sp.set_defaults(fn=cmd_cpu_platform)
     return ap

@@ -85,7 +85,10 @@ def run_collectives(platform: str, out_dir: str | Path, *, device: str = "cpu", 
     out = Path(out_dir)
     if lead:
         out.mkdir(parents=True, exist_ok=True)
+    facts = env.facts(device)
     dist.barrier()
+    from predictor.machine import from_dict
+    store_io.check_same_machine(out, from_dict(facts["machine"]))  # never add to another machine's set
     done = store_io.done_coll_keys(out)
     dist.barrier()
     tdt = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
@@ -97,7 +100,6 @@ def run_collectives(platform: str, out_dir: str | Path, *, device: str = "cpu", 
         g = None if len(members) == world else dist.new_group(members)
         groups.append((nodes, per_node, members, g))
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:4]
-    facts = env.facts(device)
     facts.update({"world_size": world, "local_world_size": local, "backend": dist.get_backend()})
     run = {"run_id": run_id, "kind": "collectives", "started_at": store_io.now_iso(), "platform": platform,
            "device": device, "dtype": dtype, "threads": torch.get_num_threads(), "world_size": world,

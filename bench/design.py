@@ -7,7 +7,11 @@ cost guards. Any prefix of a Sobol sequence is itself space-filling, so the samp
 round-robin, point i of every op before point i+1 of any, and a run cut short by its time budget
 still covers every op's whole domain evenly.
 
-Profiles: `cpu` (small models that train on a few cores) and `gpu` (Megatron-scale shapes).
+Profiles: `cpu` (small models that train on a few cores), `cpu-wide` (the same domain with the cost
+guards raised, 1.5e11 FLOPs and 2^28 elements per call, 200 M optimizer parameters, so that
+4096-token batches of 32k-vocabulary heads and their cross-entropy, hidden-1024 MLPs and larger
+optimizers are sampled rather than extrapolated; opt-in: each such point costs 5-15 s on 2 cores and
+up to ~4 GiB per process) and `gpu` (Megatron-scale shapes).
 """
 from __future__ import annotations
 
@@ -53,6 +57,10 @@ PROFILES = {
                    kv_groups=(1, 2, 4, 8), ffn_ratio=(1.0, 6.0), mlp_up_ratio=(1.0, 8.0), vocab=(1000, 65536),
                    layers=(1, 24), max_tokens=8192, max_fwd_flops=3e10, max_elements=48 * 2**20,
                    max_params=60_000_000),
+    "cpu-wide": Profile("cpu-wide", batch=(1, 8), seq=(32, 1024), hidden=(64, 2048), head_dims=(32, 64, 128),
+                        kv_groups=(1, 2, 4, 8), ffn_ratio=(1.0, 6.0), mlp_up_ratio=(1.0, 8.0), vocab=(1000, 65536),
+                        layers=(1, 24), max_tokens=8192, max_fwd_flops=1.5e11, max_elements=2**28,
+                        max_params=200_000_000),
     "gpu": Profile("gpu", batch=(1, 16), seq=(128, 8192), hidden=(512, 16384), head_dims=(64, 128),
                    kv_groups=(1, 2, 4, 8), ffn_ratio=(2.0, 6.0), mlp_up_ratio=(2.0, 8.0), vocab=(32000, 262144),
                    layers=(1, 32), max_tokens=65536, max_fwd_flops=2e14, max_elements=2**31,

@@ -107,6 +107,17 @@ def _git_commit() -> str | None:
         return None
 
 
+def this_machine(threads: int | None = None):
+    """This machine's fingerprint (predictor.machine) with the sampler's settings recorded beside it."""
+    from predictor.machine import current
+
+    from .allocator import describe
+    m = current()
+    m.threads = threads
+    m.allocator = describe()["allocator"]
+    return m
+
+
 def facts(device: str = "cpu") -> dict[str, Any]:
     """What ran the measurement: device, memory, driver / CUDA, torch, threads, host, load."""
     import torch
@@ -121,6 +132,8 @@ def facts(device: str = "cpu") -> dict[str, Any]:
     }
     from .allocator import describe
     f["host_allocator"] = describe()["allocator"]
+    f["machine"] = this_machine(f["torch_threads"]).to_dict()  # predictor.machine: the CPU's fingerprint
+    f["machine_id"] = f["machine"]["id"]
     try:
         import numpy
         f["numpy"] = numpy.__version__

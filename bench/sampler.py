@@ -33,6 +33,11 @@ def _dist():
     return dist
 
 
+def machine_from(facts: dict[str, Any]):
+    from predictor.machine import from_dict
+    return from_dict(facts["machine"])
+
+
 def rank_device(device: str) -> str:
     """This rank's device: plain "cuda" becomes the GPU of its LOCAL_RANK, and a GPU is made current."""
     if device.startswith("cuda"):
@@ -66,13 +71,16 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
             n_per_op: int = 64, profile: "str | D.Profile" = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0,
             flush_every_s: float = 15.0, quiet_info: dict[str, Any] | None = None, show_progress: bool = True,
             target_s: float = 0.12, guard_interference: bool = True, max_retries: int = 3,
-            calm_wait_s: float = 600.0, log: Callable[[str], None] = print,
+            calm_wait_s: float = 600.0, log: Callable[[str], None] = print, machine=None,
             clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
     """Measure the plan (skipping shapes already in `out_dir`) until done or `budget_s` is spent
     (time spent waiting for other processes to finish does not count). With `guard_interference`, a
     shape during which other processes took CPU time is measured again once the machine is calm.
-    Returns a summary (also stored as this run's entry in manifest.json). `clock` measures the
-    budget (tests inject a deterministic one)."""
+    Returns a summary (also stored as this run's entry in manifest.json).
+
+    `out_dir` must be free or hold samples of this machine (`machine`, default the one it runs on,
+    predictor.machine): another machine's samples raise store_io.ForeignSamples before anything is
+    measured or written. `clock` measures the budget (tests inject a deterministic one)."""
     import torch
     dist = _dist()
     rank = dist.get_rank() if dist else 0
@@ -84,21 +92,26 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
     lead = rank == 0
     if lead:
         out.mkdir(parents=True, exist_ok=True)
+    facts = env.facts(device)
+    if machine is not None:  # a given fingerprint (tests, or a caller that already resolved it)
+        machine.threads = torch.get_num_threads()
+        facts["machine"], facts["machine_id"] = machine.to_dict(), machine.id
+    here = machine_from(facts)
     if dist:
         dist.barrier()
+    store_io.check_same_machine(out, here)  # every rank raises alike: nothing is written on a foreign set
     done = store_io.done_op_keys(out)
     if dist:
         dist.barrier()  # every rank has read the same done-set before rank 0 writes anything
     points = D.plan(list(ops), n_per_op, profile, tps, seed)
     todo = [p for p in points if any(p.key(ps, dtype) not in done for ps in P.OPS[p.op].passes)]
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:4]
-    facts = env.facts(device)
     facts["ranks_concurrent"] = world
     run = {"run_id": run_id, "kind": "ops", "started_at": store_io.now_iso(), "platform": platform,
            "device": device, "dtype": dtype, "threads": torch.get_num_threads(), "ranks_concurrent": world,
            "profile": profile if isinstance(profile, str) else profile.name, "tp": list(tps), "seed": seed, "n_per_op": n_per_op, "budget_s": budget_s,
            "ops": list(ops), "planned_points": len(points), "already_done_points": len(points) - len(todo),
-           "loadavg_start": list(env.loadavg()), "quiet": quiet_info, "facts": facts,
+           "loadavg_start": list(env.loadavg()), "quiet": quiet_info, "facts": facts, "machine_id": here.id,
            "timing": f"warm-up 2, median of 3..30 repeats (target {target_s} s per shape and pass)"}
     if lead:
         store_io.update_manifest(out, platform, facts, run,

@@ -168,7 +168,10 @@ class Predictor:
         self.validation, warn = paths.load_platform_validation_checked(self.platform.platform_id, self.models_dir)
         self._note(warn)
         self.terms = None   # end-to-end terms (predictor.terms): GPU platforms
-        if self.platform.device.vendor != "cpu":
+        if self.platform.device.vendor == "cpu":
+            from .machine import mismatch_warning   # CPU samples describe the machine that took them
+            self._note(mismatch_warning(self.platform.op_models or self.platform.platform_id, self.models_dir))
+        else:
             self.terms, warn = load_terms_checked(self.models_dir)
             self._note(warn)
         self.host = None

@@ -132,8 +132,8 @@ def test_time_budget_stops_the_sampler_and_keeps_what_it_measured(tmp_path, monk
         now[0] += 0.1
         return out
     monkeypatch.setattr(S, "time_on_every_rank", timed)
-    kw = dict(ops=["res_add", "layernorm", "gelu"], profile=TINY, threads=1, show_progress=False,
-              target_s=0.002, guard_interference=False, log=lambda m: None, clock=lambda: now[0])
+    kw = {"ops": ["res_add", "layernorm", "gelu"], "profile": TINY, "threads": 1, "show_progress": False,
+          "target_s": 0.002, "guard_interference": False, "log": lambda m: None, "clock": lambda: now[0]}
     run = run_ops("test-cpu", tmp_path, n_per_op=50, budget_s=0.5, **kw)
     assert run["planned_points"] > 4  # the plan is larger than the budget allows
     assert run["stopped"] == "time budget 0.5 s spent"
@@ -146,6 +146,23 @@ def test_time_budget_stops_the_sampler_and_keeps_what_it_measured(tmp_path, monk
     # a rerun with budget left resumes after what the first run kept
     again = run_ops("test-cpu", tmp_path, n_per_op=50, budget_s=0.5, **kw)
     assert again["already_done_points"] == 3 and again["rows_written"] == 6
+
+
+def test_wide_cpu_profile_samples_what_the_cpu_profile_extrapolates():
+    """4096-token batches of large vocabularies (logits of 131 M elements) and hidden-1024 MLPs are
+    outside the `cpu` profile's guards (48 M elements, 3e10 FLOPs): `cpu-wide` samples such shapes."""
+    wide, cpu = D.PROFILES["cpu-wide"], D.PROFILES["cpu"]
+    head = {"tp": 1, "batch": 8, "seq": 512, "hidden": 512, "vocab": 32000}
+    assert not D.feasible("lm_head", head, cpu) and D.feasible("lm_head", head, wide)
+    ce = {"tp": 1, "batch": 8, "seq": 512, "vocab": 32000}
+    assert not D.feasible("cross_entropy", ce, cpu) and D.feasible("cross_entropy", ce, wide)
+    mlp = {"tp": 1, "batch": 8, "seq": 512, "hidden": 1024, "ffn_hidden": 4096}
+    assert not D.feasible("mlp_up", mlp, cpu) and D.feasible("mlp_up", mlp, wide)
+    for op in ("lm_head", "cross_entropy", "optimizer"):
+        pts = D.op_design(op, 96, "cpu-wide")
+        assert all(D.in_bounds(p, "cpu-wide") for p in pts)
+        assert sum(not D.feasible(op, p.shape, cpu) for p in pts) >= 5  # a few large points, not a different plan
+        assert len({p.index for p in pts} & {p.index for p in D.op_design(op, 96, "cpu")}) >= 75
 
 
 def test_design_shapes_are_consistent_models():
@@ -244,3 +261,95 @@ def test_collective_sampler_runs_under_torchrun_with_two_gloo_ranks(tmp_path):
     assert (df["nodes"] == 1).all() and (df["gpus_per_node"] == 2).all() and (df["backend"] == "gloo").all()
     rep = ingest_path(out, store_path=tmp_path / "st.duckdb")
     assert rep.ok and rep.rows_added["collective_samples"] == 8
+
+
+# --------------------------------------------------------------------------- a sample set belongs to one machine
+def _machines():
+    from predictor.machine import Machine
+    amd = Machine(vendor="AuthenticAMD", model_name="AMD EPYC", family="25", model="17", stepping="1", cores=2,
+                  arch="x86_64", l2="1024K", l3="32768K", isa=["avx2", "avx512f", "fma"], torch="2.13.0")
+    intel = Machine(vendor="GenuineIntel", model_name="Intel(R) Xeon(R) Platinum 8375C", family="6", model="106",
+                    stepping="6", cores=2, arch="x86_64", l2="1280K", l3="55296K", isa=["avx2", "avx512f", "fma"],
+                    torch="2.13.0")
+    return amd, intel
+
+
+def test_a_sample_set_of_another_machine_is_never_resumed(tmp_path):
+    amd, intel = _machines()
+    root = tmp_path / "samples"
+    out = root / "test-cpu"
+    kw = {"ops": ["res_add", "rmsnorm"], "n_per_op": 2, "profile": TINY, "threads": 1, "show_progress": False,
+          "target_s": 0.001, "guard_interference": False, "log": lambda m: None}
+    first = run_ops("test-cpu", out, machine=amd, **kw)
+    m = json.loads((out / "manifest.json").read_text())
+    assert first["rows_written"] == 8 and m["machine"]["id"] == m["machine_id"] == amd.id == first["machine_id"]
+    assert m["runs"][0]["facts"]["machine"]["model_name"] == "AMD EPYC"
+    # another machine: refused before anything is measured or written, naming both machines and why
+    with pytest.raises(store_io.ForeignSamples) as exc:
+        run_ops("test-cpu", out, machine=intel, **kw)
+    msg = str(exc.value)
+    assert "AMD EPYC" in msg and "Intel(R) Xeon(R) Platinum 8375C" in msg and amd.id in msg and intel.id in msg
+    assert "CPU vendor: AuthenticAMD vs GenuineIntel" in msg and "never mixed" in msg
+    assert len(store_io.read_shards(out, "ops")) == 8 and len(json.loads((out / "manifest.json").read_text())["runs"]) == 1
+    # the same machine resumes (skips what is measured), even with another host name or memory size
+    amd_again = dataclasses.replace(amd, host="other-vm", memory_gib=64.0)
+    again = run_ops("test-cpu", out, machine=amd_again, **kw)
+    assert again["already_done_points"] == again["planned_points"] == 4 and again["rows_written"] == 0
+    # where each machine's set of the platform goes by default
+    assert store_io.sample_set_dir(root, "test-cpu", amd) == out
+    fresh = store_io.sample_set_dir(root, "test-cpu", intel)
+    assert fresh == root / f"machine-{intel.id}" / "test-cpu"
+    assert store_io.sample_set_dir(root, "other-platform", intel) == root / "other-platform"  # free: anyone's
+    run = run_ops("test-cpu", fresh, machine=intel, **kw)
+    assert run["rows_written"] == 8 and run["already_done_points"] == 0  # nothing of the AMD set is reused
+    assert store_io.set_machine(fresh).id == intel.id and store_io.set_machine(out).id == amd.id
+    assert store_io.machine_root(root, ["test-cpu"], intel) == root / f"machine-{intel.id}"
+    assert store_io.machine_root(root, ["test-cpu"], amd) == root
+
+
+def test_older_sets_are_judged_by_the_facts_they_recorded(tmp_path):
+    from predictor.machine import Machine
+    shipped = REPO / "bench" / "samples" / "cpu-2t"
+    legacy = tmp_path / "cpu-2t"
+    legacy.mkdir()
+    m = json.loads((shipped / "manifest.json").read_text())
+    m.pop("machine"), m.pop("machine_id")
+    (legacy / "manifest.json").write_text(json.dumps(m))
+    shutil.copy(min(shipped.glob("ops-*.parquet")), legacy)
+    old = store_io.set_machine(legacy)
+    assert old.model_name == "AMD EPYC" and old.l2 == "512K" and old.family is None  # rebuilt from facts
+    assert store_io.set_machine(shipped).id == old.id  # the shipped manifest records that same fingerprint
+    like = Machine(vendor="AuthenticAMD", model_name="AMD EPYC", family="25", model="1", stepping="1", cores=2,
+                   arch="x86_64", l2="512K", l3="32768K", isa=["avx2"], torch="2.13.0")
+    assert store_io.belongs_to(legacy, like)  # every recorded fact agrees
+    assert not store_io.belongs_to(legacy, dataclasses.replace(like, l2="1024K"))
+    # shards without any record of their machine: nobody's to resume
+    (legacy / "manifest.json").unlink()
+    with pytest.raises(store_io.ForeignSamples, match="no record of the machine"):
+        store_io.check_same_machine(legacy, like)
+
+
+def test_cli_refuses_another_machines_out_and_defaults_to_this_machines_folder(tmp_path, monkeypatch, capsys):
+    import bench.cli as C
+    from predictor.machine import current
+    root = tmp_path / "samples"
+    here = current()
+    run_ops("test-cpu", root / "test-cpu", ops=["res_add"], n_per_op=1, profile=TINY, threads=1, show_progress=False,
+            target_s=0.001, guard_interference=False, log=lambda m: None, machine=here)
+    monkeypatch.setattr(C, "SAMPLES", root)
+    monkeypatch.setenv("PREDICTOR_MACHINE_OVERRIDE", json.dumps({"vendor": "GenuineIntel", "model_name": "Intel Xeon",
+                                                                 "family": "6", "model": "143"}))
+    other = current()
+    args = ["ops", "--platform", "test-cpu", "--ops", "res_add", "--n-per-op", "1", "--threads", "1", "--no-wait",
+            "--no-guard", "--no-progress"]
+    assert C.main([*args, "--out", str(root / "test-cpu")]) == 2
+    err = capsys.readouterr().err
+    assert "holds samples of another machine" in err and "Intel Xeon" in err
+    assert f"Leave out --out to sample into {root / f'machine-{other.id}' / 'test-cpu'}" in err
+    assert C.main(args) == 0
+    mine = root / f"machine-{other.id}" / "test-cpu"
+    assert len(store_io.read_shards(mine, "ops")) == 2 and store_io.set_machine(mine).model_name == "Intel Xeon"
+    assert len(store_io.read_shards(root / "test-cpu", "ops")) == 2  # the other machine's set is untouched
+    # the speed check compares a machine only with its own samples
+    assert C.main(["speed-check", "--platform", "cpu-2t", "--samples", str(REPO / "bench" / "samples" / "cpu-2t")]) == 2
+    assert "sample it first (`python -m bench cpu-platform`)" in capsys.readouterr().err

@@ -49,8 +49,19 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+# The training jobs, the predictions and the host-term fit are bench/e2e.py's (the bench loop's end-to-end
+# calibration runs the same jobs on its own configs); this benchmark keeps its validation configs and tables.
+from bench.e2e import (  # noqa: F401
+    FIELDS,
+    build_model,
+    cfg_dict,
+    predict_rows,
+    spec_and_layout,
+    time_steps,
+)
+from bench.e2e import run_single as _run_single
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,107 +87,6 @@ QUICK = ("gpt-a", "llama-a")
 HF_DEFAULT_ROWS = ("gpt-a", "gpt-b")
 RESULTS = REPO / "bench" / "samples" / "cpu_end_to_end.json"
 TARGETS = {"cpu-2t": 0.10, "cpu-1t": 0.15}
-FIELDS = ("name", "arch", "layers", "hidden", "heads", "kv_heads", "ffn", "seq", "batch", "vocab")
-
-
-def cfg_dict(c) -> dict:
-    return dict(zip(FIELDS, c))
-
-
-# --------------------------------------------------------------------------- the real training
-def build_model(c: dict, hf_defaults: bool = False):
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    if c["arch"] == "gpt":
-        kw = {} if hf_defaults else dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                                         activation_function="gelu_pytorch_tanh")
-        cfg = GPT2Config(vocab_size=c["vocab"], n_positions=max(1024, c["seq"]), n_embd=c["hidden"],
-                         n_layer=c["layers"], n_head=c["heads"], **kw)
-        cfg._attn_implementation = "sdpa"
-        model = GPT2LMHeadModel(cfg)
-    else:
-        cfg = LlamaConfig(vocab_size=c["vocab"], hidden_size=c["hidden"], intermediate_size=c["ffn"],
-                          num_hidden_layers=c["layers"], num_attention_heads=c["heads"],
-                          num_key_value_heads=c["kv_heads"], max_position_embeddings=max(2048, c["seq"]),
-                          tie_word_embeddings=False)
-        cfg._attn_implementation = "sdpa"
-        model = LlamaForCausalLM(cfg)
-    return model.float().train()
-
-
-def time_steps(model, c: dict, steps: int, warmup: int, seed: int = 0, ddp_group=None) -> tuple[list[float], dict]:
-    """Step times (s) and what was thrown away. Under DDP every step starts after a barrier and counts
-    the slowest rank. A step during which other processes took CPU time (bench.env.Interference) is
-    discarded and, after waiting for calm, run again (at most 3 * steps extra steps)."""
-    import torch
-
-    from bench.env import Interference, wait_calm
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, c["vocab"], (c["batch"], c["seq"]), generator=g)
-    meter = Interference()
-    dist = None
-    if ddp_group is not None:
-        import torch.distributed as dist
-
-    def allmax(x: float) -> float:
-        if dist is None:
-            return x
-        t = torch.tensor([x], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t[0])
-    out, info = [], {"discarded_steps": 0, "waited_for_calm_s": 0.0, "others_cores": []}
-    i = 0
-    while len(out) < steps:
-        if dist is not None:
-            dist.barrier()
-        s0 = meter.snap()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        opt.step()
-        dt = time.perf_counter() - t0
-        wall, tot_j, own_j = meter.delta(s0)
-        if dist is not None:
-            t = torch.tensor([own_j], dtype=torch.int64)
-            dist.all_reduce(t)
-            own_j = int(t[0])
-        others, disturbed = Interference.others(wall, tot_j, own_j)
-        dt, others, disturbed = allmax(dt), allmax(others), bool(allmax(float(disturbed)))
-        i += 1
-        if i <= warmup:
-            continue
-        if disturbed and meter.available and info["discarded_steps"] < 3 * steps:
-            info["discarded_steps"] += 1
-            info["waited_for_calm_s"] += wait_calm(600, allreduce_max=allmax if dist is not None else None)
-            continue
-        out.append(dt)
-        info["others_cores"].append(round(others, 3))
-    return out, info
-
-
-def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-            "PYTHONWARNINGS": "ignore"}
-
-
-def single_worker(a) -> None:
-    """One training job: the configs named, one process (launched by run_single, one per config)."""
-    import torch
-
-    from bench.allocator import use_caching_malloc
-    alloc = use_caching_malloc()["allocator"]
-    torch.set_num_threads(a.threads)
-    res = []
-    for c in [cfg_dict(c) for c in CONFIGS if c[0] in a.names]:
-        model = build_model(c, a.hf_defaults)
-        ts, info = time_steps(model, c, a.steps, a.warmup)
-        res.append({**c, "measured_s": statistics.median(ts), "steps_s": ts, "load": os.getloadavg()[0],
-                    "allocator": alloc, **info})
-        del model
-    Path(a.worker_out).write_text(json.dumps(res))
 
 
 def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, hf_defaults: bool = False,
@@ -184,128 +94,67 @@ def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, h
     """Each config is its own training job in a fresh process, as a real run is: models trained earlier
     in the same process leave the allocator (heap, mmap threshold, page cache of freed blocks) in a
     state that changed later configs' step times by up to 25 % in our first runs."""
-    res = []
-    with tempfile.TemporaryDirectory() as td:
-        for c in configs:
-            out = Path(td) / f"{c['name']}.json"
-            cmd = [sys.executable, "-m", "tests.benchmarks.cpu_end_to_end", "--worker-single", "--worker-out",
-                   str(out), "--threads", str(threads), "--steps", str(steps), "--warmup", str(warmup),
-                   "--names", c["name"]] + (["--hf-defaults"] if hf_defaults else [])
-            subprocess.run(cmd, cwd=REPO, env={**_env(), "BENCH_SYSTEM_MALLOC": "1" if system_malloc else "0"},
-                           check=True)
-            r = json.loads(out.read_text())[0]
-            res.append(r)
-            print(f"  {c['name']:8s} {r['measured_s']:.3f} s  (load {r['load']:.2f}, redone {r['discarded_steps']})",
-                  file=sys.stderr, flush=True)
-    return res
-
-
-def ddp_worker(a) -> None:
-    """One rank of the DDP benchmark (launched by torchrun)."""
-    import torch
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    from bench.allocator import use_caching_malloc
-    alloc = use_caching_malloc()["allocator"]
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    configs = [cfg_dict(c) for c in CONFIGS if c[0] in a.names]
-    res = []
-    for c in configs:
-        model = DDP(build_model(c))
-        ts, info = time_steps(model, c, a.steps, a.warmup, seed=rank, ddp_group=True)
-        if rank == 0:
-            res.append({**c, "measured_s": statistics.median(ts), "steps_s": ts, "load": os.getloadavg()[0],
-                        "allocator": alloc, **info})
-        del model
-    if rank == 0:
-        Path(a.worker_out).write_text(json.dumps(res))
-    dist.destroy_process_group()
+    return _run_single(configs, steps, warmup, threads, hf_defaults, system_malloc)
 
 
 def run_ddp(names: list[str], steps: int, warmup: int) -> list[dict]:
     """One torchrun job (2 gloo ranks) per config, as for run_single."""
-    res = []
-    with tempfile.TemporaryDirectory() as td:
-        for name in names:
-            out = Path(td) / f"{name}.json"
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                   "-m", "tests.benchmarks.cpu_end_to_end", "--worker-ddp", "--worker-out", str(out),
-                   "--steps", str(steps), "--warmup", str(warmup), "--names", name]
-            for attempt in range(1, 4):  # gloo on loopback now and then aborts both ranks at start-up
-                try:                      # ("terminate called without an active exception"): a fresh job
-                    subprocess.run(cmd, cwd=REPO, env=_env(), check=True)  # after a pause; the record says so
-                    break
-                except subprocess.CalledProcessError as exc:
-                    if attempt == 3:
-                        raise
-                    print(f"  {name}: the torchrun job failed (exit {exc.returncode}); again in 10 s",
-                          file=sys.stderr, flush=True)
-                    time.sleep(10)
-            r = {**json.loads(out.read_text())[0], "job_attempts": attempt}
-            res.append(r)
-            print(f"  {name:8s} {r['measured_s']:.3f} s  (load {r['load']:.2f}, redone {r['discarded_steps']})",
-                  file=sys.stderr, flush=True)
-    return res
+    from bench.e2e import run_ddp as _run_ddp
+    by = {c[0]: cfg_dict(c) for c in CONFIGS}
+    return _run_ddp([by[n] for n in names], steps, warmup)
 
 
-# --------------------------------------------------------------------------- prediction
-def spec_and_layout(c: dict, dp: int):
-    from predictor.specs import Layout, ModelSpec
-    m = ModelSpec(name=c["name"], arch=c["arch"], num_layers=c["layers"], hidden_size=c["hidden"],
-                  num_heads=c["heads"], num_kv_heads=c["kv_heads"], ffn_hidden_size=c["ffn"],
-                  vocab_size=c["vocab"], tied_embeddings=c["arch"] == "gpt", attention_impl="flash")
-    L = Layout(num_gpus=dp, dp=dp, micro_batch=c["batch"], global_batch=c["batch"] * dp, seq_len=c["seq"],
-               schedule="1f1b", recompute="none", precision="fp32")
-    return m, L
+def models_machine(platform: str, models_dir: str | None):
+    """The machine the platform's models were sampled on (predictor.machine), None when not recorded."""
+    from predictor.machine import read_sampled_on
+    from predictor.paths import models_dir as mdir
+    try:
+        rec = read_sampled_on(platform, models_dir or mdir())
+    except ValueError:
+        return None
+    return rec["machine"] if rec else None
+
+
+def table_machine(t: dict):
+    """The machine a measured table was taken on (its facts' fingerprint, or one rebuilt from older facts)."""
+    from predictor.machine import from_facts
+    return from_facts(t.get("facts") or {})
+
+
+def same_machine_as_models(t: dict, platform: str, models_dir: str | None) -> bool:
+    from predictor.machine import same_machine
+    m = models_machine(platform, models_dir)
+    return m is None or same_machine(table_machine(t), m)
+
+
+def warn_machine(platform: str, models_dir: str | None) -> None:
+    """Say so when this machine is not the one the platform's models were sampled on."""
+    from predictor.machine import mismatch_warning
+    from predictor.paths import models_dir as mdir
+    w = mismatch_warning(platform, models_dir or mdir())
+    if w:
+        print(f"\nWARNING: {w}\n(the tables measured here are not pooled with the models' own machine's runs)",
+              file=sys.stderr, flush=True)
 
 
 def fit_host(models_dir: str | None = None) -> int:
     """The GPU method (predictor.calibrate_host) on this CPU: fit the host overhead of each platform on
     its measured runs, every run held out once with its model (leave-one-model-out)."""
-    import numpy as np
-
-    from predictor.calibrate_host import make_evaluator
-    from predictor.compose import ComposeOptions
-    from predictor.overhead import fit_host_overhead, save_host_overhead
-    from predictor.predict import Predictor, default_models_dir
+    from bench.e2e import fit_host as _fit
     data = json.loads(RESULTS.read_text())
-    for kind, dp in (("single", 1), ("ddp", 2)):
+    for kind in ("single", "ddp"):
         t = data["tables"][kind]
-        pr = Predictor(t["platform"], models_dir, ComposeOptions(simulate=False, host_overhead=False, speed_check=False))
-        items = [spec_and_layout(r, dp) for r in t["runs"]]
-        meas = [r["measured_s"] for r in t["runs"]]
-        groups = np.array([r["name"] for r in t["runs"]])
-        ho, rep = fit_host_overhead(make_evaluator(pr, items), np.array(meas), groups, folds=len(groups),
-                                    source=f"{len(groups)} HF transformers training runs on this CPU "
-                                           f"({t['facts'].get('recorded_at')}), bench/samples/cpu_end_to_end.json",
-                                    grid_h=np.linspace(0.0, 0.05, 51), grid_p=(1.0, 2.0, 4.0))
-        path = save_host_overhead(models_dir or default_models_dir(), t["platform"], ho, rep)
+        if not same_machine_as_models(t, t["platform"], models_dir):
+            print(f"{t['platform']} ({kind}): the saved table was measured on another machine than the models' "
+                  f"(sampled_on.json); not fitted", file=sys.stderr)
+            continue
+        ho, rep, path = _fit(t["runs"], t["platform"], models_dir,
+                             source=f"{len(t['runs'])} HF transformers training runs on this CPU "
+                                    f"({t['facts'].get('recorded_at')}), bench/samples/cpu_end_to_end.json")
         print(f"{t['platform']} ({kind}): host {ho.host_s_per_layer_pass * 1e3:.2f} ms per layer pass, p {ho.blend_p:g}; "
               f"MAPE without host term {rep['no_host_mape']:.1%}, fitted {rep['fit_mape']:.1%}, "
               f"leave-one-model-out CV {rep['cv_mape']:.1%} -> {path}")
     return 0
-
-
-def predict_rows(rows: list[dict], platform: str, dp: int, models_dir: str | None = None,
-                 speed: dict | None = None) -> list[dict]:
-    """Predictions as sampled (a speed_check.json in the models folder is ignored), or with `speed`
-    (a predictor.speed.SpeedCheck as a dict) scaling the measured operator times."""
-    from predictor.compose import ComposeOptions
-    from predictor.predict import Predictor
-    from predictor.speed import speed_check_from_dict
-    pr = Predictor(platform, models_dir, ComposeOptions(speed_check=False),
-                   speed_check=speed_check_from_dict(speed) if speed else None)
-    out = []
-    for r in rows:
-        m, L = spec_and_layout(r, dp)
-        p = pr.predict(m, L, timeline=False)
-        out.append({**r, "predicted_s": p.step_time_s, "ape": abs(p.step_time_s - r["measured_s"]) / r["measured_s"],
-                    "signed": (p.step_time_s - r["measured_s"]) / r["measured_s"], "provenance": p.provenance,
-                    **{f"pred_{k}": v for k, v in p.breakdown_s.items() if v > 0}})
-    return out
 
 
 def print_table(title: str, rows: list[dict]) -> float:
@@ -334,28 +183,15 @@ def save_runs(rows: list[dict], platform: str, dp: int, quiet: dict, models_dir:
     `summary` (print_history's pooled figures) replaces its MAPE in validation.json."""
     import pandas as pd
 
-    from predictor.validate import save_validation
+    from bench.e2e import measured_run_records, save_validation_record
     out_dir = REPO / "bench" / "samples" / "e2e"
     out_dir.mkdir(parents=True, exist_ok=True)
-    recs = []
-    for r in rows:
-        recs.append({"case_id": f"{platform}:{r['name']}", "platform": platform, "arch": r["arch"],
-                     "layers": r["layers"], "hidden": r["hidden"], "heads": r["heads"],
-                     "kv_heads": r["kv_heads"] or r["heads"], "ffn_hidden": r["ffn"] or 4 * r["hidden"],
-                     "vocab": r["vocab"], "seq_len": r["seq"], "num_gpus": dp, "tp": 1, "pp": 1, "dp": dp,
-                     "micro_batch": r["batch"], "global_batch": r["batch"] * dp, "vpp": 1, "schedule": "1f1b",
-                     "recompute": "none", "sequence_parallel": False, "zero_stage": 0, "precision": "fp32",
-                     "step_time_s": r["measured_s"],
-                     "source": "tests/benchmarks/cpu_end_to_end.py (HF transformers, AdamW, fp32) on this machine"})
-    pd.DataFrame(recs).to_csv(out_dir / f"{platform}-runs.csv", index=False)
+    src = "tests/benchmarks/cpu_end_to_end.py (HF transformers, AdamW, fp32) on this machine"
+    pd.DataFrame(measured_run_records(rows, platform, src)).to_csv(out_dir / f"{platform}-runs.csv", index=False)
     (out_dir / f"{platform}-runs.json").write_text(json.dumps({"platform": platform, "quiet": quiet, "runs": rows},
                                                               indent=1, default=str))
     # the same columns `predictor validate` saves, so the dashboard's Accuracy page reads them alike
-    res = pd.DataFrame([{**rec, "measured_s": r["measured_s"], "predicted_s": r["predicted_s"], "ape": r["ape"],
-                         "signed_error": r["signed"], "provenance": r.get("provenance", ""), "error": "",
-                         **{f"{k}_s": v for k, v in r.items() if k.startswith("pred_")}}
-                        for rec, r in zip(recs, rows)])
-    save_validation(platform, res, models_dir, summary=summary)
+    save_validation_record(rows, platform, models_dir, summary, src)
 
 
 def speed_probe(platform: str) -> dict | None:
@@ -472,18 +308,7 @@ def main(argv=None) -> int:
                          "and write models_store/<platform>/host_overhead.json; measure nothing")
     ap.add_argument("--save", action="store_true", help="write bench/samples/e2e/*.csv and validation.json")
     ap.add_argument("--models-dir")
-    ap.add_argument("--worker-ddp", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-out", help=argparse.SUPPRESS)
-    ap.add_argument("--worker-single", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
-    ap.add_argument("--hf-defaults", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    if a.worker_ddp:
-        ddp_worker(a)
-        return 0
-    if a.worker_single:
-        single_worker(a)
-        return 0
     sys.path.insert(0, str(REPO))
     results = {}
     kinds = {"both": ("single", "ddp"), "single": ("single",), "ddp": ("ddp",)}[a.mode]
@@ -502,6 +327,10 @@ def main(argv=None) -> int:
                   f"torch {t['facts'].get('torch')}, transformers {t['facts'].get('transformers')}; "
                   f"1-min load during the runs {min(la):.2f}..{max(la):.2f}; memory bandwidth "
                   f"{json.dumps({k: v.get('stream_copy_gbps') for k, v in (t.get('conditions') or {}).items() if k in ('before', 'after') and v})} GB/s]")
+            plat = "cpu-1t" if kind == "ddp" else "cpu-2t"
+            if not same_machine_as_models(t, plat, a.models_dir):
+                print(f"[measured on {table_machine(t).short()}, not on the machine {plat}'s models were sampled on "
+                      f"({models_machine(plat, a.models_dir).short()}): shown, not pooled]")
             mape, pred = score(kind, t["runs"], a.models_dir)
             if kind not in extra:
                 results[t["platform"]] = mape
@@ -511,6 +340,10 @@ def main(argv=None) -> int:
             pooled = print_history(data, kind, a.models_dir)
             if a.save and kind in latest:
                 pred, t = latest[kind]
+                if not same_machine_as_models(t, t["platform"], a.models_dir):
+                    print(f"--save: the latest {kind} table was measured on another machine than {t['platform']}'s "
+                          f"models; validation.json not written", file=sys.stderr)
+                    continue
                 save_runs(pred, t["platform"], 1 if kind == "single" else 2, t["quiet_check"], a.models_dir,
                           summary=pooled)
         _print_targets(results)
@@ -522,6 +355,8 @@ def main(argv=None) -> int:
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     wait = (lambda: {"quiet": None, "note": "--no-wait", "loadavg_end": list(os.getloadavg())}) if a.no_wait else \
         (lambda: wait_quiet(log=log))
+    for kind in kinds:
+        warn_machine("cpu-2t" if kind == "single" else "cpu-1t", a.models_dir)
     if "single" in kinds:
         q = wait()
         log(f"single process, 2 threads (load {os.getloadavg()[0]:.2f}, quiet check {q})")
@@ -573,16 +408,19 @@ def print_history(data: dict, kind: str, models_dir: str | None) -> dict:
     """Every recorded measuring run of a table kind, predicted again: the run-to-run spread of the same
     jobs on this VM, and the MAPE pooled over all of them, as sampled and (for runs with speed checks
     around them) speed-checked. Only runs made under the allocator setting the platforms were sampled
-    with (bench/allocator.py) count; earlier ones stay in the file for the record. Returns the pooled
-    figures for validation.json."""
+    with (bench/allocator.py) and on the machine the models were sampled on (sampled_on.json) count;
+    the others stay in the file for the record. Returns the pooled figures for validation.json."""
     import pandas as pd
     by_name = {c[0]: cfg_dict(c) for c in CONFIGS}
     entries = [h for h in data.get("history", []) if h.get("kind") == kind] + \
               ([data["tables"][kind]] if kind in data.get("tables", {}) else [])
     platform, dp = ("cpu-2t", 1) if kind == "single" else ("cpu-1t", 2)
-    rows, per_run, checked = [], [], []
+    rows, per_run, checked, other = [], [], [], 0
     for h in entries:
         if "keeping freed memory" not in json.dumps((h.get("facts") or {}).get("host_allocator")):
+            continue
+        if not same_machine_as_models(h, platform, models_dir):
+            other += 1
             continue
         runs = [{**by_name[r["name"]], **r} for r in h["runs"] if r["name"] in by_name]
         pred = predict_rows(runs, platform, dp, models_dir)
@@ -598,6 +436,8 @@ def print_history(data: dict, kind: str, models_dir: str | None) -> dict:
             checked += chk
         per_run.append(row)
         rows += ape
+    if other:
+        print(f"\n({other} recorded {kind} run(s) measured on another machine than {platform}'s models: not pooled)")
     if per_run:
         print(f"\n== every recorded {kind} run (as sampled, no speed check) ==")
         print(pd.DataFrame(per_run).to_string(index=False))
