@@ -59,6 +59,8 @@ class RunSet:
     platforms: np.ndarray
     run_ids: np.ndarray
     skipped: dict[str, dict[str, int]]          # source -> reason -> runs left out here
+    mfu_s: np.ndarray                           # model FLOPs / (GPUs x peak): MFU = mfu_s / step time
+    ceiling_mfu: np.ndarray                     # achievable matmul FLOP/s / peak (NaN where unknown)
     _groups: list[tuple[Any, ModelSpec, int, str, np.ndarray, np.ndarray, list]]
 
     def __len__(self) -> int:
@@ -92,10 +94,10 @@ def gpu_runs(store_path: str | Path | None = None) -> pd.DataFrame:
 
 def prepare_runs(runs: pd.DataFrame, models_dir: str | Path | None = None) -> RunSet:
     """Runs -> RunSet. A run whose fields do not make a valid layout is skipped and counted by reason."""
-    from .predict import Predictor
+    from .predict import Predictor, model_flops_per_step
     predictors: dict[str, Any] = {}
     items: list[tuple[ModelSpec, Layout, str]] = []
-    meas, src, fws, plats, ids = [], [], [], [], []
+    meas, src, fws, plats, ids, mfu_s, ceil = [], [], [], [], [], [], []
     skipped: dict[str, dict[str, int]] = {}
     for row in runs.to_dict(orient="records"):
         source = str(row.get("source_id") or row.get("source") or "store")
@@ -115,6 +117,11 @@ def prepare_runs(runs: pd.DataFrame, models_dir: str | Path | None = None) -> Ru
         fws.append(layout.framework)
         plats.append(plat)
         ids.append(str(row.get("run_id") or row.get("case_id") or len(ids)))
+        pr = predictors[plat]
+        peak = pr.platform.device.peak_flops(layout.precision)
+        mfu_s.append(model_flops_per_step(model, layout) / (layout.num_gpus * peak))
+        ach = pr.achievable_flops(layout.precision)
+        ceil.append(ach / peak if ach else float("nan"))
     by: dict[tuple, list[int]] = {}
     for i, (m, L, plat) in enumerate(items):
         by.setdefault((plat, m, L.seq_len, L.precision), []).append(i)
@@ -122,7 +129,8 @@ def prepare_runs(runs: pd.DataFrame, models_dir: str | Path | None = None) -> Ru
     for (plat, m, seq, prec), idx in by.items():
         rows, structs = rows_for(m, [items[i][1] for i in idx])
         groups.append((predictors[plat], m, seq, prec, np.array(idx), rows, structs))
-    return RunSet(np.array(meas), np.array(src), np.array(fws), np.array(plats), np.array(ids), skipped, groups)
+    return RunSet(np.array(meas), np.array(src), np.array(fws), np.array(plats), np.array(ids), skipped,
+                  np.array(mfu_s), np.array(ceil), groups)
 
 
 # ---- the fit ------------------------------------------------------------------------------------------
@@ -211,6 +219,14 @@ def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
                 continue
             for k, v in error_summary(pred[m], runs.measured_s[m]).items():
                 row["runs" if k == "runs" else f"{tag}_{k}"] = v
+        meas_mfu = runs.mfu_s[m] / runs.measured_s[m]
+        row["measured_mfu"] = float(meas_mfu.mean())
+        if not np.isnan(held[m]).any():
+            gap = runs.mfu_s[m] / held[m] - meas_mfu
+            row["held_out_mfu_gap_points"] = float(np.abs(gap).mean() * 100)
+            row["held_out_mfu_signed_points"] = float(gap.mean() * 100)
+            row["held_out_max_mfu_over_ceiling"] = float(np.nanmax(runs.mfu_s[m] / held[m] / runs.ceiling_mfu[m])) \
+                if not np.isnan(runs.ceiling_mfu[m]).all() else None
         if s in held_terms:
             ht = held_terms[s]
             row["held_out_terms"] = terms_in_words(ht)
@@ -307,4 +323,11 @@ def format_table(table: pd.DataFrame) -> str:
             f"{pct(r.get('in_sample_worst_ape')):>6} {spct(r.get('in_sample_mean_signed')):>7} | "
             f"{pct(r.get('held_out_mape')):>6} {pct(r.get('held_out_median_ape')):>6} "
             f"{pct(r.get('held_out_worst_ape')):>6} {spct(r.get('held_out_mean_signed')):>7}")
+    lines += ["", f"{'source':<18} {'measured MFU':>12} {'held-out MFU gap (mean |.|, signed) points':>44} "
+              f"{'max predicted MFU / ceiling':>28}"]
+    for r in table.to_dict(orient="records"):
+        g, gs, mc = r.get("held_out_mfu_gap_points"), r.get("held_out_mfu_signed_points"), \
+            r.get("held_out_max_mfu_over_ceiling")
+        lines.append(f"{r['source']:<18} {pct(r.get('measured_mfu')):>12} "
+                     f"{'-' if g is None else f'{g:.1f}, {gs:+.1f}':>44} {'-' if mc is None else f'{mc:.2f}':>28}")
     return "\n".join(lines)
