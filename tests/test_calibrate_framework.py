@@ -148,3 +148,15 @@ def test_validate_by_source_reports_each_source_and_its_ingest_skips(tmp_path, c
         assert -1 < r["mean_signed"] < 1
     skipped = {(r["source_id"], r["reason"]): r["rows"] for r in d["skipped_at_ingest"]}
     assert sum(v for (s, _), v in skipped.items() if s == "bigscience-bloom") == 112
+
+
+def test_unaligned_gemm_dimensions_are_named_in_the_warnings():
+    from predictor.specs import ModelSpec
+    bloom_like = ModelSpec("c", "gpt", num_layers=4, hidden_size=14400, num_heads=96, vocab_size=250880)
+    L = Layout(num_gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, seq_len=2048, precision="bf16")
+    p = Predictor("dgx-a100-80gb").predict(bloom_like, L, timeline=False)
+    w = [x for x in p.warnings if "multiples of 8" in x]
+    assert len(w) == 1 and "head dimension (hidden / heads) 150" in w[0]
+    aligned = ModelSpec("c", "gpt", num_layers=4, hidden_size=14336, num_heads=112, vocab_size=250880)
+    p = Predictor("dgx-a100-80gb").predict(aligned, L, timeline=False)
+    assert not any("multiples of 8" in x for x in p.warnings)
