@@ -135,6 +135,29 @@ class Platform:
         return max(1, -(-ranks // self.gpus_per_node))
 
     @property
+    def max_ranks(self) -> int | None:
+        """The most ranks a layout may have here, None for no limit. A platform declares what links its
+        ranks: without an inter-node link (kind 'none' or no bandwidth) it is one node, so at most
+        `gpus_per_node` ranks; a node without an intra-node link (kind 'none' or no bandwidth, e.g.
+        cpu-2t: one process, no collectives) runs one rank."""
+        def absent(link: LinkSpec) -> bool:
+            return (link.kind or "").lower() == "none" or not link.bandwidth_gbps > 0
+        if not absent(self.inter_node):
+            return None
+        return 1 if self.gpus_per_node <= 1 or absent(self.intra_node) else self.gpus_per_node
+
+    def ranks_problem(self, ranks: int) -> str | None:
+        """Why this platform cannot run `ranks` ranks, or None when it can."""
+        cap = self.max_ranks
+        if cap is None or ranks <= cap:
+            return None
+        if cap == 1:
+            return (f"{self.platform_id} has no link between its ranks (one process, no collectives), so it cannot "
+                    f"run {ranks:,} ranks (num_gpus).")
+        return (f"{self.platform_id} is a single node of {cap} ranks with no link to other nodes, so it cannot run "
+                f"{ranks:,} ranks (num_gpus).")
+
+    @property
     def has_nvls(self) -> bool:
         return "nvls" in self.collective_algorithms and self.nvls_min_gpus > 0
 
