@@ -76,8 +76,11 @@ def _decoded_lines(path: Path, handle) -> Iterator[str]:
     line = 1
     try:
         for text in handle:
+            if "\x00" in text:
+                raise InfeasibleConfig("input", f"{path} line {line} holds a NUL byte: it is not a text CSV file.",
+                                       "export the cases as CSV (UTF-8) text.")
             yield text
-            line += text.count("\n")
+            line += 1  # newline="": one physical line per item, whatever its line end
     except UnicodeDecodeError as e:
         raise InfeasibleConfig("input", f"{path} is not UTF-8 text (byte 0x{e.object[e.start]:02x} near line {line}).",
                                "save it as CSV with UTF-8 encoding (a spreadsheet's 'CSV UTF-8').") from None
@@ -192,7 +195,9 @@ class AtomicCsvWriter:
             raise InfeasibleConfig("output", f"cannot write in {path.parent} ({e.strerror}).", "write elsewhere.") from None
         self.tmp = Path(tmp)
         self.handle = os.fdopen(fd, "w", encoding="utf-8", newline="")
-        self.writer = csv.writer(self.handle, lineterminator="\n")
+        # CRLF line ends (RFC 4180): the csv module then quotes every cell holding a CR or an LF, which it
+        # does not do for a lone CR with "\n" line ends (the cell would split its row when read back)
+        self.writer = csv.writer(self.handle, lineterminator="\r\n")
         self.writer.writerow([csv_safe(c) for c in columns])
         self.rows = 0
 
