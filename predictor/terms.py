@@ -101,10 +101,21 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     validation = d.get("validation") or {}
     if not isinstance(validation, dict):
         raise ArtifactError(path, "validation", "must be a mapping")
-    paths.check_error_record(path, {f"validation.{k}": v for k, v in validation.items()})
+    _check_finite(path, "validation", validation)  # errors and signed gaps: any sign, never NaN / inf
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
                          source=str(d.get("source", "")), fitted_on=fitted_on,
                          validation=dict(validation), fitted_at=str(d.get("fitted_at", "")))
+
+
+def _check_finite(path: str | Path, where: str, o: Any) -> None:
+    if isinstance(o, dict):
+        for k, v in o.items():
+            _check_finite(path, f"{where}.{k}", v)
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            _check_finite(path, f"{where}[{i}]", v)
+    elif isinstance(o, (int, float)) and not isinstance(o, bool):
+        check_number(path, where, o)
 
 
 def load_terms_checked(models_dir: str | Path | None = None) -> tuple[EndToEndTerms | None, str | None]:

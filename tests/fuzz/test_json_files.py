@@ -85,6 +85,7 @@ BAD = [  # (file, field, value); value KeyError = the field removed
     ("framework_terms.json", "host.megatron.blend_p", 0.1), ("framework_terms.json", "host", [1]),
     ("framework_terms.json", "fitted_on", [1, 2]), ("framework_terms.json", "fitted_on", {"cpu-2t": "many"}),
     ("framework_terms.json", "fitted_on", {"cpu-2t": None}), ("framework_terms.json", "validation", "good"),
+    ("framework_terms.json", "validation", {"held_out_mean_signed": float("nan")}),
     ("validation.json", "mape", -0.2), ("validation.json", "mape", float("nan")), ("validation.json", "n_runs", -1),
     ("validation.json", "median_ape", float("inf")), ("validation.json", "mape", "low"),
 ]
@@ -112,6 +113,15 @@ def test_unreadable_files_are_ignored_with_a_warning(tmp_path, name, text):
 def test_the_valid_files_load(tmp_path, name):
     got, warn = load(tmp_path, name, VALID[name])
     assert got is not None and warn is None, warn
+
+
+def test_the_shipped_files_load():
+    """Every JSON of models_store/ passes its checks (a signed gap may be negative)."""
+    assert load_terms_checked(STORE) == (load_terms_checked(STORE)[0], None)
+    for pid in sorted(p.name for p in STORE.iterdir() if p.is_dir()):
+        assert paths.load_platform_validation_checked(pid, STORE)[1] is None
+        assert load_host_overhead_checked(STORE, pid)[1] is None
+        assert load_network_file_checked(STORE / pid / "network.json")[1] is None
 
 
 JSON = st.recursive(st.none() | st.booleans() | st.integers(-10 ** 20, 10 ** 20) | st.floats() | st.text(max_size=8),
