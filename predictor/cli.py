@@ -7,7 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from .layout_io import BATCH_COLUMNS, DEFAULTS_DOC, OPTIONAL_BATCH_COLUMNS, layout_from_fields, model_from_fields
+from .batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
+from .layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
 from .specs import InfeasibleConfig
 
 
@@ -142,6 +143,10 @@ def print_prediction(pred, console=None) -> None:
             f"+/-{pred.expected_error:.0%}: {pred.error_basis})")
     c.print(f"tokens/s {pred.tokens_per_s:,.0f}   model TFLOP/s per GPU {pred.model_tflops_per_gpu:.1f}   MFU {pred.mfu:.1%}")
     c.print(f"rests on: {pred.provenance}")
+    from .memory_verdict import OOM_WARNING, verdict_line
+    c.print(verdict_line(pred), style=None if pred.fits_memory else "bold red", markup=False)
+    if not pred.fits_memory:
+        c.print(f"WARNING: {OOM_WARNING}", style="bold red", markup=False)
     t = Table(title="Breakdown along the critical path")
     t.add_column("category")
     t.add_column("seconds", justify="right")
@@ -177,6 +182,9 @@ def cmd_predict(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     pred = get_predictor(a.platform, a.models_dir).predict(model, layout)
     elapsed = time.perf_counter() - t0
+    if not pred.fits_memory and not a.allow_oom:
+        from .memory_verdict import oom_error
+        raise oom_error(pred)
     if a.json:
         d = pred.to_dict(with_ops=a.ops)
         d["elapsed_s"] = elapsed
@@ -186,81 +194,29 @@ def cmd_predict(a: argparse.Namespace) -> int:
     return 0
 
 
-def predict_rows(df, models_dir=None, progress=None):
-    """Predict every row of a batch DataFrame; infeasible rows get their message in `error` and the batch
-    goes on. Rows are parsed one by one, then predicted per platform through the engine in a few
-    vectorised groups (`Predictor.predict_many`)."""
-    import pandas as pd
-
-    from .predict import get_predictor
-    records = df.to_dict(orient="records")
-    n = len(records)
-    out: list[dict] = [{c: r.get(c) for c in df.columns} for r in records]
-    by_platform: dict[str, list[tuple[int, object, object]]] = {}
-    for i, row in enumerate(records):
-        try:
-            plat = row.get("platform")
-            if plat is None or (isinstance(plat, float)) or not str(plat).strip():
-                raise InfeasibleConfig("platform", "is empty.", "name a platform id (see `python -m predictor platforms`).")
-            model = model_from_fields(row)
-            layout = layout_from_fields(row)
-            layout.validate(model)
-            by_platform.setdefault(str(plat).strip(), []).append((i, model, layout))
-        except InfeasibleConfig as e:
-            out[i].update({"step_time_s": None, "error": str(e)})
-    done = 0
-    for plat, items in by_platform.items():
-        try:
-            P = get_predictor(plat, models_dir)
-            ok = []
-            for i, model, layout in items:
-                try:
-                    P.check_runs(layout)
-                    P.platform.device.check_precision(layout.precision)
-                    ok.append((i, model, layout))
-                except InfeasibleConfig as e:
-                    out[i].update({"step_time_s": None, "error": str(e)})
-            preds = P.predict_many([(m, L) for _, m, L in ok])
-        except InfeasibleConfig as e:
-            for i, _, _ in items:
-                out[i].update({"step_time_s": None, "error": str(e)})
-            continue
-        for (i, _m, _L), p in zip(ok, preds):
-            bd = {f"{k}_s": v for k, v in p.breakdown_s.items()}
-            if not p.host_overhead_modelled:
-                bd["host_overhead_s"] = None  # not modelled: empty, never a measured-looking 0
-            out[i].update({"step_time_s": p.step_time_s, **bd, "tokens_per_s": p.tokens_per_s, "mfu": p.mfu,
-                           "memory_gib": p.memory_gib, "fits": p.fits_memory, "expected_error": p.expected_error,
-                           "provenance": p.provenance, "warnings": " ".join(p.warnings), "error": ""})
-        done += len(items)
-        if progress:
-            progress(done, n, "rows predicted")
-    return pd.DataFrame(out)
-
-
 def cmd_predict_batch(a: argparse.Namespace) -> int:
-    import pandas as pd
-    path = Path(a.input)
-    if not path.exists():
-        raise InfeasibleConfig("input", f"file {path} does not exist.")
-    df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in BATCH_COLUMNS if c not in df.columns]
-    if missing:
-        raise InfeasibleConfig("input", f"{path} lacks columns {missing}.",
-                               f"the header must hold: {','.join(BATCH_COLUMNS)} (optional: "
-                               f"{','.join(OPTIONAL_BATCH_COLUMNS)})")
-    unknown = [c for c in df.columns if c not in BATCH_COLUMNS and c not in OPTIONAL_BATCH_COLUMNS]
-    if unknown:
-        raise InfeasibleConfig("input", f"{path} has columns this version does not know: {unknown}; a row would be "
-                                        "predicted without them.",
-                               f"remove them, or use only {','.join(BATCH_COLUMNS)} and the optional "
-                               f"{','.join(OPTIONAL_BATCH_COLUMNS)}.")
-    t0 = time.perf_counter()
-    out = predict_rows(df, a.models_dir, _progress_printer(a.quiet))
-    out.to_csv(a.output, index=False)
-    ok = out["error"].eq("").sum()
-    print(f"wrote {a.output}: {ok} predicted, {len(out) - ok} with errors, {time.perf_counter() - t0:.2f} s",
-          file=sys.stderr)
+    """Stream the input in chunks, predict each, write them to a temporary file renamed onto --output at
+    the end. Whole-file problems (checked before computing where they can be) exit 2 with nothing
+    written; row problems are reported in the row's `error` and the batch goes on (exit 0)."""
+    from .batch import RESULT_COLUMNS, predict_records
+    from .batch_io import AtomicCsvWriter, check_output, chunks, open_input
+    inp, handle = open_input(a.input)
+    with handle:
+        out = check_output(a.output, inp.path)
+        columns = inp.header + [c for c in RESULT_COLUMNS if c not in inp.header]
+        t0 = time.perf_counter()
+        ok = bad = oom = 0
+        with AtomicCsvWriter(out, columns) as w:
+            for records, errors in chunks(inp, a.chunk_rows):
+                rows = predict_records(records, a.models_dir, allow_oom=a.allow_oom, errors=errors)
+                w.write(rows)
+                ok += sum(r["error"] == "" for r in rows)
+                bad += sum(r["error"] != "" for r in rows)
+                oom += sum(r["fits"] is False for r in rows)
+                if not a.quiet:
+                    print(f"  {ok + bad:,} rows done", file=sys.stderr, flush=True)
+    note = f", {oom} do not fit in memory ({'predicted anyway: --allow-oom' if a.allow_oom else 'errors'})" if oom else ""
+    print(f"wrote {out}: {ok} predicted, {bad} with errors{note}, {time.perf_counter() - t0:.2f} s", file=sys.stderr)
     return 0
 
 
@@ -371,13 +327,20 @@ def build_parser() -> argparse.ArgumentParser:
                     default=None, help="override the framework's default (Megatron's --overlap-param-gather)")
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
+    sp.add_argument("--allow-oom", action="store_true",
+                    help="print the time of a layout that does not fit in memory (with a loud warning) instead of "
+                         "exiting with status 2")
     common(sp, store=False)
     sp.set_defaults(func=cmd_predict)
 
     sp = sub.add_parser("predict-batch", help="predict every row of a CSV", epilog=DEFAULTS_DOC,
                         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sp.add_argument("--input", required=True)
-    sp.add_argument("--output", required=True)
+    sp.add_argument("--input", required=True, help="CSV (UTF-8), one case per row, the header as below")
+    sp.add_argument("--output", required=True, help="CSV to write (replaced only when the batch completes)")
+    sp.add_argument("--allow-oom", action="store_true",
+                    help="fill the time of rows that do not fit in memory (fits=False, a DOES NOT FIT warning); "
+                         "without it such a row's time columns stay empty and `error` says why and what to change")
+    sp.add_argument("--chunk-rows", type=int, default=5000, help=argparse.SUPPRESS)
     common(sp, store=False)
     sp.set_defaults(func=cmd_predict_batch)
 
@@ -401,11 +364,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        what = "; nothing was committed (the store is as it was)" if args.command == "ingest" else ""
+        what = {"ingest": "; nothing was committed (the store is as it was)",
+                "predict-batch": f"; {getattr(args, 'output', '')} was not written"}.get(args.command, "")
         print(f"interrupted{what}", file=sys.stderr)
         return 130
     except InfeasibleConfig as e:
@@ -413,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as e:  # domain errors from the store and friends, shown without a traceback
         name = type(e).__name__
-        if name in ("StoreError", "FileNotFoundError", "ModelMissingError", "PermissionError"):
+        if name in ("StoreError", "FileNotFoundError", "ModelMissingError", "PermissionError", "ArtifactError"):
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise

@@ -91,6 +91,11 @@ def cmd_search(a: argparse.Namespace) -> int:
     rep = search(model, P, gpus, a.global_batch, a.seq_len, top_k=a.top, objective=a.objective, space=space,
                  memory_options=mopt, tokens_to_train=tokens, price_per_gpu_hour=a.price_per_gpu_hour,
                  refine=not a.no_refine)
+    if rep.n_enumerated == 0:
+        raise _nothing_enumerated(rep, model, P, gpus, a.global_batch, a.seq_len, space)
+    if rep.n_feasible == 0 and not (a.csv or a.json):
+        _print_none_fit(rep, gpus, a)
+        return 3
     table = rep.table if a.all else rep.feasible
     if a.top > 0:
         table = table.head(a.top)
@@ -111,6 +116,46 @@ def cmd_search(a: argparse.Namespace) -> int:
         return 0 if rep.n_feasible else 3
     _print_report(rep, table, cols, a)
     return 0 if rep.n_feasible else 3
+
+
+def _nothing_enumerated(rep, model, P, gpus, global_batch, seq_len, space) -> InfeasibleConfig:
+    """No tp*pp*dp split of the GPU count(s) is valid for this model and batch: say why (the first
+    reasons) and which nearby GPU counts have valid splits."""
+    from .search import enumerate_layouts
+    reasons = [d.get("reason") or d.get("option", "") for d in rep.exclusions if d.get("option", "").startswith("tp=")]
+    reasons = reasons or [d.get("reason") or d.get("option", "") for d in rep.exclusions]
+    gpn = P.platform.gpus_per_node
+    near: list[int] = []
+    for N in gpus:
+        cands = sorted({max(gpn, N // gpn * gpn), -(-N // gpn) * gpn, 1 << max(0, N.bit_length() - 1),
+                        1 << N.bit_length()} - {N}, key=lambda c: (abs(c - N), c))
+        for c in cands:
+            if P.platform.ranks_problem(c) is None and enumerate_layouts(model, P.platform, c, global_batch, seq_len,
+                                                                         space)[0]:
+                near.append(c)
+            if len(near) >= 2:
+                break
+    uniq = list(dict.fromkeys(r.rstrip(".") for r in reasons if r))
+    why = "; ".join(uniq[:3]) + (f"; and {len(uniq) - 3} more" if len(uniq) > 3 else "")
+    return InfeasibleConfig(
+        "num_gpus", f"no layout of {model.name} on {','.join(map(str, gpus))} GPUs of {rep.platform_id} can be "
+                    f"enumerated: no split into tp*pp*dp is valid for global batch {global_batch}"
+                    + (f" ({why})." if why else "."),
+        (f"try {' or '.join(map(str, sorted(set(near))))} GPUs, " if near else "")
+        + "or a global batch divisible by more data-parallel degrees, or widen the search space (--tp, --pp).")
+
+
+def _print_none_fit(rep, gpus, a) -> None:
+    from rich.console import Console
+    c = Console(highlight=False, soft_wrap=False, width=200)
+    c.print(f"[bold red]No layout fits[/bold red]: {rep.model.name} on {','.join(map(str, gpus))} GPUs of "
+            f"{rep.platform_id}, global batch {a.global_batch}, seq {a.seq_len}: {rep.n_enumerated} layouts "
+            f"enumerated, none fits in memory (every tp/pp/ZeRO/recompute the search space allowed was tried; the "
+            f"reasons below). Fix: more GPUs, a device with more memory, or a wider search space (--tp, --pp, "
+            f"--recompute, --zero-stage).")
+    for _, r in rep.rejection_summary().iterrows():
+        n = f"{r['layouts']} layouts: " if r["layouts"] else ""
+        c.print(f"  {r['reason']}: {n}{r['example']}")
 
 
 def _json_default(o):

@@ -116,6 +116,8 @@ PAPER_OP_COLUMNS: dict[str, tuple[str, ...]] = {
     "layernorm": ("b", "l", "dim"), "RMSlayernorm": ("b", "l", "dim"), "res_add": ("b", "l", "dim"),
     "parallel_cross_entropy_128": ("mp", "b", "l"),
 }
+# Integer fields stored as BIGINT (the rest are INTEGER, below 2^31): byte and parameter counts
+BIGINT_FIELDS = ("params", "message_bytes", "size(B)", "shape")
 PAPER_COLUMN_MAP = {"mp": "tp", "b": "batch", "l": "seq", "dim": "hidden", "h": "heads", "encoders": "layers",
                     "num_layers": "layers", "hidden_size": "hidden", "params": "params"}
 PAPER_PASS_COLUMNS = (("fwd", "F_dur(us)"), ("bwd", "B_dur(us)"))
@@ -559,14 +561,16 @@ class RowChecks:
             self.add(mask, lambda i, m=msgs: m[i], reason, outcome)
 
     def positive_int(self, name: str, raw: pd.Series, nullable: bool = False, minimum: int = 1) -> pd.Series:
-        """Checks `raw` holds integers >= minimum (NULL allowed if nullable); returns them as Int64."""
+        """Checks `raw` holds integers >= minimum (NULL allowed if nullable) that fit the store's column
+        (INTEGER: below 2^31; the byte and parameter counts in BIGINT: below 2^62); returns them as Int64."""
         v = _num(raw)
-        ok = np.isfinite(v) & (v >= minimum) & (v == np.floor(v)) & (v.abs() < 2 ** 62)
+        hi = 2 ** 62 if name in BIGINT_FIELDS else 2 ** 31 - 1
+        ok = np.isfinite(v) & (v >= minimum) & (v == np.floor(v)) & (v.abs() <= hi)
         missing = raw.isna().to_numpy()
         if nullable:
             ok = ok | missing
         vals = raw.to_numpy()
-        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        what = ("a positive integer" if minimum == 1 else f"an integer >= {minimum}") + f" <= {hi:,}"
         self.add(~ok, lambda i: f"{name}={show(vals[i])} is not {what}", f"{name} not {what}")
         return v.where(ok & ~missing).round().astype("Int64")
 
@@ -1198,8 +1202,9 @@ def _cell_int(row: dict[str, Any], name: str) -> int | None:
     f = _cell_num(row, name)
     if f is None:
         return None
-    if f != int(f) or f <= 0:
-        raise _Reject(f"{name} not a positive integer", f"{name}={row.get(name)!r} is not a positive integer")
+    if f != int(f) or f <= 0 or f > 2 ** 31 - 1:  # the store's INTEGER columns
+        raise _Reject(f"{name} not a positive integer", f"{name}={row.get(name)!r} is not a positive integer "
+                                                        f"<= {2 ** 31 - 1:,}")
     return int(f)
 
 

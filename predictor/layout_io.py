@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
+from .bounds import check_bound
 from .presets import get_preset
 from .specs import DEFAULT_FRAMEWORK, InfeasibleConfig, Layout, ModelSpec
 
@@ -98,7 +99,19 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
     return m
 
 
+def _given_ints_in_range(row: Mapping[str, Any]) -> None:
+    """The integer fields the user gave, positive and within their bounds, checked before any is
+    derived from another (so `--tp 0` is reported as tp, not as the num_gpus it would give)."""
+    for name in ("tp", "pp", "dp", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp"):
+        v = _int(row, name)
+        if v is not None:
+            if v <= 0:
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+            check_bound(name, v)
+
+
 def layout_from_fields(row: Mapping[str, Any]) -> Layout:
+    _given_ints_in_range(row)
     tp = _int(row, "tp", 1)
     pp = _int(row, "pp", 1)
     num_gpus = _int(row, "num_gpus")

@@ -132,9 +132,12 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     if not p.exists():
         return None
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise ValueError(f"{p} cannot be read as JSON ({type(e).__name__}: {e})") from None
+    if data is None:  # a file holding `null` is not a missing file
+        raise ArtifactError(p, None, "holds null, not a JSON object")
+    return data
 
 
 def json_default(o: Any) -> Any:
@@ -196,9 +199,12 @@ def read_json_checked(path: str | os.PathLike[str]) -> Any:
     if data is None:
         return None
     try:
-        return json.loads(data.decode("utf-8"))
+        parsed = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise ArtifactError(p, None, f"is not valid JSON ({type(e).__name__}: {e})") from None
+    if parsed is None:  # a file holding `null` is not a missing file
+        raise ArtifactError(p, None, "holds null, not a JSON object")
+    return parsed
 
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -250,7 +256,13 @@ def check_number(path: str | os.PathLike[str], field: str, value: Any, *, gt: fl
     return int(value) if integer else value
 
 
-def check_error_record(path: str | os.PathLike[str], data: Any, required: tuple[str, ...] = ()) -> dict[str, Any]:
+# validation.json fields that, when present, must be numbers (or null): a string there is a broken file
+VALIDATION_NUMBERS = ("n_runs", "mape", "median_ape", "p90_ape", "latest_run_mape", "latest_run_n", "measuring_runs",
+                      "mape_speed_checked", "n_runs_speed_checked", "measuring_runs_speed_checked")
+
+
+def check_error_record(path: str | os.PathLike[str], data: Any, required: tuple[str, ...] = (),
+                       numeric: tuple[str, ...] = ()) -> dict[str, Any]:
     """An error record (validation.json, transfer_validation.json, network_validation.json): a JSON
     object in which every number, at any depth, is finite and >= 0 (errors, counts, parameters);
     the `required` top-level fields are present and a number or null. ArtifactError names the
@@ -261,6 +273,9 @@ def check_error_record(path: str | os.PathLike[str], data: Any, required: tuple[
         if k not in data:
             raise ArtifactError(path, k, "is missing")
         check_number(path, k, data[k], ge=0, optional=True)
+    for k in numeric:
+        if k in data:
+            check_number(path, k, data[k], ge=0, optional=True)
 
     def walk(o: Any, where: str) -> None:
         if isinstance(o, dict):
@@ -296,4 +311,4 @@ def load_platform_validation_checked(platform_id: str, models: str | os.PathLike
     with its values checked (every error / count finite and >= 0): (record, None), (None, None)
     without the file, (None, warning) when it is unusable."""
     path = artifact(platform_id, VALIDATION, models)
-    return load_checked(path, lambda d: check_error_record(path, d))
+    return load_checked(path, lambda d: check_error_record(path, d, numeric=VALIDATION_NUMBERS))

@@ -33,6 +33,7 @@ GENERIC_PREFIX = "generic:"
 DEFAULT_INTER_GBPS = 50.0   # one 400 Gb/s NIC per GPU (DGX H100/B200 class)
 DEFAULT_INTRA_LATENCY_US = {"nvswitch": 6.0, "nvlink": 6.0, "xgmi": 8.0, "pcie": 10.0, "none": 0.0}
 DEFAULT_INTER_LATENCY_US = 10.0
+MAX_GPUS_PER_NODE = 2 ** 12  # GPUs in one node / NVLink domain (NVL576 is the largest announced)
 LINK_KINDS = ("nvswitch", "nvlink", "xgmi", "pcie", "none", "infiniband", "infiniband-hdr", "infiniband-ndr",
               "infiniband-xdr", "roce", "efa", "slingshot-11", "ethernet")
 NVLS_GENERATIONS = ("hopper", "blackwell")   # NVSwitch gen 3+ does in-switch reductions (NVLink SHARP)
@@ -133,6 +134,29 @@ class Platform:
 
     def nodes_for(self, ranks: int) -> int:
         return max(1, -(-ranks // self.gpus_per_node))
+
+    @property
+    def max_ranks(self) -> int | None:
+        """The most ranks a layout may have here, None for no limit. A platform declares what links its
+        ranks: without an inter-node link (kind 'none' or no bandwidth) it is one node, so at most
+        `gpus_per_node` ranks; a node without an intra-node link (kind 'none' or no bandwidth, e.g.
+        cpu-2t: one process, no collectives) runs one rank."""
+        def absent(link: LinkSpec) -> bool:
+            return (link.kind or "").lower() == "none" or not link.bandwidth_gbps > 0
+        if not absent(self.inter_node):
+            return None
+        return 1 if self.gpus_per_node <= 1 or absent(self.intra_node) else self.gpus_per_node
+
+    def ranks_problem(self, ranks: int) -> str | None:
+        """Why this platform cannot run `ranks` ranks, or None when it can."""
+        cap = self.max_ranks
+        if cap is None or ranks <= cap:
+            return None
+        if cap == 1:
+            return (f"{self.platform_id} has no link between its ranks (one process, no collectives), so it cannot "
+                    f"run {ranks:,} ranks (num_gpus).")
+        return (f"{self.platform_id} is a single node of {cap} ranks with no link to other nodes, so it cannot run "
+                f"{ranks:,} ranks (num_gpus).")
 
     @property
     def has_nvls(self) -> bool:
@@ -305,6 +329,10 @@ def _platform_from(pid: str, raw: dict[str, Any], devices: dict[str, DeviceSpec]
                                    f"use one of {', '.join(sorted(devices))}.")
         device = devices[dev_ref]
     gpn = _number(raw, "gpus_per_node", origin, pid, strict=True, integer=True)
+    if gpn > MAX_GPUS_PER_NODE:
+        raise InfeasibleConfig(_where(origin, pid, "gpus_per_node"), f"{gpn:,} is above the upper bound "
+                               f"{MAX_GPUS_PER_NODE:,} (the largest NVLink domains hold 72-576 GPUs).",
+                               "give the GPUs of one node (one NVLink / xGMI domain).")
     intra = _link_from(raw.get("intra_node"), origin, pid, "intra_node")
     inter = _link_from(raw.get("inter_node"), origin, pid, "inter_node")
     if gpn > 1 and intra.bandwidth_gbps <= 0:
@@ -394,6 +422,10 @@ def make_cluster(device_id: str, gpus_per_node: int, intra_gbps: float | None = 
     dev = devices[device_id]
     if not isinstance(gpus_per_node, int) or gpus_per_node < 1:
         raise InfeasibleConfig("gpus_per_node", f"must be a positive integer, got {gpus_per_node!r}.")
+    if gpus_per_node > MAX_GPUS_PER_NODE:
+        raise InfeasibleConfig("gpus_per_node", f"{gpus_per_node:,} is above the upper bound {MAX_GPUS_PER_NODE:,} "
+                                                "(the largest NVLink domains hold 72-576 GPUs).",
+                               "give the GPUs of one node (one NVLink / xGMI domain).")
     if intra_kind is None:
         if gpus_per_node == 1:
             intra_kind = "none"

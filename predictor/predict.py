@@ -84,6 +84,8 @@ class StepPrediction:
     host_overhead_modelled: bool = False
     memory_gib: float = float("nan")    # peak memory per GPU (the fullest stage)
     fits_memory: bool = True            # whether that peak fits in the device's usable memory
+    usable_gib: float = float("nan")    # the device's memory less the allocator reserve
+    hbm_gib: float = float("nan")       # the device's memory
     op_rows: list[tuple] = field(default_factory=list, repr=False)
 
     @property
@@ -112,6 +114,7 @@ class StepPrediction:
             d["breakdown_s"]["host_overhead"] = None
         d["memory_gib"] = self.memory_gib
         d["fits"] = self.fits_memory
+        d["usable_gib"] = self.usable_gib
         if self.memory is not None:
             d["memory"] = self.memory.to_dict()
         d["layout"]["stage_layers"] = list(self.layout.stage_layers) if self.layout.stage_layers else None
@@ -407,10 +410,17 @@ class Predictor:
         return self.host is not None or bool(self.terms is not None and self.terms.host)
 
     def check_runs(self, layout: Layout) -> None:
-        """Raise InfeasibleConfig when the platform cannot run this many ranks (no collectives)."""
-        if layout.num_gpus > 1 and self.platform.gpus_per_node == 1 and self.platform.inter_node.bandwidth_gbps <= 0:
-            raise InfeasibleConfig("num_gpus", f"{self.platform.platform_id} has no link between its ranks, so it "
-                                               f"cannot run {layout.num_gpus} GPUs.", "use num_gpus 1 or another platform.")
+        """Raise InfeasibleConfig when the platform cannot run this many ranks (see `check_ranks`)."""
+        self.check_ranks(layout.num_gpus)
+
+    def check_ranks(self, ranks: int) -> None:
+        """Raise InfeasibleConfig when the platform cannot run `ranks` ranks: one without collectives
+        (cpu-2t) runs one, one without a link between nodes (cpu-1t: 2 ranks on this machine) one node."""
+        why = self.platform.ranks_problem(ranks)
+        if why:
+            cap = self.platform.max_ranks
+            raise InfeasibleConfig("num_gpus", why, f"use num_gpus {'1' if cap == 1 else f'<= {cap}'} on "
+                                                    f"{self.platform.platform_id}, or another platform.")
 
     def _prediction(self, model: ModelSpec, layout: Layout, ev: Evaluation, r: int) -> StepPrediction:
         step = float(ev.step_time_s[r])
@@ -455,7 +465,8 @@ class Predictor:
             error_basis=basis, tokens_per_s=layout.tokens_per_step / step, model_tflops_per_gpu=tflops_gpu,
             mfu=tflops_gpu / peak, pipeline_s=float(ev.pipeline_s[r]), critical_stage=int(ev.critical_stage[r]),
             memory=memory, warnings=warnings, host_overhead_modelled=self.host_modelled,
-            memory_gib=float(ev.peak_bytes[r] / GIB), fits_memory=fits)
+            memory_gib=float(ev.peak_bytes[r] / GIB), fits_memory=fits, usable_gib=float(ev.usable_bytes / GIB),
+            hbm_gib=float(self.platform.device.hbm_gib))
 
     def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:
         """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step)."""

@@ -39,6 +39,7 @@ from .engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  
 from .platforms import Platform
 from .predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
 from .frameworks import get_framework
+from .bounds import check_bound
 from .specs import DEFAULT_FRAMEWORK, FLASH_IMPLS, FRAMEWORKS, RECOMPUTES, SCHEDULES, InfeasibleConfig, Layout, ModelSpec
 
 OBJECTIVES = {"time": ("step_time_s", True), "tokens": ("tokens_per_s", False), "mfu": ("mfu", False),
@@ -329,6 +330,7 @@ def search(model: ModelSpec, platform: str | Platform | Predictor, num_gpus: int
     for name, v in (("global_batch", global_batch), ("seq_len", seq_len)):
         if not isinstance(v, (int, np.integer)) or v <= 0:
             raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+        check_bound(name, int(v))
     if isinstance(platform, Predictor):
         P = platform
     elif isinstance(platform, Platform):
@@ -338,6 +340,9 @@ def search(model: ModelSpec, platform: str | Platform | Predictor, num_gpus: int
     gpus = _parse_gpus(num_gpus)
     if not gpus or min(gpus) <= 0:
         raise InfeasibleConfig("num_gpus", f"must be positive, got {num_gpus!r}.")
+    for N in gpus:
+        check_bound("num_gpus", N)
+        P.check_ranks(N)
     precision = space.precision
     P.platform.device.check_precision(precision)
     timings: dict[str, float] = {}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import params
+from .bounds import check_bound, check_tokens_per_micro_batch
 from .params import padded_vocab  # noqa: F401  (re-exported: callers import it from specs)
 
 ARCHS = ("gpt", "llama")
@@ -100,6 +101,13 @@ class ModelSpec:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise InfeasibleConfig(_flag(name), f"must be a positive integer, got {v!r}.")
+            check_bound(_flag(name), v)
+        for name in ("num_kv_heads", "ffn_hidden_size"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                raise InfeasibleConfig(_flag(name), f"must be a positive integer, got {v!r}.")
+            if v is not None:
+                check_bound(_flag(name), v)
         if self.hidden_size % self.num_heads:
             raise InfeasibleConfig(
                 "hidden", f"hidden size {self.hidden_size} is not divisible by heads {self.num_heads}.",
@@ -159,6 +167,8 @@ class Layout:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+            check_bound(name, v)
+        check_tokens_per_micro_batch(self.micro_batch, self.seq_len)
         if self.tp * self.pp * self.dp != self.num_gpus:
             raise InfeasibleConfig(
                 "num_gpus",

@@ -94,10 +94,28 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
             blend_p=float(check_number(path, f"host.{fw}.blend_p", t.get("blend_p", 2.0), ge=1.0, le=64.0)),
             host_s_per_micro_batch=float(check_number(path, f"host.{fw}.host_s_per_micro_batch",
                                                       t.get("host_s_per_micro_batch", 0.0), ge=0.0, lt=10.0)))
+    fitted_on = d.get("fitted_on") or {}
+    if not isinstance(fitted_on, dict):
+        raise ArtifactError(path, "fitted_on", "must be a mapping of platform -> number of runs")
+    fitted_on = {str(k): int(check_number(path, f"fitted_on.{k}", v, ge=0, integer=True)) for k, v in fitted_on.items()}
+    validation = d.get("validation") or {}
+    if not isinstance(validation, dict):
+        raise ArtifactError(path, "validation", "must be a mapping")
+    _check_finite(path, "validation", validation)  # errors and signed gaps: any sign, never NaN / inf
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
-                         source=str(d.get("source", "")),
-                         fitted_on={str(k): int(v) for k, v in (d.get("fitted_on") or {}).items()},
-                         validation=dict(d.get("validation") or {}), fitted_at=str(d.get("fitted_at", "")))
+                         source=str(d.get("source", "")), fitted_on=fitted_on,
+                         validation=dict(validation), fitted_at=str(d.get("fitted_at", "")))
+
+
+def _check_finite(path: str | Path, where: str, o: Any) -> None:
+    if isinstance(o, dict):
+        for k, v in o.items():
+            _check_finite(path, f"{where}.{k}", v)
+    elif isinstance(o, list):
+        for i, v in enumerate(o):
+            _check_finite(path, f"{where}[{i}]", v)
+    elif isinstance(o, (int, float)) and not isinstance(o, bool):
+        check_number(path, where, o)
 
 
 def load_terms_checked(models_dir: str | Path | None = None) -> tuple[EndToEndTerms | None, str | None]:
@@ -106,7 +124,7 @@ def load_terms_checked(models_dir: str | Path | None = None) -> tuple[EndToEndTe
     try:
         d = paths.read_json(p)
         return (None, None) if d is None else (terms_from_dict(d, p), None)
-    except (ArtifactError, ValueError) as e:
+    except (ArtifactError, ValueError, TypeError) as e:
         return None, f"End-to-end terms ignored: {e}"
 
 
