@@ -131,7 +131,7 @@ def map_point(op: str, u: np.ndarray, prof: Profile, tp: int) -> tuple[dict[str,
     """Unit-cube point -> (shape columns, build extras). Raises ValueError if it cannot be realised."""
     names = _DIMS[op]
     v = dict(zip(names, u))
-    s: dict[str, int | None] = {c: None for c in P.SHAPE_COLUMNS}
+    s: dict[str, int | None] = dict.fromkeys(P.SHAPE_COLUMNS)
     extra: dict[str, Any] = {}
     cols = P.OPS[op].shape_columns
     if "batch" in v:

@@ -12,9 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 QUIET_LOAD = 0.5
 MAX_WAIT_S = 1200.0
@@ -127,7 +128,7 @@ def facts(device: str = "cpu") -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
         "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "ram_gib": _ram_gib(), "cpu_caches": _cpu_caches(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "mkldnn": bool(torch.backends.mkldnn.is_available()),
-        "loadavg": list(loadavg()), "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "loadavg": list(loadavg()), "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "repo_commit": _git_commit(),
     }
     from .allocator import describe

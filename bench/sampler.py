@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from predictor import ops as P
 
@@ -68,7 +69,7 @@ def time_on_every_rank(fn, setup, *, device: str, target_s: float) -> tuple[floa
 
 def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, ...] = D.DEFAULT_OPS,
             device: str = "cpu", dtype: str = "fp32", threads: int | None = None, budget_s: float | None = None,
-            n_per_op: int = 64, profile: "str | D.Profile" = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0,
+            n_per_op: int = 64, profile: str | D.Profile = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0,
             flush_every_s: float = 15.0, quiet_info: dict[str, Any] | None = None, show_progress: bool = True,
             target_s: float = 0.12, guard_interference: bool = True, max_retries: int = 3,
             calm_wait_s: float = 600.0, log: Callable[[str], None] = print, machine=None,

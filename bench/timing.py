@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 LONG_OP_S = 0.025  # ops longer than this get one warm-up call instead of `warmup`
 

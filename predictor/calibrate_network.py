@@ -28,8 +28,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .network import (DEFAULTS, NetworkModel, analytic_choice, bus_bandwidth_gbps, fit_network, save_network,
-                      spec_network)
+from .network import (
+    DEFAULTS,
+    NetworkModel,
+    analytic_choice,
+    bus_bandwidth_gbps,
+    fit_network,
+    save_network,
+    spec_network,
+)
 from .platforms import get_platform
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"

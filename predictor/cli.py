@@ -266,7 +266,7 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
 
 # ---- validate -------------------------------------------------------------------------------
 def cmd_validate(a: argparse.Namespace) -> int:
-    from .validate import validate_runs, summarize_validation, save_validation
+    from .validate import save_validation, summarize_validation, validate_runs
     res = validate_runs(platform=a.platform, store_path=a.store, models_dir=a.models_dir,
                         progress=_progress_printer(a.quiet))
     if res.empty:
@@ -386,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--save", action="store_true", help="record the error in models_store/<platform>/validation.json")
     common(sp)
     sp.set_defaults(func=cmd_validate)
-    from .cli_search import add_search_parser; add_search_parser(sub)  # noqa: E702
+    from .cli_search import add_search_parser
+    add_search_parser(sub)
     return p
 
 

@@ -51,7 +51,7 @@ class TrainingEstimate:
     gpu_hours_per_mtok: Any
     cost_per_mtok: Any
 
-    def scalar(self) -> "TrainingEstimate":
+    def scalar(self) -> TrainingEstimate:
         """The same estimate with numpy scalars turned into Python numbers."""
         def conv(v):
             if v is None:

@@ -20,19 +20,20 @@ A layout is a row of int64 columns `COLUMNS`; its pipeline structure is an index
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from . import decompose as D
-from .arrayops import unique_rows as _unique_rows
 from . import memory as mem
+from .arrayops import unique_rows as _unique_rows
 from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
-from .overhead import RECOMPUTE_PASSES, HostOverhead
-from .terms import EndToEndTerms, blend
 from .frameworks import FRAMEWORK_SPECS, get_framework
+from .overhead import RECOMPUTE_PASSES, HostOverhead
 from .specs import FRAMEWORKS, Layout, ModelSpec
+from .terms import EndToEndTerms, blend
 
 if TYPE_CHECKING:
     from .predict import Predictor
@@ -362,8 +363,8 @@ class Engine:
 
     # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self, model: ModelSpec, rows: np.ndarray, structures: Sequence[Structure], seq_len: int,
-                 precision: str, *, host: HostOverhead | None | bool = True, options: ComposeOptions | None = None,
-                 detail: bool = False, provenance: bool = True, terms: EndToEndTerms | None | bool = True
+                 precision: str, *, host: HostOverhead | bool | None = True, options: ComposeOptions | None = None,
+                 detail: bool = False, provenance: bool = True, terms: EndToEndTerms | bool | None = True
                  ) -> Evaluation:
         """Every row of `rows` (columns `COLUMNS`) of `model` at `seq_len` / `precision`.
 

@@ -31,10 +31,9 @@ INPUT (its output is ranks x larger), p2p the tensor sent.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
-
-import sys
 
 import numpy as np
 

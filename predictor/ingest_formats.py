@@ -77,6 +77,7 @@ KINDS = ("paper_operator", "paper_optimizer", "paper_nccl", "paper_summary", "vt
          "op_samples", "collective_samples", "measured_runs", "published_runs")
 # How a measured run was executed (measured_runs.framework).
 from .specs import FRAMEWORKS  # noqa: E402  (one list: predictor.frameworks)
+
 PUBLISHED_SOURCES_FILE = Path(__file__).resolve().parent / "catalog" / "published_sources.json"
 
 OP_SAMPLE_COLUMNS = ("platform", "op", "pass", *ops.SHAPE_COLUMNS, "variant", "dtype", "duration_s",
@@ -814,7 +815,7 @@ def parse_paper_summary(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     checks = start_checks(df, plan)
     func = _text(df["Function"])
     if kind == "operator":
-        names = {**ops.PAPER_OP_NAMES, **{k: "optimizer" for k in ops.PAPER_OPTIMIZER_FILES}}
+        names = {**ops.PAPER_OP_NAMES, **dict.fromkeys(ops.PAPER_OPTIMIZER_FILES, "optimizer")}
         checks.member("function", func, names)
         prop = _text(df["Propagation"])
         checks.member("propagation", prop, ("fwd", "bwd", "dur"))

@@ -58,7 +58,16 @@ import numpy as np
 from . import params
 from .arrayops import unique_rows
 from .params import chunk_params, edge_params, layer_params_per_gpu  # noqa: F401  (re-exported)
-from .specs import BYTES_PER_ELEMENT, FLASH_IMPLS, GRAD_BYTES, InfeasibleConfig, Layout, ModelSpec, grad_comm_bytes, padded_vocab  # noqa: F401
+from .specs import (  # noqa: F401
+    BYTES_PER_ELEMENT,
+    FLASH_IMPLS,
+    GRAD_BYTES,
+    InfeasibleConfig,
+    Layout,
+    ModelSpec,
+    grad_comm_bytes,
+    padded_vocab,
+)
 
 GIB = float(2 ** 30)
 

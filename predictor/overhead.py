@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +176,7 @@ def fit_host_overhead(evaluate: Callable[[float, float], np.ndarray], measured_s
     ho = HostOverhead(host_s_per_layer_pass=float(h), blend_p=float(p), source=source,
                       fitted_on_runs=int(len(meas)), cv_mape=_mape(held, meas), fit_mape=_mape(fit_pred, meas))
     report = {"cv_mape": ho.cv_mape, "fit_mape": ho.fit_mape, "no_host_mape": _mape(none_pred, meas),
-              "folds": folds, "groups": int(len(uniq)), "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "folds": folds, "groups": int(len(uniq)), "fitted_at": datetime.now(UTC).isoformat(timespec="seconds")}
     return ho, report
 
 

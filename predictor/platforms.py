@@ -146,7 +146,7 @@ def _where(origin: str, entry: str, fld: str) -> str:
 
 def _number(raw: dict[str, Any], key: str, origin: str, entry: str, *, required: bool = True,
             default: float | None = None, minimum: float = 0.0, strict: bool = False, integer: bool = False):
-    v = raw.get(key, None)
+    v = raw.get(key)
     if v is None:
         if required and default is None:
             raise InfeasibleConfig(_where(origin, entry, key), "is missing.", f"add '{key}' to the entry.")

@@ -15,27 +15,38 @@ The numbers come from the one step-time engine (`predictor.engine`), the same th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import features, paths
 from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
 from .decompose import CommCall, OpCall
-from .engine import (HOST_PROVENANCE, RECOMPUTE, ZERO2_GATHER, Engine, Evaluation, Structure, class_keys,
-                     rows_for, structure_classes, unit_keys)
+from .engine import (
+    HOST_PROVENANCE,
+    RECOMPUTE,
+    ZERO2_GATHER,
+    Engine,
+    Evaluation,
+    Structure,
+    class_keys,
+    rows_for,
+    structure_classes,
+    unit_keys,
+)
 from .frameworks import get_framework
 from .memory import GIB, MemoryOptions, MemoryReport, report_from_arrays
 from .network import analytic_time_s, expected_error, load_network_checked
 from .ops import STAND_INS
 from .overhead import load_host_overhead_checked
 from .params import layer_matmul_params, padded_vocab
+from .paths import ArtifactError
 from .platforms import Platform, get_platform
 from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict
-from .paths import ArtifactError
 from .terms import causal_attention_factors, load_terms_checked
 
 PAPER_SOURCE_PREFIX = "arXiv 2509.22832"  # regressors.PAPER_SOURCE: the paper's (non-causal) samples
@@ -169,7 +180,7 @@ class Predictor:
         self._note(warn)
         self.terms = None   # end-to-end terms (predictor.terms): GPU platforms
         if self.platform.device.vendor == "cpu":
-            from .machine import mismatch_warning   # CPU samples describe the machine that took them
+            from .machine import mismatch_warning  # CPU samples describe the machine that took them
             self._note(mismatch_warning(self.platform.op_models or self.platform.platform_id, self.models_dir))
         else:
             self.terms, warn = load_terms_checked(self.models_dir)

@@ -32,11 +32,12 @@ import math
 import platform as _pyplatform
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .lgb_import import import_lightgbm
 
@@ -373,7 +374,7 @@ class _LogEfficiencyRegressor:
         self.mape_all_rows_ = cv.get("all_rows", {}).get("mape") if cv["folds"] else None
         self.data_hash_ = _data_hash(np.column_stack([dedupe_keys[use]]), du)
         self.train_ratio_range_ = [float(np.min(du / ru)), float(np.max(du / ru))]
-        self.trained_at_ = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.trained_at_ = datetime.now(UTC).isoformat(timespec="seconds")
 
     def _label(self) -> str:
         return self.kind
@@ -833,7 +834,7 @@ class OpRegressor(_LogEfficiencyRegressor):
     kind = "op"
 
     def __init__(self, op: str, pass_: str, params: Mapping[str, Any] | None = None, *,
-                 physical_bound: float | None | str = "auto"):
+                 physical_bound: float | str | None = "auto"):
         if op not in ops.OPS:
             raise KeyError(f"unknown op '{op}' (known: {', '.join(ops.OPS)})")
         if pass_ not in ops.OPS[op].passes:
@@ -853,7 +854,7 @@ class OpRegressor(_LogEfficiencyRegressor):
 
     def fit(self, shapes_df: pd.DataFrame, durations_s, device, precision: str = "fp16", *,
             cv_folds: int = 0, groups=None, filter_outliers: bool = True,
-            progress: Callable[[str], None] | None = None) -> "OpRegressor":
+            progress: Callable[[str], None] | None = None) -> OpRegressor:
         """Fit on shape columns and measured seconds. `groups` (e.g. the optimizer variant) only
         splits the CV report. `cv_folds` > 1 also runs the K-fold CV."""
         import pandas as pd
@@ -890,7 +891,7 @@ class OpRegressor(_LogEfficiencyRegressor):
         return (*super()._metadata_keys(), "op", "pass", "device_id", "precision", "shape_ranges")
 
     @classmethod
-    def load(cls, directory: str | Path, op: str, pass_: str) -> "OpRegressor":
+    def load(cls, directory: str | Path, op: str, pass_: str) -> OpRegressor:
         booster, md = _read_pair(Path(directory), f"{op}.{pass_}")
         r = cls(op, pass_, md.get("lightgbm_params"))
         r._restore(booster, md)
@@ -909,7 +910,7 @@ class CollectiveRegressor(_LogEfficiencyRegressor):
     capacity = COLLECTIVE_CAPACITY
 
     def __init__(self, collective: str, params: Mapping[str, Any] | None = None, *,
-                 physical_bound: float | None | str = "auto"):
+                 physical_bound: float | str | None = "auto"):
         if collective not in ops.COLLECTIVES:
             raise KeyError(f"unknown collective '{collective}' (known: {', '.join(ops.COLLECTIVES)})")
         super().__init__(params)
@@ -924,7 +925,7 @@ class CollectiveRegressor(_LogEfficiencyRegressor):
 
     def fit(self, message_bytes, nodes, gpus_per_node, durations_s, platform, *, cv_folds: int = 0,
             groups=None, filter_outliers: bool = True,
-            progress: Callable[[str], None] | None = None) -> "CollectiveRegressor":
+            progress: Callable[[str], None] | None = None) -> CollectiveRegressor:
         import pandas as pd
         S = np.asarray(message_bytes, dtype="float64")
         nn_ = np.asarray(nodes, dtype="float64")
@@ -976,7 +977,7 @@ class CollectiveRegressor(_LogEfficiencyRegressor):
                 "message_bytes_convention")
 
     @classmethod
-    def load(cls, directory: str | Path, collective: str) -> "CollectiveRegressor":
+    def load(cls, directory: str | Path, collective: str) -> CollectiveRegressor:
         booster, md = _read_pair(Path(directory), f"collective.{collective}")
         r = cls(collective, md.get("lightgbm_params"))
         r._restore(booster, md)
@@ -1031,7 +1032,7 @@ class ModelBank:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, platform_id: str, models_dir: str | Path | None = None) -> "ModelBank":
+    def load(cls, platform_id: str, models_dir: str | Path | None = None) -> ModelBank:
         d = paths.models_dir(models_dir)
         path = paths.platform_dir(platform_id, d)
         if not path.is_dir():

@@ -224,7 +224,7 @@ class IngestReport:
 
     @property
     def rows_added(self) -> dict[str, int]:
-        out = {t: 0 for t in SAMPLE_TABLES}
+        out = dict.fromkeys(SAMPLE_TABLES, 0)
         for f in self.files:
             for t, n in f.rows_added.items():
                 out[t] = out.get(t, 0) + n

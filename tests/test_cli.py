@@ -3,8 +3,8 @@ import json
 import pandas as pd
 import pytest
 
-from predictor.compose import CATEGORIES
 from predictor.cli import main
+from predictor.compose import CATEGORIES
 from predictor.layout_io import BATCH_COLUMNS
 
 
@@ -50,7 +50,7 @@ def test_unknown_platform_is_a_clear_error(capsys):
 
 
 def _row(**kw):
-    base = {c: "" for c in BATCH_COLUMNS}
+    base = dict.fromkeys(BATCH_COLUMNS, "")
     base.update({"platform": "dgx-a100-80gb", "arch": "llama", "layers": "4", "hidden": "2048", "heads": "16",
                  "seq_len": "2048", "num_gpus": "8", "tp": "2", "micro_batch": "1", "global_batch": "16"})
     base.update({k: str(v) for k, v in kw.items()})

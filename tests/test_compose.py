@@ -1,7 +1,14 @@
 import pytest
 
-from predictor.compose import (ChunkTimes, ComposeOptions, StageTail, compose, pipeline_time_closed_form,
-                               simulate_pipeline, stage_totals)
+from predictor.compose import (
+    ChunkTimes,
+    ComposeOptions,
+    StageTail,
+    compose,
+    pipeline_time_closed_form,
+    simulate_pipeline,
+    stage_totals,
+)
 
 
 def _uniform(p, v, f=1.0, b=2.0):

@@ -28,13 +28,14 @@ import os
 import tempfile
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from predictor import ops, transfer as T
+from predictor import ops
+from predictor import transfer as T
 from predictor.platforms import get_platform
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,7 +201,7 @@ def run(args) -> dict:
     from predictor.regressors import ModelBank
     record: dict = {"method": T.config_to_dict(T.DEFAULT_CONFIG), "label": T.DEFAULT_CONFIG.label(), "per_op": {},
                     "by_direction": {}, "flagged": {}, "generated_by": "python -m tests.benchmarks.transfer_accuracy",
-                    "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
                     "protocol": "source regressors + catalog specs only; scored on the target GPU's own samples of the "
                                 "same operators (paper samples); target rows faster than the regressors' physical "
                                 "bound left out; median APE per (op, pass)"}
