@@ -395,8 +395,8 @@ class Engine:
         if n == 0:
             return out
         rows = np.asarray(rows, dtype=np.int64)
-        tp_a, pp_a, dp_a, mb_a, m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
-        st_a, rc_a, sp_a, z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
+        tp_a, pp_a, dp_a, mb_a, _m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
+        st_a, rc_a, sp_a, _z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
         ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a]))
         klist = [tuple(int(x) for x in k) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
@@ -562,7 +562,7 @@ class Engine:
             P = parts[kinv[r]]
             acc: dict[str, list[float]] = {}
 
-            def add(d: dict[str, list[float]], k: float) -> None:
+            def add(d: dict[str, list[float]], k: float, acc: dict[str, list[float]] = acc) -> None:
                 for prov, (s, se) in d.items():
                     v = acc.setdefault(prov, [0.0, 0.0])
                     v[0] += s * k
