@@ -200,9 +200,7 @@ def feasible(op: str, shape: dict[str, int | None], prof: Profile) -> bool:
         sh["hidden"] = None
     if opbench.fwd_flops(op, sh) > prof.max_fwd_flops:
         return False
-    if opbench.largest_tensor_elements(op, sh) > prof.max_elements:
-        return False
-    return True
+    return opbench.largest_tensor_elements(op, sh) <= prof.max_elements
 
 
 def op_design(op: str, n: int, profile: str | Profile = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0

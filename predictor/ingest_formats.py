@@ -102,7 +102,8 @@ PUBLISHED_COLUMNS = ("source", "model_name", "layers", "hidden", "heads", "ffn_h
 # Platforms this module knows how to describe: id -> (device name, description).
 KNOWN_PLATFORMS = {
     "perlmutter-a100": ("NVIDIAA100-SXM4-80GB",
-                        "NERSC Perlmutter: NVIDIA A100-SXM4-80GB, 4 GPUs/node (NVLink 3), Slingshot-11 (paper samples)"),
+                        "NERSC Perlmutter: NVIDIA A100-SXM4-80GB, 4 GPUs/node (NVLink 3), Slingshot-11 "
+                        "(paper samples)"),
     "vista-gh200": ("NVIDIAGH200120GB", "TACC Vista: NVIDIA GH200 120GB, 1 GPU/node, InfiniBand (paper samples)"),
     VTRAIN_PLATFORM: (None, "One node of A100 GPUs running Megatron-DeepSpeed GPT (vTrain measured runs)"),
 }
@@ -518,7 +519,8 @@ def show(v: Any) -> str:
         return "missing" if v is None or v is pd.NA else "nan"
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
         return f"{float(v):.15g}"
-    if isinstance(v, str) and (_NUMBER.match(v.strip()) or v.strip().lower().lstrip("+-") in ("nan", "inf", "infinity")):
+    if isinstance(v, str) and (_NUMBER.match(v.strip())
+                               or v.strip().lower().lstrip("+-") in ("nan", "inf", "infinity")):
         return v.strip()
     return repr(v)
 
@@ -979,7 +981,8 @@ def parse_vtrain_allreduce_lut(data: bytes, plan: FilePlan, limit: int) -> Parse
     text = data.decode("utf-8-sig").splitlines()
     rows = [(i + 1, ln.split(",")) for i, ln in enumerate(text) if i > 0 and ln.strip()]
     if not rows or len(rows[0][1]) < 5:
-        raise FormatError(f"{plan.path}: expected columns size(B),count,type,time(ns),busbw(GB/s)[,time(ns),busbw(GB/s)]")
+        raise FormatError(f"{plan.path}: expected columns "
+                          "size(B),count,type,time(ns),busbw(GB/s)[,time(ns),busbw(GB/s)]")
     recs, lines = [], []
     for line, r in rows:
         for j in (3, 5):
@@ -998,7 +1001,8 @@ def parse_vtrain_allreduce_lut(data: bytes, plan: FilePlan, limit: int) -> Parse
     good["source"] = source
     return ParsedFile(tables={"collective_samples": good}, platforms=_platform_entry(platform), source=source,
                       licence=plan.licence or PUBLISHED_LICENCE,
-                      notes=f"vTrain nccl-tests all-reduce on {n} GPUs of one node ({platform})", **checks.summary(limit))
+                      notes=f"vTrain nccl-tests all-reduce on {n} GPUs of one node ({platform})",
+                      **checks.summary(limit))
 
 
 def _check_layout(checks: RowChecks, out: pd.DataFrame) -> None:
@@ -1047,7 +1051,7 @@ def _own_common(df: pd.DataFrame, plan: FilePlan, checks: RowChecks, out: pd.Dat
 def parse_op_samples(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     df = read_frame(data, plan.path)
     required = ["op", "pass", "dtype", "duration_s"] + ([] if plan.platform else ["platform"])
-    require_columns(df, required, plan.path, [c for c in OP_SAMPLE_COLUMNS])
+    require_columns(df, required, plan.path, list(OP_SAMPLE_COLUMNS))
     checks = start_checks(df, plan)
     out = pd.DataFrame({"platform": _platform_column(df, plan, checks), "op": _text(df["op"]),
                         "pass": _text(df["pass"])})
@@ -1113,7 +1117,8 @@ def parse_measured_runs(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
             L.validate(m)
             fw = (_str_or_none(row.get("framework")) or "").lower() or None
             if fw is not None and fw not in FRAMEWORKS:
-                raise InfeasibleConfig("framework", f"unknown framework {fw!r}.", f"use one of {', '.join(FRAMEWORKS)}.")
+                raise InfeasibleConfig("framework", f"unknown framework {fw!r}.",
+                                       f"use one of {', '.join(FRAMEWORKS)}.")
         except InfeasibleConfig as e:
             problems.append((i, "rejected", f"contradictory or invalid: {e.field}", str(e)))
             records.append({})

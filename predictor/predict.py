@@ -47,10 +47,10 @@ from .params import layer_matmul_params, padded_vocab
 from .paths import ArtifactError
 from .platforms import Platform, get_platform
 from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict
+from .speed import SpeedCheck, load_speed_check_checked
 from .terms import causal_attention_factors, load_terms_checked
 
 PAPER_SOURCE_PREFIX = "arXiv 2509.22832"  # regressors.PAPER_SOURCE: the paper's (non-causal) samples
-from .speed import SpeedCheck, load_speed_check_checked
 
 MODELS_DIR = paths.PACKAGED_MODELS_DIR
 

@@ -37,19 +37,21 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .lgb_import import import_lightgbm
 
 lgb = import_lightgbm()
 
+# The imports below come after import_lightgbm() on purpose: lightgbm must load before anything else has
+# imported pandas or scikit-learn, or it imports their (slow) integrations (see lgb_import.py).
 if TYPE_CHECKING:
     import pandas as pd
-import numpy as np
+import numpy as np  # noqa: E402
 
-from . import features as F
-from . import ops, paths
-from .paths import (
+from . import features as F  # noqa: E402
+from . import ops, paths  # noqa: E402
+from .paths import (  # noqa: E402
     ArtifactError,
     check_number,
     read_bytes_checked,
@@ -151,9 +153,9 @@ def compact_model_text(text: str) -> str:
         if line.startswith(_DROP_TREE_KEYS):
             continue
         if line.startswith("leaf_value="):
-            line = "leaf_value=" + " ".join("%.7g" % float(v) for v in line[11:].split())
+            line = "leaf_value=" + " ".join(f"{float(v):.7g}" for v in line[11:].split())
         elif line.startswith("threshold="):
-            line = "threshold=" + " ".join("%.10g" % float(v) for v in line[10:].split())
+            line = "threshold=" + " ".join(f"{float(v):.10g}" for v in line[10:].split())
         out.append(line)
     return "\n".join(out) + "end of trees\n"
 
@@ -230,7 +232,7 @@ class _LogEfficiencyRegressor:
         self.params = dict(params or {})
 
     # subclasses build (X, roofline) from their inputs and call _fit_arrays
-    capacity: dict[str, Any] = {}
+    capacity: ClassVar[dict[str, Any]] = {}  # read-only; subclasses replace it
 
     def _full_params(self) -> dict[str, Any]:
         """DEFAULT_PARAMS, then the class capacity, then size-dependent leaves (7 leaves below 1000
@@ -312,7 +314,7 @@ class _LogEfficiencyRegressor:
         # metrics
         if cv["folds"]:
             ape = _ape(oof, du)
-            cv.update({k: v for k, v in _metrics(ape).items()})
+            cv.update(_metrics(ape))
             cv["clean"] = _metrics(ape[keep])
             # all rows including physically impossible ones, predicted by the final model
             imp_idx = np.where(impossible)[0]
@@ -347,7 +349,7 @@ class _LogEfficiencyRegressor:
             "implausibly_slow": {"removed": int(too_slow.sum()),
                                  "rule": f"duration > {SLOW_BOUND_RATIO:g} x roofline_s and > {SLOW_BOUND_MIN_S:g} s"
                                          if self.slow_bound else "disabled"},
-            "residual": {k: v for k, v in finfo.items()},
+            "residual": dict(finfo),
             "trained_on": int(keep.sum()),
         }
         warnings = []

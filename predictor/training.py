@@ -43,7 +43,7 @@ from .regressors import (
 
 Progress = Callable[[int, int, str], None]
 _PAPER_NCCL_RE = re.compile(r"_(allreduce_large|allreduce|allgather_large|p2p)_fp16(?:_\d+_\d+)?\.csv$")
-_PAPER_OPT_GROUP = {k: v for k, v in ops.PAPER_OPTIMIZER_FILES.items()}  # paper function -> variant
+_PAPER_OPT_GROUP = dict(ops.PAPER_OPTIMIZER_FILES)  # paper function -> variant
 _SAME_ROOFLINE = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
 
 

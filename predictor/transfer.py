@@ -125,7 +125,7 @@ def wave_efficiency(op: str, a: dict[str, np.ndarray], device: DeviceSpec) -> np
     except AttributeError:
         return np.ones(n)
     if op in TENSOR_CORE_OPS:
-        M, N, K, B = F.gemm_mnk(op, d)
+        M, N, _K, B = F.gemm_mnk(op, d)
         return _wave_eff(np.ceil(M / TILE) * np.ceil(N / TILE) * B, device.sm_count)
     if op in FLASH_OPS:
         return _wave_eff(d["b"] * d["Hr"] * np.ceil(d["l"] / TILE), device.sm_count)
