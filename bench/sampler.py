@@ -110,7 +110,8 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
     facts["ranks_concurrent"] = world
     run = {"run_id": run_id, "kind": "ops", "started_at": store_io.now_iso(), "platform": platform,
            "device": device, "dtype": dtype, "threads": torch.get_num_threads(), "ranks_concurrent": world,
-           "profile": profile if isinstance(profile, str) else profile.name, "tp": list(tps), "seed": seed, "n_per_op": n_per_op, "budget_s": budget_s,
+           "profile": profile if isinstance(profile, str) else profile.name, "tp": list(tps), "seed": seed,
+           "n_per_op": n_per_op, "budget_s": budget_s,
            "ops": list(ops), "planned_points": len(points), "already_done_points": len(points) - len(todo),
            "loadavg_start": list(env.loadavg()), "quiet": quiet_info, "facts": facts, "machine_id": here.id,
            "timing": f"warm-up 2, median of 3..30 repeats (target {target_s} s per shape and pass)"}

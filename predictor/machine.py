@@ -416,7 +416,8 @@ def mismatch_warning(platform_id: str, models_dir: str | os.PathLike[str],
             when = f" on {str(rec.get('sampled_until') or rec.get('sampled_from'))[:10]}" \
                 if rec.get("sampled_until") or rec.get("sampled_from") else ""
             why = "; ".join(diff) if diff else \
-                f"the record does not name the {' and '.join(_LABELS[k] for k in ('model_name', 'cores') if k in there.unknown)}"
+                "the record does not name the " \
+                + " and ".join(_LABELS[k] for k in ("model_name", "cores") if k in there.unknown)
             msg = (f"{platform_id} was sampled{when} on {there.short()}; this machine is {here.short()} "
                    f"({why}). Its operator times describe that CPU, not this one, so this prediction can be "
                    f"far off: run `python -m bench cpu-platform` to sample this machine.")

@@ -184,7 +184,8 @@ def save_host_overhead(models_dir: str | Path, platform_id: str, ho: HostOverhea
     path = Path(models_dir) / platform_id / HOST_OVERHEAD_FILE
     d = {**asdict(ho), "report": report,
          "model": "per chunk and micro-batch pass: T = (G**p + H**p)**(1/p), H = layers * host_s_per_layer_pass * "
-                  "passes (forward 1; backward 1 + 1 per fully recomputed layer, 0.25 selective); see predictor/overhead.py"}
+                  "passes (forward 1; backward 1 + 1 per fully recomputed layer, 0.25 selective); "
+                  "see predictor/overhead.py"}
     if not np.isfinite(ho.blend_p):
         d["blend_p"] = None  # infinity (max(G, H)) as JSON
     host_overhead_from_dict(json.loads(json.dumps(d, default=float)), path)  # never write what would not load

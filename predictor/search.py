@@ -513,7 +513,8 @@ def _top_results(model, P, table, top_k, objective, refine, mopt, tokens_to_trai
         te = training_estimate(step, L.num_gpus, L.tokens_per_step, tokens_to_train, price)
         memory = pred.memory if pred is not None and pred.memory is not None else \
             mem.estimate_memory(model, L, P.platform, mopt)
-        res.append(SearchResult(rank=int(row["rank"]), layout=L, step_time_s=step, tokens_per_s=L.tokens_per_step / step,
+        res.append(SearchResult(rank=int(row["rank"]), layout=L, step_time_s=step,
+                                tokens_per_s=L.tokens_per_step / step,
                                 tflops_per_gpu=tfl, mfu=tfl * 1e12 / P.platform.device.peak_flops(L.precision),
                                 breakdown_s={c: float(row[f"{c}_s"]) for c in CATEGORIES}, memory=memory,
                                 training=te.scalar(), prediction=pred, fast_step_time_s=step, table_index=int(i)))

@@ -311,14 +311,16 @@ class IngestReport:
             lines.append("measured runs per source:")
             for sid, s in sorted(self.sources.items()):
                 head = "earlier ingest: " if s["previously"] else ""
-                parts = [f"ingested {s['ingested']:,}"] + ([f"duplicates {s['duplicates']:,}"] if s["duplicates"] else [])
+                parts = [f"ingested {s['ingested']:,}"]
+                parts += [f"duplicates {s['duplicates']:,}"] if s["duplicates"] else []
                 for k in ("skipped", "rejected"):
                     total = sum(s[k].values())
                     detail = ", ".join(f"{r} {n}" for r, n in sorted(s[k].items(), key=lambda kv: (-kv[1], kv[0])))
                     parts.append(f"{k} {total:,}" + (f" ({detail})" if total else ""))
                 lines.append(f"  {sid}: {head}{'; '.join(parts)}")
         if self.rejected_by_reason:
-            lines.append("rows rejected by reason: " + ", ".join(f"{r} {n:,}" for r, n in self.rejected_by_reason.items()))
+            lines.append("rows rejected by reason: "
+                         + ", ".join(f"{r} {n:,}" for r, n in self.rejected_by_reason.items()))
         by_status: dict[str, list[FileOutcome]] = {}
         for f in self.files:
             if f.status != "ingested":
