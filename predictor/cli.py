@@ -57,7 +57,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     from .regressors import check_models
     from .store import list_platforms
     from .training import train_platform
-    platforms = a.platform or list(list_platforms(store_path=a.store)["platform"])
+    platforms = a.platform or list_platforms(store_path=a.store)
     out = models_dir(a.models_dir)  # where predict reads: --models-dir, else $PREDICTOR_MODELS_DIR, else models_store/
     rc = 0
     for pid in platforms:

@@ -105,3 +105,14 @@ def test_validate_reads_measured_runs_from_the_store(tmp_path, capsys):
     per_run = pd.read_csv(tmp_path / "v.csv")
     ape = (per_run["predicted_s"] - per_run["measured_s"]).abs() / per_run["measured_s"]
     assert (per_run["ape"] - ape).abs().max() < 1e-9
+
+
+def test_train_without_platform_trains_every_platform_in_the_store(monkeypatch, tmp_path):
+    """`train` with no --platform takes the store's platform ids (list_platforms returns a list of ids)."""
+    import predictor.store as store
+    import predictor.training as training
+    seen = []
+    monkeypatch.setattr(store, "list_platforms", lambda **kw: ["p1", "p2"])
+    monkeypatch.setattr(training, "train_platform", lambda pid, **kw: seen.append(pid) or pd.DataFrame())
+    assert main(["train", "--models-dir", str(tmp_path), "--quiet"]) == 0
+    assert seen == ["p1", "p2"]
