@@ -6,9 +6,10 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from .layout_io import BATCH_COLUMNS, DEFAULTS_DOC, OPTIONAL_BATCH_COLUMNS, layout_from_fields, model_from_fields
-from .specs import InfeasibleConfig
+from .specs import InfeasibleConfig, Layout, ModelSpec
 
 
 def _console():
@@ -83,7 +84,7 @@ def cmd_platforms(a: argparse.Namespace) -> int:
     from .backing import describe_backing
     from .platforms import load_platforms
     from .predict import Predictor
-    rows = []
+    rows: list[tuple[dict[str, Any], dict[str, str]]] = []
     for pid, p in sorted(load_platforms(a.clusters).items()):
         b = describe_backing(Predictor(p))
         rows.append(({"platform": pid, "device": p.device.name, "gpus_per_node": p.gpus_per_node,
@@ -196,7 +197,7 @@ def predict_rows(df, models_dir=None, progress=None):
     records = df.to_dict(orient="records")
     n = len(records)
     out: list[dict] = [{c: r.get(c) for c in df.columns} for r in records]
-    by_platform: dict[str, list[tuple[int, object, object]]] = {}
+    by_platform: dict[str, list[tuple[int, ModelSpec, Layout]]] = {}
     for i, row in enumerate(records):
         try:
             plat = row.get("platform")
@@ -226,7 +227,7 @@ def predict_rows(df, models_dir=None, progress=None):
                 out[i].update({"step_time_s": None, "error": str(e)})
             continue
         for (i, _m, _L), p in zip(ok, preds):
-            bd = {f"{k}_s": v for k, v in p.breakdown_s.items()}
+            bd: dict[str, float | None] = {f"{k}_s": v for k, v in p.breakdown_s.items()}
             if not p.host_overhead_modelled:
                 bd["host_overhead_s"] = None  # not modelled: empty, never a measured-looking 0
             out[i].update({"step_time_s": p.step_time_s, **bd, "tokens_per_s": p.tokens_per_s, "mfu": p.mfu,

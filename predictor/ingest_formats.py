@@ -293,8 +293,9 @@ def detect_kind(path: Path, forced: str | None = None) -> tuple[str | None, dict
         return "paper_summary", info
     if "iteration time (ms)" in cols:
         return "vtrain", info
-    if _VTRAIN_LUT.match(path.name) and "size(B)" in cols:
-        info = {"gpus": int(_VTRAIN_LUT.match(path.name)["n"]), "gpu_family": path.parent.name}
+    lut = _VTRAIN_LUT.match(path.name)
+    if lut and "size(B)" in cols:
+        info = {"gpus": int(lut["n"]), "gpu_family": path.parent.name}
         return "vtrain_allreduce_lut", info
     if {"measured_metric", "measured_value"} <= cols:
         return "published_runs", info
@@ -559,7 +560,7 @@ class RowChecks:
         for (outcome, reason), msgs in by.items():
             mask = np.zeros(len(self.bad), dtype=bool)
             mask[list(msgs)] = True
-            self.add(mask, lambda i, m=msgs: m[i], reason, outcome)
+            self.add(mask, msgs.__getitem__, reason, outcome)
 
     def positive_int(self, name: str, raw: pd.Series, nullable: bool = False, minimum: int = 1) -> pd.Series:
         """Checks `raw` holds integers >= minimum (NULL allowed if nullable); returns them as Int64."""
@@ -616,7 +617,8 @@ class RowChecks:
     def failures(self) -> list[tuple[int, str, str, str]]:
         """(row index, outcome, reason, message) of every failed row."""
         first = self._first()
-        return [(int(i), first[i][1], first[i][0], self.describe(int(i))) for i in np.flatnonzero(self.bad)]
+        return [(int(i), f[1], f[0], self.describe(int(i)))
+                for i in np.flatnonzero(self.bad) if (f := first[i]) is not None]
 
     def summary(self, limit: int) -> dict[str, Any]:
         """The ParsedFile fields that describe the failures."""
@@ -882,6 +884,7 @@ def _load_source_definitions(path: str, mtime: float) -> dict[str, dict[str, Any
         if rules is not None and rules not in PUBLISHED_RULES:
             raise SourceDefinitionError(f"{where}: sources.{sid}.rules: unknown rule set {rules!r}; "
                                         f"known: {', '.join(PUBLISHED_RULES)}")
+        allowed: tuple[str, ...]
         for key, allowed in (("precision", PRECISIONS), ("recompute", RECOMPUTES)):
             for k, v in (d.get(key) or {}).items():
                 if v not in allowed:
@@ -1106,7 +1109,8 @@ def parse_measured_runs(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     default_source = plan.source or plan.path.stem
     sources = _text(df["source"]).fillna(default_source) if "source" in df.columns else \
         pd.Series([default_source] * len(df), dtype="object")
-    records, problems = [], []
+    records: list[dict[str, Any]] = []
+    problems: list[tuple[int, str, str, str]] = []
     for i, row in enumerate(df.to_dict(orient="records")):
         platform = plan.platform or (str(row.get("platform") or "").strip() or None)
         try:
@@ -1356,7 +1360,7 @@ def megatron_tflops(gb: int, seq: int, layers: int, hidden: int, vocab: int, tim
     bigscience-workshop/Megatron-DeepSpeed PR 251 (24*ckpt*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)));
     False: the estimate used before it (without the attention / logit term), which reproduces the
     TFLOPs the BLOOM chronicles report before its section 'TFLOPs calculation improved'."""
-    flops = 24 * ckpt_factor * gb * seq * layers * hidden ** 2
+    flops: float = 24 * ckpt_factor * gb * seq * layers * hidden ** 2
     if corrected:
         flops *= 1 + seq / (6 * hidden) + vocab / (16 * layers * hidden)
     return flops / (time_s * gpus * 1e12)
@@ -1459,7 +1463,9 @@ def parse_published_runs(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     broken = {i for i, _r, _m in row_problems(df)}
     lines = row_lines(df)
     platforms_checked: dict[str, Any] = {}
-    records, problems, sids = [], [], []
+    records: list[dict[str, Any]] = []
+    problems: list[tuple[int, str, str, str]] = []
+    sids: list[str | None] = []
     for i, row in enumerate(df.to_dict(orient="records")):
         src = str(row.get("source") or "")
         defn = match_source(defs, row_source=src)

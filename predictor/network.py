@@ -408,7 +408,7 @@ def _with(net: NetworkModel, values: dict[str, float]) -> NetworkModel:
     for path, v in values.items():
         tier, name = path.split(".")
         by_tier.setdefault(tier, {})[name] = float(v)
-    kw = {}
+    kw: dict[str, Any] = {}
     for tier, ch in by_tier.items():
         if tier == "eff":
             kw["collective_efficiency"] = {**net.collective_efficiency, **ch}
@@ -577,6 +577,7 @@ def load_network_checked(platform: Platform, models_dir: str | Path) -> tuple[Ne
     if path == own:
         return replace(net, algorithms=spec.algorithms if net.nvls is not None or spec.nvls is None
                        else tuple(a for a in spec.algorithms if a != "nvls")), None
+    assert borrow is not None  # path is another platform's only when this one borrows a calibration
     try:
         return borrowed_network(platform, net, borrow), None
     except (ValueError, KeyError, TypeError) as e:
@@ -607,17 +608,15 @@ def borrowed_network(platform: Platform, other: NetworkModel, other_id: str, oth
     ri = scale(platform.intra_node.bandwidth_gbps, op.intra_node.bandwidth_gbps) if op else 1.0
     rx = scale(platform.inter_node.bandwidth_gbps, op.inter_node.bandwidth_gbps) if op else 1.0
 
-    def tier(t: TierParams | None, r: float, fallback: TierParams | None) -> TierParams | None:
-        if t is None:
-            return fallback
+    def tier(t: TierParams, r: float) -> TierParams:
         return replace(t, bandwidth_gbps=t.bandwidth_gbps * r,
                        ll_bandwidth_gbps=t.ll_bandwidth_gbps * r if t.ll_bandwidth_gbps else None,
                        p2p_bandwidth_gbps=t.p2p_bandwidth_gbps * r if t.p2p_bandwidth_gbps else None,
                        source=f"{t.source} (borrowed from {other_id}, bandwidth x{r:.2g})"
                        if t.source != "link spec" else t.source)
-    intra = tier(other.intra, ri, spec.intra) if other.intra.source != "link spec" else spec.intra
-    inter = tier(other.inter, rx, spec.inter) if other.inter.source != "link spec" else spec.inter
-    nvls = tier(other.nvls, ri, spec.nvls) if spec.nvls is not None else None
+    intra = tier(other.intra, ri) if other.intra.source != "link spec" else spec.intra
+    inter = tier(other.inter, rx) if other.inter.source != "link spec" else spec.inter
+    nvls = (tier(other.nvls, ri) if other.nvls is not None else spec.nvls) if spec.nvls is not None else None
     return replace(spec, intra=intra, inter=inter, nvls=nvls,
                    validation={"borrowed_from": other_id, **other.validation})
 

@@ -261,8 +261,9 @@ class Predictor:
             return ach
         from . import transfer
         src = transfer.source_device(self.platform)
-        if src is not None and src.achievable_flops(precision) and dev.peak_flops(precision) > 0:
-            return dev.peak_flops(precision) * src.achievable_flops(precision) / src.peak_flops(precision)
+        src_ach = src.achievable_flops(precision) if src is not None else None
+        if src is not None and src_ach and dev.peak_flops(precision) > 0:
+            return dev.peak_flops(precision) * src_ach / src.peak_flops(precision)
         return None
 
     def _achievable_floor_s(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):

@@ -41,17 +41,20 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .lgb_import import import_lightgbm
 
-lgb = import_lightgbm()
+if TYPE_CHECKING:
+    import lightgbm as lgb
+else:
+    lgb = import_lightgbm()
 
 # The imports below come after import_lightgbm() on purpose: lightgbm must load before anything else has
 # imported pandas or scikit-learn, or it imports their (slow) integrations (see lgb_import.py).
 if TYPE_CHECKING:
     import pandas as pd
-import numpy as np  # noqa: E402
+import numpy as np
 
-from . import features as F  # noqa: E402
-from . import ops, paths  # noqa: E402
-from .paths import (  # noqa: E402
+from . import features as F
+from . import ops, paths
+from .paths import (
     ArtifactError,
     check_number,
     read_bytes_checked,
@@ -227,6 +230,14 @@ class _LogEfficiencyRegressor:
     kind = "op"
     physical_bound = PHYSICAL_BOUND_COMPUTE
     slow_bound = True  # drop grossly slow (corrupt) rows; independent of the physical (fast) bound
+    # set by fit(), or read back by load() from metadata that may lack them (hence None)
+    objective_: str | None
+    n_samples_: int | None
+    n_used_: int | None
+    n_outliers_removed_: int | None
+    data_hash_: str | None
+    train_ratio_range_: list[float] | None
+    trained_at_: str | None
 
     def __init__(self, params: Mapping[str, Any] | None = None):
         self.params = dict(params or {})
@@ -321,7 +332,7 @@ class _LogEfficiencyRegressor:
             ape_imp = _ape(roof[imp_idx] * np.exp(booster.predict(X[imp_idx])), durations[imp_idx]) \
                 if len(imp_idx) else np.array([])
             cv["all_rows"] = _metrics(np.concatenate([ape, ape_imp]))
-            if gu is not None:
+            if gu is not None and groups is not None:
                 by = {}
                 gi = groups[impossible] if len(imp_idx) else np.array([], dtype=object)
                 for g in pd.unique(gu):
@@ -834,6 +845,7 @@ class OpRegressor(_LogEfficiencyRegressor):
     """
 
     kind = "op"
+    precision_: str | None  # None when read from metadata without it
 
     def __init__(self, op: str, pass_: str, params: Mapping[str, Any] | None = None, *,
                  physical_bound: float | str | None = "auto"):
@@ -910,6 +922,7 @@ class CollectiveRegressor(_LogEfficiencyRegressor):
     kind = "collective"
     physical_bound = PHYSICAL_BOUND_COLLECTIVE
     capacity = COLLECTIVE_CAPACITY
+    message_bytes_range_: list[float] | None  # None when read from metadata without it
 
     def __init__(self, collective: str, params: Mapping[str, Any] | None = None, *,
                  physical_bound: float | str | None = "auto"):

@@ -111,7 +111,7 @@ class SearchReport:
     objective: str
     table: pd.DataFrame                 # every enumerated layout (feasible ranked first)
     top: list[SearchResult]
-    exclusions: list[dict[str, str]]    # options never enumerated, with the reason
+    exclusions: list[dict[str, Any]]    # options never enumerated, with the reason
     elapsed_s: float
     timings_s: dict[str, float] = field(default_factory=dict)
 
@@ -185,7 +185,7 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
 
 
 def _divisors(n: int) -> list[int]:
-    out = set()
+    out: set[int] = set()
     for i in range(1, int(math.isqrt(n)) + 1):
         if n % i == 0:
             out.update((i, n // i))
@@ -200,7 +200,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
     and the options never enumerated with the reason."""
     L = model.num_layers
     gpn = platform.gpus_per_node
-    excl: list[dict[str, str]] = []
+    excl: list[dict[str, Any]] = []
     structs: list[Structure] = []
     struct_ids: dict[Structure, int] = {}
 

@@ -407,7 +407,7 @@ def row_keys(df: pd.DataFrame, table: str, group: pd.Series | None = None) -> pd
 def _backfill(con: duckdb.DuckDBPyConnection) -> None:
     """Give rows ingested before row keys (or source ids) existed theirs, inside the caller's transaction."""
     for table in SAMPLE_TABLES:
-        n = con.execute(f"SELECT count(*) FROM {table} WHERE row_key IS NULL").fetchone()[0]
+        n = (con.execute(f"SELECT count(*) FROM {table} WHERE row_key IS NULL").fetchone() or (0,))[0]
         if not n:
             continue
         cols = ", ".join(f'"{c}"' for c in ROW_KEY_COLUMNS[table])
@@ -640,7 +640,8 @@ def _columns(c: duckdb.DuckDBPyConnection, table: str) -> list[str]:
 
 
 def _has_table(c: duckdb.DuckDBPyConnection, table: str) -> bool:
-    return bool(c.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()[0])
+    row = c.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()
+    return bool(row and row[0])
 
 
 def _select_all(c: duckdb.DuckDBPyConnection, table: str, wanted: tuple[str, ...] = ()) -> str:

@@ -135,7 +135,9 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
         def sub(msg: str, _i=i) -> None:
             if progress:
                 progress(_i, total, msg)
+        model: OpRegressor | CollectiveRegressor
         if kind == "op":
+            assert ps is not None  # op jobs name their pass
             g = opdf[(opdf["op"] == name) & (opdf["pass"] == ps)]
             dtypes = g["dtype"].fillna("fp16").astype(str)
             main = dtypes.value_counts().index[0]

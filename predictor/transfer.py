@@ -323,7 +323,8 @@ def trustworthy(info: dict[str, Any] | None) -> bool:
     return frac is None or float(frac) <= CORRUPT_SOURCE_FRACTION
 
 
-def alternative_source(op: str, pass_: str, target: DeviceSpec, models_dir: str | Path, exclude: tuple[str, ...] = ()):
+def alternative_source(op: str, pass_: str, target: DeviceSpec, models_dir: str | Path,
+                       exclude: tuple[str | None, ...] = ()):
     """(platform id, bank, device) of another sampled platform with a trustworthy model of (op, pass),
     the same GPU generation as `target` first; None if there is none."""
     from .platforms import get_platform
