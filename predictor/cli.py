@@ -274,16 +274,22 @@ def cmd_validate(a: argparse.Namespace) -> int:
         print("no measured runs in the store: ingest some (e.g. ../shared/datasets/vtrain/ground_truth_single.csv)",
               file=sys.stderr)
         return 2
-    summary = summarize_validation(res)
+    summary = summarize_validation(res, by=("source_id", "platform") if a.by_source else ("platform",))
     if a.output:
         res.to_csv(a.output, index=False)
     if a.save:
         for pid, g in res.groupby("platform"):
             save_validation(pid, g, a.models_dir)
+    from .validate import skipped_at_ingest
+    skipped = skipped_at_ingest(a.store)
     if a.json:
-        print(json.dumps({"summary": summary.to_dict(orient="records")}, indent=2, default=float))
+        print(json.dumps({"summary": summary.to_dict(orient="records"),
+                          "skipped_at_ingest": skipped.to_dict(orient="records")}, indent=2, default=float))
     else:
-        print(summary.to_string(index=False))
+        print(summary.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        if len(skipped):
+            print("\nrows left out at ingest (never filled with a guess):")
+            print(skipped.to_string(index=False))
     return 0
 
 
@@ -385,10 +391,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--platform")
     sp.add_argument("--output", help="write per-run results to this CSV")
     sp.add_argument("--save", action="store_true", help="record the error in models_store/<platform>/validation.json")
+    sp.add_argument("--by-source", action="store_true", help="one row per source and platform")
     common(sp)
     sp.set_defaults(func=cmd_validate)
     from .cli_search import add_search_parser
     add_search_parser(sub)
+    from .cli_calibrate import add_calibrate_framework_parser
+    add_calibrate_framework_parser(sub, common)
     return p
 
 

@@ -525,6 +525,12 @@ class Predictor:
         """(MAPE, measured runs, how) from the platform's validation.json: the speed-checked MAPE when a
         speed check scales this predictor's times and the validation has one, else the plain one."""
         val = self.validation or {}
+        tv = (self.terms.validation or {}) if self.terms is not None else {}
+        if tv.get("held_out_mape") is not None and self.host is None:
+            # GPU platforms: the error on sources the end-to-end terms never saw (leave-one-source-out)
+            n_src = len(tv.get("per_source") or {})
+            return (float(tv["held_out_mape"]), sum(self.terms.fitted_on.values()),  # type: ignore[union-attr]
+                    f", each of {n_src} sources predicted by terms fitted without it")
         if self.speed is not None and val.get("mape_speed_checked") is not None:
             return (float(val["mape_speed_checked"]), val.get("n_runs_speed_checked", "?"),
                     " with a speed check around each run")
@@ -554,8 +560,10 @@ class Predictor:
         if e2e is not None:
             mape, n, how = e2e
             err = math.sqrt(op_err ** 2 + mape ** 2)
+            what = ("framework_terms.json" if how.startswith(", each of") else
+                    (self.validation or {}).get('source', 'validation'))
             basis = (f"parts {op_err:.1%} combined with end-to-end MAPE {mape:.1%} on {n} measured runs{how} "
-                     f"({(self.validation or {}).get('source', 'validation')}); {parts}")
+                     f"({what}); {parts}")
         else:
             err = math.sqrt(op_err ** 2 + UNVALIDATED_COMPOSITION_ERROR ** 2)
             basis = (f"parts {op_err:.1%}; composition not validated end to end on this platform "

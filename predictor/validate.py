@@ -42,14 +42,27 @@ def validate_runs(platform: str | None = None, store_path=None, models_dir=None,
 
 
 def summarize_validation(res: pd.DataFrame, by: tuple[str, ...] = ("platform",)) -> pd.DataFrame:
-    ok = res[res["ape"].notna()]
+    """Per group: runs predicted, MAPE, median, p90, worst, mean signed error, share within 10 %, and the
+    runs that could not be predicted (`failed`: fields that make no valid layout on that platform)."""
+    by = tuple(k for k in by if k in res.columns) or ("platform",)
     rows = []
-    for key, g in ok.groupby(list(by)):
-        rows.append({**dict(zip(by, key if isinstance(key, tuple) else (key,))), "runs": len(g),
-                     "mape": g["ape"].mean(), "median_ape": g["ape"].median(), "p90_ape": g["ape"].quantile(0.9),
-                     "mean_signed": g["signed_error"].mean(), "within_10pct": (g["ape"] <= 0.10).mean(),
-                     "failed": int(res.loc[res["platform"].isin(g["platform"].unique()), "ape"].isna().sum())})
+    for key, g in res.groupby(list(by), dropna=False):
+        ok = g[g["ape"].notna()]
+        vals = dict(zip(by, key if isinstance(key, tuple) else (key,), strict=True))
+        if not len(ok):
+            rows.append({**vals, "runs": 0, "failed": int(len(g))})
+            continue
+        rows.append({**vals, "runs": len(ok), "mape": ok["ape"].mean(), "median_ape": ok["ape"].median(),
+                     "p90_ape": ok["ape"].quantile(0.9), "worst_ape": ok["ape"].max(),
+                     "mean_signed": ok["signed_error"].mean(), "within_10pct": (ok["ape"] <= 0.10).mean(),
+                     "failed": int(len(g) - len(ok))})
     return pd.DataFrame(rows)
+
+
+def skipped_at_ingest(store_path=None) -> pd.DataFrame:
+    """Rows each source lost at ingest, and why (a field the source does not state is skipped, never guessed)."""
+    from .store import run_rejection_counts
+    return run_rejection_counts(store_path=store_path)
 
 
 VALIDATION_RUNS_FILE = "validation_runs.csv"

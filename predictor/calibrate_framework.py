@@ -1,0 +1,333 @@
+"""Fit the end-to-end terms (predictor.terms) on measured runs of real frameworks, scored leave-one-source-out.
+
+    python -m predictor calibrate-framework            # fit, print in-sample and source-held-out, save
+    python -m predictor calibrate-framework --no-save  # the table only
+
+Every measured run of a GPU platform in the store (vTrain's single-node Megatron-DeepSpeed runs, the
+llm-foundry FSDP runs, the BLOOM-176B Megatron-DeepSpeed runs, ...) is composed by the step-time engine
+exactly as `predict` composes it, with candidate terms; the terms minimise a robust loss of the log
+ratio predicted / measured, each source weighted by the square root of its run count (so 1,440 vTrain
+rows do not drown 20 BLOOM rows) plus a weak prior that pulls the host terms towards zero (they are
+bounded by what an eager framework can physically spend: `TermsFitOptions`).
+
+Validation is leave-one-source-out: for each source the terms are fitted again without it and its
+runs are predicted with those terms. The table reports, per source, the in-sample and held-out MAPE,
+median, worst and mean signed error, and the runs the store skipped for that source and why. The
+pooled held-out MAPE (sources weighted equally) is what predictions then carry as the expected error
+of what the terms add (engine.terms_error) and as their end-to-end error on GPU platforms.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .compose import ComposeOptions
+from .engine import rows_for
+from .layout_io import layout_from_fields, model_from_fields
+from .specs import FRAMEWORKS, InfeasibleConfig, Layout, ModelSpec
+from .terms import DEFAULT_HOST, EndToEndTerms, HostTerm, save_terms
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class TermsFitOptions:
+    """Bounds and prior of the fit. A framework issues each layer's kernels from Python: some tens of
+    launches per layer pass at 5-20 us each, so a host time above 2 ms per layer pass or 40 ms per
+    micro-batch is not host overhead but some other error the host term must not absorb."""
+    host_max_s_per_layer_pass: float = 2e-3
+    host_max_s_per_micro_batch: float = 40e-3
+    blend_p: float = 2.0
+    power_factor_max: float = 1.0
+    prior_weight: float = 0.3          # weight of the pull of the host terms towards 0 (in units of their bound)
+    robust_scale: float = 0.05         # soft-L1 scale of the log-ratio residuals
+    max_evaluations: int = 40
+
+
+@dataclass
+class RunSet:
+    """Measured runs prepared for the engine, grouped so one engine call predicts many runs."""
+    measured_s: np.ndarray
+    source_ids: np.ndarray
+    frameworks: np.ndarray
+    platforms: np.ndarray
+    run_ids: np.ndarray
+    skipped: dict[str, dict[str, int]]          # source -> reason -> runs left out here
+    mfu_s: np.ndarray                           # model FLOPs / (GPUs x peak): MFU = mfu_s / step time
+    ceiling_mfu: np.ndarray                     # achievable matmul FLOP/s / peak (NaN where unknown)
+    _groups: list[tuple[Any, ModelSpec, int, str, np.ndarray, np.ndarray, list]]
+
+    def __len__(self) -> int:
+        return len(self.measured_s)
+
+    def predict(self, terms: EndToEndTerms | None) -> np.ndarray:
+        """Every run's step time with these terms (None: none) and no platform host fit."""
+        out = np.empty(len(self))
+        for pr, m, seq, prec, idx, rows, structs in self._groups:
+            ev = pr.engine.evaluate(m, rows, structs, seq, prec, host=None, terms=terms or None,
+                                    provenance=False)
+            out[idx] = ev.step_time_s
+        return out
+
+
+def gpu_runs(store_path: str | Path | None = None) -> pd.DataFrame:
+    """The store's measured runs on GPU platforms (a CPU platform has its own host fit)."""
+    from .platforms import get_platform
+    from .store import read_measured_runs
+    runs = read_measured_runs(store_path=store_path)
+    if runs.empty:
+        return runs
+    keep = []
+    for p in runs["platform"].astype(str):
+        try:
+            keep.append(get_platform(p).device.vendor != "cpu")
+        except (KeyError, ValueError, InfeasibleConfig):
+            keep.append(False)
+    return runs[np.array(keep, dtype=bool)].reset_index(drop=True)
+
+
+def prepare_runs(runs: pd.DataFrame, models_dir: str | Path | None = None) -> RunSet:
+    """Runs -> RunSet. A run whose fields do not make a valid layout is skipped and counted by reason."""
+    from .predict import Predictor, model_flops_per_step
+    predictors: dict[str, Any] = {}
+    items: list[tuple[ModelSpec, Layout, str]] = []
+    meas, src, fws, plats, ids, mfu_s, ceil = [], [], [], [], [], [], []
+    skipped: dict[str, dict[str, int]] = {}
+    for row in runs.to_dict(orient="records"):
+        source = str(row.get("source_id") or row.get("source") or "store")
+        try:
+            model, layout = model_from_fields(row), layout_from_fields(row)
+            layout.validate(model)
+        except InfeasibleConfig as e:
+            reason = f"invalid {e.field}"
+            skipped.setdefault(source, {})[reason] = skipped.setdefault(source, {}).get(reason, 0) + 1
+            continue
+        plat = str(row["platform"])
+        if plat not in predictors:
+            predictors[plat] = Predictor(plat, models_dir, ComposeOptions(simulate=False))
+        items.append((model, layout, plat))
+        meas.append(float(row["step_time_s"]))
+        src.append(source)
+        fws.append(layout.framework)
+        plats.append(plat)
+        ids.append(str(row.get("run_id") or row.get("case_id") or len(ids)))
+        pr = predictors[plat]
+        peak = pr.platform.device.peak_flops(layout.precision)
+        mfu_s.append(model_flops_per_step(model, layout) / (layout.num_gpus * peak))
+        ach = pr.achievable_flops(layout.precision)
+        ceil.append(ach / peak if ach else float("nan"))
+    by: dict[tuple, list[int]] = {}
+    for i, (m, L, plat) in enumerate(items):
+        by.setdefault((plat, m, L.seq_len, L.precision), []).append(i)
+    groups = []
+    for (plat, m, seq, prec), idx in by.items():
+        rows, structs = rows_for(m, [items[i][1] for i in idx])
+        groups.append((predictors[plat], m, seq, prec, np.array(idx), rows, structs))
+    return RunSet(np.array(meas), np.array(src), np.array(fws), np.array(plats), np.array(ids), skipped,
+                  np.array(mfu_s), np.array(ceil), groups)
+
+
+# ---- the fit ------------------------------------------------------------------------------------------
+def _frameworks_in(runs: RunSet, mask: np.ndarray) -> list[str]:
+    return sorted(set(runs.frameworks[mask]))
+
+
+def _terms_from_vector(x: np.ndarray, fws: Sequence[str], opt: TermsFitOptions) -> EndToEndTerms:
+    host = {f: HostTerm(float(x[1 + 2 * j]), opt.blend_p, float(x[2 + 2 * j])) for j, f in enumerate(fws)}
+    return EndToEndTerms(power_factor=float(x[0]), host=host)
+
+
+def with_pooled_host(terms: EndToEndTerms) -> EndToEndTerms:
+    """A 'default' host term (the mean of the fitted frameworks') for frameworks without runs of their own."""
+    hs = [t for k, t in terms.host.items() if k != DEFAULT_HOST]
+    if not hs:
+        return terms
+    pooled = HostTerm(float(np.mean([h.host_s_per_layer_pass for h in hs])), hs[0].blend_p,
+                      float(np.mean([h.host_s_per_micro_batch for h in hs])))
+    return EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention,
+                         host={**terms.host, DEFAULT_HOST: pooled}, power_factor=terms.power_factor)
+
+
+def fit_terms(runs: RunSet, mask: np.ndarray | None = None, options: TermsFitOptions = TermsFitOptions()
+              ) -> EndToEndTerms:
+    """The power factor (shared) and a host term per framework, fitted on runs[mask]."""
+    from scipy.optimize import least_squares
+    mask = np.ones(len(runs), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
+    if not mask.any():
+        raise InfeasibleConfig("runs", "no measured runs to fit the end-to-end terms on.",
+                               "ingest measured runs (python -m predictor ingest runs.csv) first.")
+    fws = _frameworks_in(runs, mask)
+    srcs = runs.source_ids[mask]
+    counts = {s: int((srcs == s).sum()) for s in set(srcs)}
+    w = np.array([1.0 / np.sqrt(counts[s]) for s in srcs])
+    bounds_hi = np.array([options.power_factor_max]
+                         + [options.host_max_s_per_layer_pass, options.host_max_s_per_micro_batch] * len(fws))
+    scale = bounds_hi.copy()
+    meas = runs.measured_s[mask]
+
+    def residuals(z: np.ndarray) -> np.ndarray:   # z: parameters in units of their bound
+        pred = runs.predict(_terms_from_vector(z * scale, fws, options))[mask]
+        return np.concatenate([w * np.log(pred / meas), options.prior_weight * z[1:]])
+
+    z0 = np.array([0.1] + [0.25, 0.05] * len(fws))
+    res = least_squares(residuals, z0, bounds=(np.zeros_like(z0), np.ones_like(z0)), loss="soft_l1",
+                        f_scale=options.robust_scale, diff_step=1e-2, max_nfev=options.max_evaluations)
+    return with_pooled_host(_terms_from_vector(res.x * scale, fws, options))
+
+
+def error_summary(pred: np.ndarray, meas: np.ndarray) -> dict[str, float | int]:
+    e = pred / meas - 1.0
+    a = np.abs(e)
+    return {"runs": int(len(e)), "mape": float(a.mean()), "median_ape": float(np.median(a)),
+            "worst_ape": float(a.max()), "mean_signed": float(e.mean())}
+
+
+def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
+                   progress: Progress | None = None) -> tuple[EndToEndTerms, pd.DataFrame, np.ndarray]:
+    """(terms fitted on every run, table per source, held-out prediction per run). The table has, per
+    source: runs, skipped, in-sample and source-held-out MAPE / median / worst / mean signed error, and
+    the error without any terms."""
+    say = progress or (lambda _m: None)
+    sources = sorted(set(runs.source_ids))
+    say(f"fitting on all {len(runs)} runs of {len(sources)} sources")
+    terms = fit_terms(runs, None, options)
+    in_sample = runs.predict(terms)
+    bare = runs.predict(None)
+    held = np.full(len(runs), np.nan)
+    held_terms: dict[str, EndToEndTerms] = {}
+    for s in sources:
+        rest = runs.source_ids != s
+        if not rest.any():
+            continue
+        say(f"held out: {s} (fitting on the other {int(rest.sum())} runs)")
+        held_terms[s] = fit_terms(runs, rest, options)
+        own = ~rest
+        held[own] = runs.predict(held_terms[s])[own]
+    table = []
+    for s in sources:
+        m = runs.source_ids == s
+        row: dict[str, Any] = {"source": s, "framework": ", ".join(sorted(set(runs.frameworks[m]))),
+                               "skipped": int(sum(runs.skipped.get(s, {}).values()))}
+        for tag, pred in (("no_terms", bare), ("in_sample", in_sample), ("held_out", held)):
+            if np.isnan(pred[m]).any():
+                continue
+            for k, v in error_summary(pred[m], runs.measured_s[m]).items():
+                row["runs" if k == "runs" else f"{tag}_{k}"] = v
+        meas_mfu = runs.mfu_s[m] / runs.measured_s[m]
+        row["measured_mfu"] = float(meas_mfu.mean())
+        if not np.isnan(held[m]).any():
+            gap = runs.mfu_s[m] / held[m] - meas_mfu
+            row["held_out_mfu_gap_points"] = float(np.abs(gap).mean() * 100)
+            row["held_out_mfu_signed_points"] = float(gap.mean() * 100)
+            row["held_out_max_mfu_over_ceiling"] = float(np.nanmax(runs.mfu_s[m] / held[m] / runs.ceiling_mfu[m])) \
+                if not np.isnan(runs.ceiling_mfu[m]).all() else None
+        if s in held_terms:
+            ht = held_terms[s]
+            row["held_out_terms"] = terms_in_words(ht)
+        table.append(row)
+    return terms, pd.DataFrame(table), held
+
+
+def terms_in_words(t: EndToEndTerms) -> str:
+    host = "; ".join(f"{k} {v.host_s_per_layer_pass * 1e3:.2f} ms/layer pass + {v.host_s_per_micro_batch * 1e3:.1f} "
+                     f"ms/micro-batch" for k, v in sorted(t.host.items()))
+    return f"power factor {t.power_factor:.3f}; host: {host}"
+
+
+def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str, int]] | None = None
+                      ) -> dict[str, Any]:
+    """What framework_terms.json keeps: per source in-sample and held-out figures, the pooled held-out
+    MAPE and mean signed error (every source weighted equally)."""
+    per: dict[str, Any] = {}
+    for r in table.to_dict(orient="records"):
+        per[r["source"]] = {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items() if k != "source"}
+        if skipped_by_store and r["source"] in skipped_by_store:
+            per[r["source"]]["skipped_at_ingest"] = skipped_by_store[r["source"]]
+    ho = table["held_out_mape"].dropna() if "held_out_mape" in table else pd.Series(dtype=float)
+    hs = table["held_out_mean_signed"].dropna() if "held_out_mean_signed" in table else pd.Series(dtype=float)
+    return {"scheme": "leave-one-source-out: each source predicted by terms fitted without it",
+            "held_out_mape": float(ho.mean()) if len(ho) else None,
+            "held_out_mean_signed": float(hs.mean()) if len(hs) else None,
+            "in_sample_mape": float(table["in_sample_mape"].mean()) if "in_sample_mape" in table else None,
+            "per_source": per}
+
+
+def store_skips(store_path: str | Path | None = None) -> dict[str, dict[str, int]]:
+    """Rows the ingest left out, per source and reason (never filled with a guess)."""
+    from .store import run_rejection_counts
+    out: dict[str, dict[str, int]] = {}
+    for r in run_rejection_counts(store_path=store_path).to_dict(orient="records"):
+        out.setdefault(str(r["source_id"]), {})[f"{r['outcome']}: {r['reason']}"] = int(r["rows"])
+    return out
+
+
+@dataclass(frozen=True)
+class FrameworkCalibration:
+    terms: EndToEndTerms
+    table: pd.DataFrame
+    path: Path | None
+
+
+def calibrate_framework(store_path: str | Path | None = None, models_dir: str | Path | None = None,
+                        options: TermsFitOptions = TermsFitOptions(), progress: Progress | None = None,
+                        save: bool = True) -> FrameworkCalibration:
+    """Fit the end-to-end terms on the store's GPU runs, validate leave-one-source-out, save them."""
+    runs_df = gpu_runs(store_path)
+    if runs_df.empty:
+        raise InfeasibleConfig("runs", "the store has no measured runs on GPU platforms.",
+                               "ingest some (python -m predictor ingest ../shared/datasets/published-runs).")
+    runs = prepare_runs(runs_df, models_dir)
+    if len(set(runs.source_ids)) < 2:
+        raise InfeasibleConfig("runs", f"the measured runs come from {len(set(runs.source_ids))} source; "
+                                       "leave-one-source-out validation needs at least 2.",
+                               "ingest runs from another source (another framework or cluster).")
+    terms, table, _held = validate_terms(runs, options, progress)
+    skips = store_skips(store_path)
+    table["skipped_at_ingest"] = [int(sum(skips.get(s, {}).values())) for s in table["source"]]
+    validation = validation_record(table, skips)
+    fitted_on = {str(s): int((runs.source_ids == s).sum()) for s in sorted(set(runs.source_ids))}
+    unknown = [f for f in FRAMEWORKS if f not in terms.host]
+    source = (f"{len(runs)} measured GPU runs ({', '.join(f'{k} {v}' for k, v in fitted_on.items())}); "
+              f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term")
+    terms = EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention, host=terms.host,
+                          power_factor=terms.power_factor, source=source, fitted_on=fitted_on,
+                          validation=validation, fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
+    path = save_terms(terms, models_dir) if save else None
+    return FrameworkCalibration(terms, table, path)
+
+
+def format_table(table: pd.DataFrame) -> str:
+    """The per-source table as text: in-sample beside source-held-out."""
+    def pct(v: Any) -> str:
+        return "-" if v is None or (isinstance(v, float) and v != v) else f"{v:.1%}"
+
+    def spct(v: Any) -> str:
+        return "-" if v is None or (isinstance(v, float) and v != v) else f"{v:+.1%}"
+    head = (f"{'source':<18} {'framework':<19} {'runs':>5} {'skip':>5} | {'no terms':^17} | "
+            f"{'in-sample':^26} | {'source held out':^26}")
+    sub = (f"{'':<18} {'':<19} {'':>5} {'':>5} | {'MAPE':>7} {'signed':>8} | {'MAPE':>6} {'median':>6} "
+           f"{'worst':>6} {'signed':>7} | {'MAPE':>6} {'median':>6} {'worst':>6} {'signed':>7}")
+    lines = [head, sub, "-" * len(sub)]
+    for r in table.to_dict(orient="records"):
+        skip = int(r.get("skipped", 0)) + int(r.get("skipped_at_ingest", 0) or 0)
+        lines.append(
+            f"{r['source']:<18} {r['framework']:<19} {r.get('runs', 0):>5} {skip:>5} | "
+            f"{pct(r.get('no_terms_mape')):>7} {spct(r.get('no_terms_mean_signed')):>8} | "
+            f"{pct(r.get('in_sample_mape')):>6} {pct(r.get('in_sample_median_ape')):>6} "
+            f"{pct(r.get('in_sample_worst_ape')):>6} {spct(r.get('in_sample_mean_signed')):>7} | "
+            f"{pct(r.get('held_out_mape')):>6} {pct(r.get('held_out_median_ape')):>6} "
+            f"{pct(r.get('held_out_worst_ape')):>6} {spct(r.get('held_out_mean_signed')):>7}")
+    lines += ["", f"{'source':<18} {'measured MFU':>12} {'held-out MFU gap (mean |.|, signed) points':>44} "
+              f"{'max predicted MFU / ceiling':>28}"]
+    for r in table.to_dict(orient="records"):
+        g, gs, mc = r.get("held_out_mfu_gap_points"), r.get("held_out_mfu_signed_points"), \
+            r.get("held_out_max_mfu_over_ceiling")
+        lines.append(f"{r['source']:<18} {pct(r.get('measured_mfu')):>12} "
+                     f"{'-' if g is None else f'{g:.1f}, {gs:+.1f}':>44} {'-' if mc is None else f'{mc:.2f}':>28}")
+    return "\n".join(lines)
