@@ -188,7 +188,7 @@ def platform_backing(pr) -> dict[str, str]:
 def host_modelled(pr) -> bool:
     """Whether a predictor adds a fitted host (framework) overhead; without one the `host_overhead`
     category is an unmodelled 0, not a measured zero."""
-    return getattr(pr, "host", None) is not None
+    return bool(getattr(pr, "host_modelled", False))
 
 
 def prediction_dict(pred, host_is_modelled: bool) -> dict[str, Any]:

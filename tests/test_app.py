@@ -203,14 +203,16 @@ def breakdown_rows(at: AppTest) -> dict[str, list[str]]:
     return rows
 
 
-def test_predict_host_overhead_fitted_and_not_modelled():
+def test_predict_host_overhead_fitted_and_not_modelled(monkeypatch, models_without_terms):
     q = {"model": "gpt3-1.3b", "num_gpus": 8, "tp": 2, "pp": 2, "global_batch": 16, "view": "Where the time goes"}
-    # dgx-a100-80gb has a fitted host overhead: a category with seconds, on measured runs
-    at = run(query={**q, "platform": "dgx-a100-80gb"})
-    secs, share, note = breakdown_rows(at)["host / framework overhead"]
-    assert STEP_RE.match(secs) and share.endswith("%") and "fitted" in note
-    assert "compute" in breakdown_rows(at)
-    # dgx-h100 has none: "not modelled", not a measured 0, and the short-kernel warning shows
+    # the end-to-end terms give every GPU platform the framework's host overhead: seconds, fitted on measured runs
+    for plat in ("dgx-a100-80gb", "dgx-h100"):
+        at = run(query={**q, "platform": plat})
+        secs, share, note = breakdown_rows(at)["host / framework overhead"]
+        assert STEP_RE.match(secs) and share.endswith("%") and "fitted" in note
+        assert "compute" in breakdown_rows(at)
+    # without them (a models folder with no framework_terms.json): "not modelled", not a measured 0
+    monkeypatch.setenv("PREDICTOR_MODELS_DIR", str(models_without_terms))
     at = run(query={**q, "platform": "dgx-h100"})
     assert breakdown_rows(at)["host / framework overhead"] == ["–", "–", "not modelled on this platform"]
     assert "not modelled" in text(at)
@@ -238,14 +240,18 @@ def test_compare_three_then_four_setups():
     assert "Setup B" not in at.table[0].value.columns
 
 
-def test_compare_host_overhead_row_and_warnings():
+def test_compare_host_overhead_row_and_warnings(monkeypatch, models_without_terms):
     q = {"n": 4}
     for x in "abcd":
         q.update({f"{x}_model": "gpt3-1.3b", f"{x}_num_gpus": 8, f"{x}_tp": 2, f"{x}_pp": 2, f"{x}_global_batch": 16})
-    at = run("pages/compare.py", q)  # setup D defaults to dgx-a100-80gb (fitted host overhead)
-    t = at.table[0].value
-    row = t.loc["host / framework overhead"]
-    assert row["Setup A"] == "not modelled" and STEP_RE.match(row["Setup D"])
+    at = run("pages/compare.py", q)  # the end-to-end terms model the host overhead on every GPU platform
+    row = at.table[0].value.loc["host / framework overhead"]
+    assert all(STEP_RE.match(row[f"Setup {x}"]) for x in "ABCD")
+    assert not any("Kernels are short" in w.value for w in at.warning)
+    monkeypatch.setenv("PREDICTOR_MODELS_DIR", str(models_without_terms))   # no terms: not modelled anywhere
+    at = run("pages/compare.py", q)
+    row = at.table[0].value.loc["host / framework overhead"]
+    assert row["Setup A"] == "not modelled" and row["Setup D"] == "not modelled"
     assert any("Kernels are short" in w.value and "Setup A" in w.value for w in at.warning)
     assert "not modelled for setup A, B, C" in text(at)
 

@@ -15,9 +15,11 @@ from predictor_ui import adapters, charts, fmt
 
 
 @pytest.fixture(scope="module")
-def pred():
+def pred(tmp_path_factory):
+    from tests.conftest import make_models_without_terms
+    models = make_models_without_terms(tmp_path_factory.mktemp("m"))   # no host model at all
     layout = Layout(num_gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=32, seq_len=2048)
-    return get_predictor("perlmutter-a100").predict(get_preset("llama2-7b"), layout)
+    return get_predictor("perlmutter-a100", str(models)).predict(get_preset("llama2-7b"), layout)
 
 
 def spec(chart) -> dict:
@@ -270,9 +272,9 @@ def test_breakdown_table_and_visible_breakdown_host(pred):
 
 
 def test_host_overhead_on_a_fitted_platform():
-    from predictor.predict import HOST_PROVENANCE
+    from predictor.engine import TERMS_HOST_PROVENANCE as HOST_PROVENANCE
     p = get_predictor("dgx-a100-80gb")
-    assert adapters.host_modelled(p)
+    assert p.host_modelled
     layout = Layout(num_gpus=8, tp=2, pp=2, dp=2, micro_batch=1, global_batch=16, seq_len=2048)
     pr = p.predict(get_preset("gpt3-1.3b"), layout)
     assert pr.breakdown_s["host_overhead"] > 0

@@ -75,12 +75,16 @@ def test_prediction_reports_host_overhead_as_its_own_category(models_with_host):
     assert ev(0.0, 1.0)[0] == pytest.approx(p0.step_time_s, rel=1e-9)
 
 
-def test_short_kernels_without_a_fit_warn():
+def test_short_kernels_without_a_fit_warn(models_without_terms):
     m = get_preset("llama2-7b")
     L = Layout(num_gpus=4, tp=4, pp=1, dp=1, micro_batch=1, global_batch=4, seq_len=256, recompute="full")
-    pred = Predictor("perlmutter-a100").predict(m, L)
-    assert Predictor("perlmutter-a100").host is None
-    assert any("host overhead" in w for w in pred.warnings)
+    bare = Predictor("perlmutter-a100", models_without_terms)
+    assert bare.host is None and bare.terms is None and not bare.host_modelled
+    assert any("host overhead" in w for w in bare.predict(m, L).warnings)
+    # with the end-to-end terms the framework's host time is modelled: no such warning
+    with_terms = Predictor("perlmutter-a100")
+    assert with_terms.host_modelled
+    assert not any("Kernels are short" in w for w in with_terms.predict(m, L).warnings)
 
 
 def test_optimizer_variant_follows_the_stage():
