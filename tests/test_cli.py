@@ -9,8 +9,9 @@ from predictor.layout_io import BATCH_COLUMNS
 
 
 def test_predict_json_is_complete_and_consistent(capsys, models_without_terms):
-    rc = main(["predict", "--platform", "perlmutter-a100", "--models-dir", str(models_without_terms), "--model", "llemma-7b", "--num-gpus", "16", "--tp", "2",
-               "--pp", "4", "--micro-batch", "4", "--global-batch", "64", "--seq-len", "4096", "--recompute", "full",
+    rc = main(["predict", "--platform", "perlmutter-a100", "--models-dir", str(models_without_terms),
+               "--model", "llemma-7b", "--num-gpus", "16", "--tp", "2", "--pp", "4", "--micro-batch", "4",
+               "--global-batch", "64", "--seq-len", "4096", "--recompute", "full",
                "--precision", "fp16", "--json", "--ops"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
