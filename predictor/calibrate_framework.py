@@ -267,6 +267,18 @@ def store_skips(store_path: str | Path | None = None) -> dict[str, dict[str, int
     return out
 
 
+def source_licences() -> dict[str, str]:
+    """source id -> licence of the data, from the catalog of published sources."""
+    import json
+
+    from .ingest_formats import PUBLISHED_SOURCES_FILE
+    try:
+        d = json.loads(PUBLISHED_SOURCES_FILE.read_text())["sources"]
+        return {str(k): str(v.get("licence", "licence unknown")) for k, v in d.items()}
+    except (OSError, ValueError, KeyError, AttributeError):
+        return {}
+
+
 @dataclass(frozen=True)
 class FrameworkCalibration:
     terms: EndToEndTerms
@@ -293,7 +305,9 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
     validation = validation_record(table, skips)
     fitted_on = {str(s): int((runs.source_ids == s).sum()) for s in sorted(set(runs.source_ids))}
     unknown = [f for f in FRAMEWORKS if f not in terms.host]
-    source = (f"{len(runs)} measured GPU runs ({', '.join(f'{k} {v}' for k, v in fitted_on.items())}); "
+    licences = source_licences()
+    counted = ", ".join(f"{k} {v} [{licences.get(k, 'licence unknown')}]" for k, v in fitted_on.items())
+    source = (f"{len(runs)} measured GPU runs ({counted}); "
               f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term")
     terms = EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention, host=terms.host,
                           power_factor=terms.power_factor, source=source, fitted_on=fitted_on,

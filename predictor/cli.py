@@ -282,6 +282,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
             save_validation(pid, g, a.models_dir)
     from .validate import skipped_at_ingest
     skipped = skipped_at_ingest(a.store)
+    if "source_id" in res and len(skipped):   # only the sources validated here
+        skipped = skipped[skipped["source_id"].isin(set(res["source_id"].dropna().astype(str)))]
     if a.json:
         print(json.dumps({"summary": summary.to_dict(orient="records"),
                           "skipped_at_ingest": skipped.to_dict(orient="records")}, indent=2, default=float))

@@ -444,6 +444,11 @@ class Predictor:
             warnings.append(f"Does not fit in memory: stage {int(ev.peak_stage[r])} needs "
                             f"{ev.peak_bytes[r] / GIB:.1f} GiB of {ev.usable_bytes / GIB:.1f} GiB usable "
                             f"({self.platform.device.hbm_gib:g} GiB HBM).")
+        if self.platform.device.vendor != "cpu":
+            from .alignment import alignment_warning
+            aw = alignment_warning(model, layout)
+            if aw:
+                warnings.append(aw)
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
             key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,

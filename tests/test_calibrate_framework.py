@@ -127,3 +127,36 @@ def test_a_run_that_makes_no_valid_layout_is_skipped_and_counted():
     rs = cf.prepare_runs(pd.DataFrame(rows))
     assert len(rs) == 1 and sum(rs.skipped["s"].values()) == 1
     assert any("tp" in k or "num_gpus" in k or "heads" in k for k in rs.skipped["s"])
+
+
+def test_validate_by_source_reports_each_source_and_its_ingest_skips(tmp_path, capsys):
+    from pathlib import Path
+
+    from predictor.cli import main
+    from predictor.store import ingest_path
+    published = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "published-runs"
+    if not published.is_dir():
+        pytest.skip("../shared/datasets/published-runs is not present")
+    db = tmp_path / "s.duckdb"
+    ingest_path(published, store_path=db)
+    assert main(["validate", "--by-source", "--json", "--quiet", "--store", str(db)]) == 0
+    d = json.loads(capsys.readouterr().out)
+    rows = {(r["source_id"], r["platform"]): r for r in d["summary"]}
+    assert {s for s, _ in rows} == {"llm-foundry", "bigscience-bloom"}
+    for r in rows.values():
+        assert r["runs"] > 0 and 0 <= r["median_ape"] <= r["mape"] * 3 and r["worst_ape"] >= r["mape"]
+        assert -1 < r["mean_signed"] < 1
+    skipped = {(r["source_id"], r["reason"]): r["rows"] for r in d["skipped_at_ingest"]}
+    assert sum(v for (s, _), v in skipped.items() if s == "bigscience-bloom") == 112
+
+
+def test_unaligned_gemm_dimensions_are_named_in_the_warnings():
+    from predictor.specs import ModelSpec
+    bloom_like = ModelSpec("c", "gpt", num_layers=4, hidden_size=14400, num_heads=96, vocab_size=250880)
+    L = Layout(num_gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, seq_len=2048, precision="bf16")
+    p = Predictor("dgx-a100-80gb").predict(bloom_like, L, timeline=False)
+    w = [x for x in p.warnings if "multiples of 8" in x]
+    assert len(w) == 1 and "head dimension (hidden / heads) 150" in w[0]
+    aligned = ModelSpec("c", "gpt", num_layers=4, hidden_size=14336, num_heads=112, vocab_size=250880)
+    p = Predictor("dgx-a100-80gb").predict(aligned, L, timeline=False)
+    assert not any("multiples of 8" in x for x in p.warnings)
