@@ -240,10 +240,13 @@ def compose_arrays(fwd: dict[str, np.ndarray], bwd: dict[str, np.ndarray], recom
     crit = T.argmax(axis=1)
     rr = np.arange(n)
     zeros = np.zeros_like(f_tot)
-    cat = {k: m * ((fwd.get(k, zeros) + bwd.get(k, zeros)) @ onehot)[rr, crit] for k in CATEGORIES}
-    detail = {"compute_fwd": m * (fwd["compute"] @ onehot)[rr, crit],
-              "compute_bwd": m * ((bwd["compute"] - recompute) @ onehot)[rr, crit],
-              "recompute": m * (recompute @ onehot)[rr, crit]}
+    on_crit = onehot[:, crit].T   # per row: which chunks run on its critical stage
+
+    def crit_sum(a: np.ndarray) -> np.ndarray:
+        return m * np.einsum("ij,ij->i", a, on_crit)
+    cat = {k: crit_sum(fwd.get(k, zeros) + bwd.get(k, zeros)) for k in CATEGORIES}
+    detail = {"compute_fwd": crit_sum(fwd["compute"]), "compute_bwd": crit_sum(bwd["compute"] - recompute),
+              "recompute": crit_sum(recompute)}
     cat["bubble"] = np.maximum(0.0, pipe - m * T[rr, crit])
     extra = step - pipe
     ct = ends.argmax(axis=1)
