@@ -61,7 +61,7 @@ def _torchrun(nproc: int, args: list[str], timeout: float | None = None, quiet: 
            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     if quiet:
         env[QUIET_ENV] = json.dumps(quiet, default=str)
-    return subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout).returncode
+    return subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout, check=False).returncode
 
 
 def _relaunch(a, flag: str, nproc: int, wait_quiet: bool = True) -> int:
@@ -424,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--json-out", help="also write the result to this file")
     sp.set_defaults(fn=cmd_speed_check)
 
-    sp = sub.add_parser("context", help="per-op framework cost and whole HF layers vs their operators (bench/context.py)")
+    sp = sub.add_parser("context",
+                        help="per-op framework cost and whole HF layers vs their operators (bench/context.py)")
     sp.add_argument("--platform", required=True)
     sp.add_argument("--out", help="sample set to add context.json to (default: this machine's set of the platform)")
     sp.add_argument("--threads", type=int)

@@ -20,8 +20,9 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -145,22 +146,22 @@ def run_collectives(platform: str, out_dir: str | Path, *, device: str = "cpu", 
             if member:
                 if coll == "allreduce":
                     buf = torch.ones(numel, dtype=tdt, device=dev)
-                    fn = lambda: dist.all_reduce(buf, group=group)  # noqa: E731
+                    fn = lambda buf=buf, group=group: dist.all_reduce(buf, group=group)  # noqa: E731
                 elif coll == "allgather":  # message = per-rank input
                     inp = torch.ones(numel, dtype=tdt, device=dev)
                     outp = torch.empty(numel * n, dtype=tdt, device=dev)
-                    fn = lambda: dist.all_gather_into_tensor(outp, inp, group=group)  # noqa: E731
+                    fn = lambda outp=outp, inp=inp, group=group: dist.all_gather_into_tensor(outp, inp, group=group)  # noqa: E731
                 elif coll == "reducescatter":  # message = full input buffer
                     inp = torch.ones(numel - numel % n, dtype=tdt, device=dev)
                     outp = torch.empty(inp.numel() // n, dtype=tdt, device=dev)
-                    fn = lambda: dist.reduce_scatter_tensor(outp, inp, group=group)  # noqa: E731
+                    fn = lambda outp=outp, inp=inp, group=group: dist.reduce_scatter_tensor(outp, inp, group=group)  # noqa: E731
                 elif coll == "p2p":  # first member -> last member (another node when the group spans nodes)
                     buf = torch.ones(numel, dtype=tdt, device=dev)
                     src, dst = members[0], members[-1]
                     if rank == src:
-                        fn = lambda: dist.send(buf, dst)  # noqa: E731
+                        fn = lambda buf=buf, dst=dst: dist.send(buf, dst)  # noqa: E731
                     elif rank == dst:
-                        fn = lambda: dist.recv(buf, src)  # noqa: E731
+                        fn = lambda buf=buf, src=src: dist.recv(buf, src)  # noqa: E731
                     else:
                         fn = lambda: None  # noqa: E731
             for attempt in range(4):
@@ -169,7 +170,7 @@ def run_collectives(platform: str, out_dir: str | Path, *, device: str = "cpu", 
                 # warm-up and the adaptive repeat count are decided by rank 0's first timing
                 reps = torch.tensor([3])
 
-                def timed() -> float:
+                def timed(fn=fn) -> float:
                     dist.barrier()
                     sync()
                     t0 = time.perf_counter()

@@ -227,7 +227,8 @@ def time_layer_and_ops(shape: tuple, target_s: float = 0.2, time_fn=None) -> dic
     act = batch * seq * hidden * 4
     return {"arch": arch, "hidden": hidden, "heads": heads, "kv_heads": kv, "ffn": ffn, "seq": seq, "batch": batch,
             "activation_mib": round(act / 2**20, 3),
-            "layer_fwd_s": layer["fwd"], "layer_bwd_s": layer["bwd"], "ops_fwd_s": total["fwd"], "ops_bwd_s": total["bwd"],
+            "layer_fwd_s": layer["fwd"], "layer_bwd_s": layer["bwd"],
+            "ops_fwd_s": total["fwd"], "ops_bwd_s": total["bwd"],
             "ratio_fwd": layer["fwd"] / total["fwd"], "ratio_bwd": layer["bwd"] / total["bwd"],
             "residual_ms": (layer["fwd"] + layer["bwd"] - total["fwd"] - total["bwd"]) * 1e3,
             "aten_ops_fwd": n_fwd, "aten_ops_bwd": n_bwd, "decomposed_ops_fwd": n_ops["fwd"],

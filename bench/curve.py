@@ -50,7 +50,8 @@ def error_curve(samples_dir: str | Path, platform: str | None = None, steps: tup
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:
-                    r = OpRegressor(op, ps, {"num_threads": 1}).fit(tr, tr["duration_s"].to_numpy(), device, dtype, cv_folds=0)
+                    r = OpRegressor(op, ps, {"num_threads": 1}).fit(tr, tr["duration_s"].to_numpy(), device, dtype,
+                                                                    cv_folds=0)
                 except ValueError:
                     continue
                 pred = r.predict(test, device, dtype)

@@ -131,7 +131,7 @@ def map_point(op: str, u: np.ndarray, prof: Profile, tp: int) -> tuple[dict[str,
     """Unit-cube point -> (shape columns, build extras). Raises ValueError if it cannot be realised."""
     names = _DIMS[op]
     v = dict(zip(names, u))
-    s: dict[str, int | None] = {c: None for c in P.SHAPE_COLUMNS}
+    s: dict[str, int | None] = dict.fromkeys(P.SHAPE_COLUMNS)
     extra: dict[str, Any] = {}
     cols = P.OPS[op].shape_columns
     if "batch" in v:
@@ -200,9 +200,7 @@ def feasible(op: str, shape: dict[str, int | None], prof: Profile) -> bool:
         sh["hidden"] = None
     if opbench.fwd_flops(op, sh) > prof.max_fwd_flops:
         return False
-    if opbench.largest_tensor_elements(op, sh) > prof.max_elements:
-        return False
-    return True
+    return opbench.largest_tensor_elements(op, sh) <= prof.max_elements
 
 
 def op_design(op: str, n: int, profile: str | Profile = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0

@@ -29,7 +29,7 @@ def peak_gemm_tflops(device: str = "cpu", dtype: str = "fp32", sizes: tuple[int,
         a = torch.randn(n, n, dtype=dt, device=device)
         b = torch.randn(n, n, dtype=dt, device=device)
         c = torch.empty(n, n, dtype=dt, device=device)
-        t = time_call(lambda _: torch.mm(a, b, out=c), device=device, warmup=2, min_reps=3, max_reps=10,
+        t = time_call(lambda _, a=a, b=b, c=c: torch.mm(a, b, out=c), device=device, warmup=2, min_reps=3, max_reps=10,
                       target_s=1.0)
         per[n] = 2.0 * n ** 3 / t.min_s / 1e12
     best = max(per, key=per.get)
@@ -73,7 +73,8 @@ def cpu_device_entry(m: dict[str, Any]) -> dict[str, Any]:
         "sources": [f"measured on this machine by bench/device.py ({when}): peak = best torch.mm "
                     f"{m['dtype']} square GEMM with {m['threads']} threads (sizes {list(m['gemm']['by_size'])}); "
                     f"hbm_bandwidth_gbps = STREAM-like copy of {m['stream']['array_mib']} MiB fp32 arrays "
-                    f"(read + write bytes, best repeat as STREAM reports); hbm_gib = RAM; sm_count = cores; l2_mib = last-level cache "
+                    f"(read + write bytes, best repeat as STREAM reports); hbm_gib = RAM; sm_count = cores; "
+                    f"l2_mib = last-level cache "
                     f"(1-min load average at measurement {f['loadavg'][0]:.2f}); torch {f['torch']}"],
     }
 

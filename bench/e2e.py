@@ -404,7 +404,8 @@ def calibrate(out_dir: Path, *, models_dir: str | None = None, store: str | None
             t["fit"] = {"skipped": f"{len(runs)} measured configs; the host term needs at least {MIN_RUNS_TO_FIT}"}
             log(f"calibration {p}: {t['fit']['skipped']}: host_overhead.json not written")
             continue
-        source = (f"{len(runs)} HF transformers training runs on this machine ({str(t['runs'][0].get('measured_at', ''))[:16] or 'bench cpu-platform'}), "
+        when = str(t['runs'][0].get('measured_at', ''))[:16] or 'bench cpu-platform'
+        source = (f"{len(runs)} HF transformers training runs on this machine ({when}), "
                   f"bench cpu-platform calibration ({out_dir.name}/cpu_calibration.json)")
         ho, rep, path = fit_host(runs, p, mdir, source)
         rows = predict_rows(runs, p, PLATFORM_DP[p], mdir)

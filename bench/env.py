@@ -12,9 +12,10 @@ import socket
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 QUIET_LOAD = 0.5
 MAX_WAIT_S = 1200.0
@@ -89,7 +90,8 @@ def _cpu_caches() -> dict[str, str]:
 def _nvidia_smi() -> dict[str, str]:
     try:
         r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
-                            "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=10,
+                           check=False)
         if r.returncode == 0 and r.stdout.strip():
             name, drv, mem, clk = [s.strip() for s in r.stdout.strip().splitlines()[0].split(",")]
             return {"nvidia_smi_name": name, "driver": drv, "nvidia_smi_memory": mem, "max_sm_clock": clk}
@@ -101,7 +103,7 @@ def _nvidia_smi() -> dict[str, str]:
 def _git_commit() -> str | None:
     try:
         r = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
-                           cwd=Path(__file__).resolve().parent)
+                           cwd=Path(__file__).resolve().parent, check=False)
         return r.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -127,7 +129,7 @@ def facts(device: str = "cpu") -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
         "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "ram_gib": _ram_gib(), "cpu_caches": _cpu_caches(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "mkldnn": bool(torch.backends.mkldnn.is_available()),
-        "loadavg": list(loadavg()), "recorded_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "loadavg": list(loadavg()), "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "repo_commit": _git_commit(),
     }
     from .allocator import describe
@@ -166,7 +168,7 @@ OTHERS_SLACK_S = 0.02     # plus this much CPU time in absolute terms (jiffy res
 def _machine_busy_jiffies() -> int | None:
     try:
         f = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in f[1:9])
+        user, nice, system, _idle, _iowait, _irq, _softirq, steal = (int(x) for x in f[1:9])
         return user + nice + system + steal  # irq/softirq left out: our own loopback traffic lands there
     except (OSError, ValueError):
         return None

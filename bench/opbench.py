@@ -38,7 +38,8 @@ run with grad mode on, so they include building the autograd graph.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F

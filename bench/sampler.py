@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from predictor import ops as P
 
@@ -68,7 +69,7 @@ def time_on_every_rank(fn, setup, *, device: str, target_s: float) -> tuple[floa
 
 def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, ...] = D.DEFAULT_OPS,
             device: str = "cpu", dtype: str = "fp32", threads: int | None = None, budget_s: float | None = None,
-            n_per_op: int = 64, profile: "str | D.Profile" = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0,
+            n_per_op: int = 64, profile: str | D.Profile = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0,
             flush_every_s: float = 15.0, quiet_info: dict[str, Any] | None = None, show_progress: bool = True,
             target_s: float = 0.12, guard_interference: bool = True, max_retries: int = 3,
             calm_wait_s: float = 600.0, log: Callable[[str], None] = print, machine=None,
@@ -109,7 +110,8 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
     facts["ranks_concurrent"] = world
     run = {"run_id": run_id, "kind": "ops", "started_at": store_io.now_iso(), "platform": platform,
            "device": device, "dtype": dtype, "threads": torch.get_num_threads(), "ranks_concurrent": world,
-           "profile": profile if isinstance(profile, str) else profile.name, "tp": list(tps), "seed": seed, "n_per_op": n_per_op, "budget_s": budget_s,
+           "profile": profile if isinstance(profile, str) else profile.name, "tp": list(tps), "seed": seed,
+           "n_per_op": n_per_op, "budget_s": budget_s,
            "ops": list(ops), "planned_points": len(points), "already_done_points": len(points) - len(todo),
            "loadavg_start": list(env.loadavg()), "quiet": quiet_info, "facts": facts, "machine_id": here.id,
            "timing": f"warm-up 2, median of 3..30 repeats (target {target_s} s per shape and pass)"}

@@ -14,8 +14,8 @@ way (same threads, same concurrent ranks, the same timer and statistic).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd

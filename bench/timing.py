@@ -1,7 +1,7 @@
 """Timing one callable robustly.
 
-CPU: warm-up calls (one for ops longer than 25 ms), then repeats timed one by one with `time.perf_counter_ns`; the statistic is
-the median (robust to the odd preemption on a shared machine). The number of repeats adapts to
+CPU: warm-up calls (one for ops longer than 25 ms), then repeats timed one by one with `time.perf_counter_ns`; the
+statistic is the median (robust to the odd preemption on a shared machine). The number of repeats adapts to
 the op: enough to fill `target_s` of measured time, between `min_reps` and `max_reps`.
 
 CUDA: the same protocol with a pair of CUDA events around each repeat (kernel time on the GPU
@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 LONG_OP_S = 0.025  # ops longer than this get one warm-up call instead of `warmup`
 

@@ -223,7 +223,7 @@ if t_mine.open:
     with t_mine:
         st.markdown("Upload measured runs (the `predict-batch` columns plus `step_time_s`, one row per run) and see "
                     "the prediction error at once. Nothing is stored.")
-        template = pd.DataFrame([{c: "" for c in BATCH_COLUMNS} | {
+        template = pd.DataFrame([dict.fromkeys(BATCH_COLUMNS, "") | {
             "case_id": "run-1", "platform": "perlmutter-a100", "arch": "llama", "layers": 32, "hidden": 4096,
             "heads": 32, "kv_heads": 32, "ffn_hidden": 11008, "vocab": 32016, "seq_len": 4096, "num_gpus": 16,
             "tp": 2, "pp": 4, "dp": 2, "micro_batch": 4, "global_batch": 64, "schedule": "gpipe",

@@ -97,7 +97,7 @@ for pid in unknown:
         devs = adapters.devices()
         ids = sorted(devs)
         a, b, c = st.columns(3)
-        dev = a.selectbox("Device", ids, format_func=lambda x: devs[x].name, key=f"cal_dev_{pid}")
+        dev = a.selectbox("Device", ids, format_func=lambda x, devs=devs: devs[x].name, key=f"cal_dev_{pid}")
         gpn = b.number_input("GPUs per node", 1, 72, 8, key=f"cal_gpn_{pid}")
         intra = c.number_input("Intra-node GB/s per GPU", 0.0, 5000.0, 450.0, key=f"cal_intra_{pid}")
         inter = a.number_input("Inter-node GB/s per GPU", 0.1, 1000.0, 50.0, key=f"cal_inter_{pid}")

@@ -1,5 +1,4 @@
 """Predict: one model on one platform under one layout."""
-import pandas as pd
 import streamlit as st
 
 from predictor.specs import InfeasibleConfig

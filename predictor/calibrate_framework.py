@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -311,7 +311,7 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
               f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term")
     terms = EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention, host=terms.host,
                           power_factor=terms.power_factor, source=source, fitted_on=fitted_on,
-                          validation=validation, fitted_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+                          validation=validation, fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
     path = save_terms(terms, models_dir) if save else None
     return FrameworkCalibration(terms, table, path)
 

@@ -10,7 +10,7 @@ MAPE is the error on models the fit never saw. Writes models_store/<platform>/ho
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd

@@ -28,8 +28,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .network import (DEFAULTS, NetworkModel, analytic_choice, bus_bandwidth_gbps, fit_network, save_network,
-                      spec_network)
+from .network import (
+    DEFAULTS,
+    NetworkModel,
+    analytic_choice,
+    bus_bandwidth_gbps,
+    fit_network,
+    save_network,
+    spec_network,
+)
 from .platforms import get_platform
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "datasets"
@@ -131,7 +138,10 @@ def load_vtrain_lut(shared: Path = SHARED) -> pd.DataFrame:
     d = Path(shared) / "vtrain" / "allreduce_lut" / "a100"
     rows: list[dict] = []
     for f in sorted(d.glob("AR_GPU*_LUT")):
-        n = int(re.search(r"AR_GPU(\d+)_", f.name).group(1))
+        m = re.search(r"AR_GPU(\d+)_", f.name)
+        if m is None:  # not an N-GPU table (AR_GPU<n>_LUT)
+            continue
+        n = int(m.group(1))
         df = pd.read_csv(f)
         size = df.iloc[:, 0].astype(float)
         for j in (3, 5):

@@ -5,7 +5,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 from .batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
 from .layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
@@ -222,7 +221,7 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
 
 # ---- validate -------------------------------------------------------------------------------
 def cmd_validate(a: argparse.Namespace) -> int:
-    from .validate import validate_runs, summarize_validation, save_validation
+    from .validate import save_validation, summarize_validation, validate_runs
     res = validate_runs(platform=a.platform, store_path=a.store, models_dir=a.models_dir,
                         progress=_progress_printer(a.quiet))
     if res.empty:

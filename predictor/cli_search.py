@@ -10,12 +10,11 @@ i.e. 512, 1024, 2048).
 """
 from __future__ import annotations
 
-from .compose import CATEGORIES
-
 import argparse
 import json
 import sys
 
+from .compose import CATEGORIES
 from .specs import InfeasibleConfig
 
 TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "vpp", "schedule",
@@ -58,10 +57,10 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 def cmd_search(a: argparse.Namespace) -> int:
     from .costing import parse_count
+    from .frameworks import get_framework
     from .layout_io import model_from_fields
     from .memory import MemoryOptions
     from .predict import get_predictor
-    from .frameworks import get_framework
     from .search import RC, SearchSpace, search
     from .specs import DEFAULT_FRAMEWORK
 

@@ -163,8 +163,8 @@ def simulate_pipeline(chunks: list[ChunkTimes], pp: int, vpp: int, m: int, sched
                 end = start + dur[(kind, g)]
                 done[(kind, j, g)] = end
                 free[s] = end
-                timeline.append({"stage": s, "chunk": vc, "micro_batch": j, "kind": "forward" if kind == "F" else "backward",
-                                 "start_s": start, "end_s": end})
+                timeline.append({"stage": s, "chunk": vc, "micro_batch": j,
+                                 "kind": "forward" if kind == "F" else "backward", "start_s": start, "end_s": end})
                 ptr[s] += 1
                 remaining -= 1
                 progressed = True

@@ -51,7 +51,7 @@ class TrainingEstimate:
     gpu_hours_per_mtok: Any
     cost_per_mtok: Any
 
-    def scalar(self) -> "TrainingEstimate":
+    def scalar(self) -> TrainingEstimate:
         """The same estimate with numpy scalars turned into Python numbers."""
         def conv(v):
             if v is None:
@@ -80,6 +80,11 @@ def training_estimate(step_time_s, num_gpus, tokens_per_step, tokens_to_train: f
         raise ValueError("price per GPU-hour must be >= 0")
     gph_mtok = step * gpus / 3600.0 / tps * 1e6
     cost_mtok = gph_mtok * price_per_gpu_hour if price_per_gpu_hour is not None else None
+    steps: np.ndarray | None
+    seconds: np.ndarray | None
+    gpu_hours: np.ndarray | None
+    cost: np.ndarray | None
+    days: np.ndarray | None
     if tokens_to_train:
         steps = np.ceil(float(tokens_to_train) / tps)
         seconds = steps * step

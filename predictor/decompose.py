@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from . import params
-from .ops import SHAPE_COLUMNS
 from .frameworks import get_framework
+from .ops import SHAPE_COLUMNS
 from .platforms import Platform
 from .specs import BYTES_PER_ELEMENT, FLASH_IMPLS, Layout, ModelSpec, grad_comm_bytes
 from .terms import TRITON_ATTENTION_FACTOR

@@ -20,19 +20,20 @@ A layout is a row of int64 columns `COLUMNS`; its pipeline structure is an index
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Iterable, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from . import decompose as D
-from .arrayops import unique_rows as _unique_rows
 from . import memory as mem
+from .arrayops import unique_rows as _unique_rows
 from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
-from .overhead import RECOMPUTE_PASSES, HostOverhead
-from .terms import EndToEndTerms, blend
 from .frameworks import FRAMEWORK_SPECS, get_framework
+from .overhead import RECOMPUTE_PASSES, HostOverhead
 from .specs import FRAMEWORKS, Layout, ModelSpec
+from .terms import EndToEndTerms, blend
 
 if TYPE_CHECKING:
     from .predict import Predictor
@@ -362,8 +363,8 @@ class Engine:
 
     # ---- evaluation -----------------------------------------------------------------------
     def evaluate(self, model: ModelSpec, rows: np.ndarray, structures: Sequence[Structure], seq_len: int,
-                 precision: str, *, host: HostOverhead | None | bool = True, options: ComposeOptions | None = None,
-                 detail: bool = False, provenance: bool = True, terms: EndToEndTerms | None | bool = True
+                 precision: str, *, host: HostOverhead | bool | None = True, options: ComposeOptions | None = None,
+                 detail: bool = False, provenance: bool = True, terms: EndToEndTerms | bool | None = True
                  ) -> Evaluation:
         """Every row of `rows` (columns `COLUMNS`) of `model` at `seq_len` / `precision`.
 
@@ -394,8 +395,8 @@ class Engine:
         if n == 0:
             return out
         rows = np.asarray(rows, dtype=np.int64)
-        tp_a, pp_a, dp_a, mb_a, m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
-        st_a, rc_a, sp_a, z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
+        tp_a, pp_a, dp_a, mb_a, _m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
+        st_a, rc_a, sp_a, _z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
         ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a]))
         klist = [tuple(int(x) for x in k) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
@@ -561,7 +562,7 @@ class Engine:
             P = parts[kinv[r]]
             acc: dict[str, list[float]] = {}
 
-            def add(d: dict[str, list[float]], k: float) -> None:
+            def add(d: dict[str, list[float]], k: float, acc: dict[str, list[float]] = acc) -> None:
                 for prov, (s, se) in d.items():
                     v = acc.setdefault(prov, [0.0, 0.0])
                     v[0] += s * k

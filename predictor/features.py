@@ -31,10 +31,9 @@ INPUT (its output is ranks x larger), p2p the tensor sent.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -51,7 +50,7 @@ def _pandas():
     return pandas
 
 
-def _is_frame(x: Any) -> bool:
+def _is_frame(x: Any) -> TypeGuard[pd.DataFrame]:
     pdm = sys.modules.get("pandas")
     return pdm is not None and isinstance(x, pdm.DataFrame)
 
@@ -110,6 +109,7 @@ def _scalar(v: Any) -> float:
 def scalar_row(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, Any] | None:
     """The one row of `shapes` as {column: python scalar} (None = NULL), or None if it is not one row.
     Cheap (no pandas per-column work); used for the fast single-row path and as a cache key."""
+    row: Mapping[str, Any]
     if _is_frame(shapes):
         if len(shapes) != 1:
             return None
@@ -152,6 +152,7 @@ def shape_arrays(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarr
     if _is_shape_arrays(shapes):  # already arrays (arrays_from_shapes)
         return shapes  # type: ignore[return-value]
     row = scalar_row(shapes) if not _is_frame(shapes) or len(shapes) == 1 else None
+    out: dict[str, np.ndarray]
     if row is not None:  # fast path: one row of scalars
         out = {c: np.array([np.nan if row[c] is None else row[c]], dtype="float64") for c in ops.SHAPE_COLUMNS}
         out["variant"] = np.array([OPTIMIZER_VARIANTS.get(row["variant"], 0.0) if row["variant"] else 0.0])
@@ -163,7 +164,7 @@ def shape_arrays(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarr
         vals = [np.atleast_1d(np.asarray(v, dtype=object)) for v in shapes.values()]
         n = max((len(v) for v in vals), default=1)
         get = shapes.get
-    out: dict[str, np.ndarray] = {}
+    out = {}
     for c in (*ops.SHAPE_COLUMNS, "variant"):
         v = get(c)
         if c == "variant":

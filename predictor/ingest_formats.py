@@ -77,6 +77,7 @@ KINDS = ("paper_operator", "paper_optimizer", "paper_nccl", "paper_summary", "vt
          "op_samples", "collective_samples", "measured_runs", "published_runs")
 # How a measured run was executed (measured_runs.framework).
 from .specs import FRAMEWORKS  # noqa: E402  (one list: predictor.frameworks)
+
 PUBLISHED_SOURCES_FILE = Path(__file__).resolve().parent / "catalog" / "published_sources.json"
 
 OP_SAMPLE_COLUMNS = ("platform", "op", "pass", *ops.SHAPE_COLUMNS, "variant", "dtype", "duration_s",
@@ -101,7 +102,8 @@ PUBLISHED_COLUMNS = ("source", "model_name", "layers", "hidden", "heads", "ffn_h
 # Platforms this module knows how to describe: id -> (device name, description).
 KNOWN_PLATFORMS = {
     "perlmutter-a100": ("NVIDIAA100-SXM4-80GB",
-                        "NERSC Perlmutter: NVIDIA A100-SXM4-80GB, 4 GPUs/node (NVLink 3), Slingshot-11 (paper samples)"),
+                        "NERSC Perlmutter: NVIDIA A100-SXM4-80GB, 4 GPUs/node (NVLink 3), Slingshot-11 "
+                        "(paper samples)"),
     "vista-gh200": ("NVIDIAGH200120GB", "TACC Vista: NVIDIA GH200 120GB, 1 GPU/node, InfiniBand (paper samples)"),
     VTRAIN_PLATFORM: (None, "One node of A100 GPUs running Megatron-DeepSpeed GPT (vTrain measured runs)"),
 }
@@ -293,8 +295,9 @@ def detect_kind(path: Path, forced: str | None = None) -> tuple[str | None, dict
         return "paper_summary", info
     if "iteration time (ms)" in cols:
         return "vtrain", info
-    if _VTRAIN_LUT.match(path.name) and "size(B)" in cols:
-        info = {"gpus": int(_VTRAIN_LUT.match(path.name)["n"]), "gpu_family": path.parent.name}
+    lut = _VTRAIN_LUT.match(path.name)
+    if lut and "size(B)" in cols:
+        info = {"gpus": int(lut["n"]), "gpu_family": path.parent.name}
         return "vtrain_allreduce_lut", info
     if {"measured_metric", "measured_value"} <= cols:
         return "published_runs", info
@@ -519,7 +522,8 @@ def show(v: Any) -> str:
         return "missing" if v is None or v is pd.NA else "nan"
     if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
         return f"{float(v):.15g}"
-    if isinstance(v, str) and (_NUMBER.match(v.strip()) or v.strip().lower().lstrip("+-") in ("nan", "inf", "infinity")):
+    if isinstance(v, str) and (_NUMBER.match(v.strip())
+                               or v.strip().lower().lstrip("+-") in ("nan", "inf", "infinity")):
         return v.strip()
     return repr(v)
 
@@ -558,7 +562,7 @@ class RowChecks:
         for (outcome, reason), msgs in by.items():
             mask = np.zeros(len(self.bad), dtype=bool)
             mask[list(msgs)] = True
-            self.add(mask, lambda i, m=msgs: m[i], reason, outcome)
+            self.add(mask, msgs.__getitem__, reason, outcome)
 
     def positive_int(self, name: str, raw: pd.Series, nullable: bool = False, minimum: int = 1) -> pd.Series:
         """Checks `raw` holds integers >= minimum (NULL allowed if nullable) that fit the store's column
@@ -617,7 +621,8 @@ class RowChecks:
     def failures(self) -> list[tuple[int, str, str, str]]:
         """(row index, outcome, reason, message) of every failed row."""
         first = self._first()
-        return [(int(i), first[i][1], first[i][0], self.describe(int(i))) for i in np.flatnonzero(self.bad)]
+        return [(int(i), f[1], f[0], self.describe(int(i)))
+                for i in np.flatnonzero(self.bad) if (f := first[i]) is not None]
 
     def summary(self, limit: int) -> dict[str, Any]:
         """The ParsedFile fields that describe the failures."""
@@ -818,7 +823,7 @@ def parse_paper_summary(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     checks = start_checks(df, plan)
     func = _text(df["Function"])
     if kind == "operator":
-        names = {**ops.PAPER_OP_NAMES, **{k: "optimizer" for k in ops.PAPER_OPTIMIZER_FILES}}
+        names = {**ops.PAPER_OP_NAMES, **dict.fromkeys(ops.PAPER_OPTIMIZER_FILES, "optimizer")}
         checks.member("function", func, names)
         prop = _text(df["Propagation"])
         checks.member("propagation", prop, ("fwd", "bwd", "dur"))
@@ -883,6 +888,7 @@ def _load_source_definitions(path: str, mtime: float) -> dict[str, dict[str, Any
         if rules is not None and rules not in PUBLISHED_RULES:
             raise SourceDefinitionError(f"{where}: sources.{sid}.rules: unknown rule set {rules!r}; "
                                         f"known: {', '.join(PUBLISHED_RULES)}")
+        allowed: tuple[str, ...]
         for key, allowed in (("precision", PRECISIONS), ("recompute", RECOMPUTES)):
             for k, v in (d.get(key) or {}).items():
                 if v not in allowed:
@@ -982,7 +988,8 @@ def parse_vtrain_allreduce_lut(data: bytes, plan: FilePlan, limit: int) -> Parse
     text = data.decode("utf-8-sig").splitlines()
     rows = [(i + 1, ln.split(",")) for i, ln in enumerate(text) if i > 0 and ln.strip()]
     if not rows or len(rows[0][1]) < 5:
-        raise FormatError(f"{plan.path}: expected columns size(B),count,type,time(ns),busbw(GB/s)[,time(ns),busbw(GB/s)]")
+        raise FormatError(f"{plan.path}: expected columns "
+                          "size(B),count,type,time(ns),busbw(GB/s)[,time(ns),busbw(GB/s)]")
     recs, lines = [], []
     for line, r in rows:
         for j in (3, 5):
@@ -1001,7 +1008,8 @@ def parse_vtrain_allreduce_lut(data: bytes, plan: FilePlan, limit: int) -> Parse
     good["source"] = source
     return ParsedFile(tables={"collective_samples": good}, platforms=_platform_entry(platform), source=source,
                       licence=plan.licence or PUBLISHED_LICENCE,
-                      notes=f"vTrain nccl-tests all-reduce on {n} GPUs of one node ({platform})", **checks.summary(limit))
+                      notes=f"vTrain nccl-tests all-reduce on {n} GPUs of one node ({platform})",
+                      **checks.summary(limit))
 
 
 def _check_layout(checks: RowChecks, out: pd.DataFrame) -> None:
@@ -1050,7 +1058,7 @@ def _own_common(df: pd.DataFrame, plan: FilePlan, checks: RowChecks, out: pd.Dat
 def parse_op_samples(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     df = read_frame(data, plan.path)
     required = ["op", "pass", "dtype", "duration_s"] + ([] if plan.platform else ["platform"])
-    require_columns(df, required, plan.path, [c for c in OP_SAMPLE_COLUMNS])
+    require_columns(df, required, plan.path, list(OP_SAMPLE_COLUMNS))
     checks = start_checks(df, plan)
     out = pd.DataFrame({"platform": _platform_column(df, plan, checks), "op": _text(df["op"]),
                         "pass": _text(df["pass"])})
@@ -1105,7 +1113,8 @@ def parse_measured_runs(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     default_source = plan.source or plan.path.stem
     sources = _text(df["source"]).fillna(default_source) if "source" in df.columns else \
         pd.Series([default_source] * len(df), dtype="object")
-    records, problems = [], []
+    records: list[dict[str, Any]] = []
+    problems: list[tuple[int, str, str, str]] = []
     for i, row in enumerate(df.to_dict(orient="records")):
         platform = plan.platform or (str(row.get("platform") or "").strip() or None)
         try:
@@ -1116,7 +1125,8 @@ def parse_measured_runs(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
             L.validate(m)
             fw = (_str_or_none(row.get("framework")) or "").lower() or None
             if fw is not None and fw not in FRAMEWORKS:
-                raise InfeasibleConfig("framework", f"unknown framework {fw!r}.", f"use one of {', '.join(FRAMEWORKS)}.")
+                raise InfeasibleConfig("framework", f"unknown framework {fw!r}.",
+                                       f"use one of {', '.join(FRAMEWORKS)}.")
         except InfeasibleConfig as e:
             problems.append((i, "rejected", f"contradictory or invalid: {e.field}", str(e)))
             records.append({})
@@ -1355,7 +1365,7 @@ def megatron_tflops(gb: int, seq: int, layers: int, hidden: int, vocab: int, tim
     bigscience-workshop/Megatron-DeepSpeed PR 251 (24*ckpt*B*s*L*h^2*(1 + s/(6h) + V/(16*L*h)));
     False: the estimate used before it (without the attention / logit term), which reproduces the
     TFLOPs the BLOOM chronicles report before its section 'TFLOPs calculation improved'."""
-    flops = 24 * ckpt_factor * gb * seq * layers * hidden ** 2
+    flops: float = 24 * ckpt_factor * gb * seq * layers * hidden ** 2
     if corrected:
         flops *= 1 + seq / (6 * hidden) + vocab / (16 * layers * hidden)
     return flops / (time_s * gpus * 1e12)
@@ -1458,7 +1468,9 @@ def parse_published_runs(data: bytes, plan: FilePlan, limit: int) -> ParsedFile:
     broken = {i for i, _r, _m in row_problems(df)}
     lines = row_lines(df)
     platforms_checked: dict[str, Any] = {}
-    records, problems, sids = [], [], []
+    records: list[dict[str, Any]] = []
+    problems: list[tuple[int, str, str, str]] = []
+    sids: list[str | None] = []
     for i, row in enumerate(df.to_dict(orient="records")):
         src = str(row.get("source") or "")
         defn = match_source(defs, row_source=src)

@@ -3,7 +3,8 @@ filling documented defaults and naming the field at fault on bad input."""
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .bounds import check_bound
 from .presets import get_preset

@@ -18,7 +18,7 @@ def import_lightgbm() -> ModuleType:
         for m in blocked:
             sys.modules[m] = None  # type: ignore[assignment]  # lightgbm.compat: ImportError -> feature off
         try:
-            import lightgbm  # noqa: F401
+            import lightgbm
         finally:
             for m in blocked:
                 if sys.modules.get(m, 0) is None:

@@ -149,7 +149,8 @@ def from_facts(facts: dict[str, Any], source: str = "rebuilt from the facts a sa
 
 # --------------------------------------------------------------------------- reading this machine
 def _kv_blocks(text: str) -> list[dict[str, str]]:
-    blocks, cur = [], {}
+    blocks: list[dict[str, str]] = []
+    cur: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
             if cur:
@@ -396,6 +397,7 @@ def mismatch_warning(platform_id: str, models_dir: str | os.PathLike[str],
     key = (str(path), st.st_mtime_ns, st.st_size, here_id)
     if key in _WARN_CACHE:
         return _WARN_CACHE[key]
+    msg: str | None
     try:
         rec = read_sampled_on(platform_id, models_dir)
     except ValueError as exc:
@@ -403,6 +405,8 @@ def mismatch_warning(platform_id: str, models_dir: str | os.PathLike[str],
                f"to sample this machine if it is not the one.")
         _WARN_CACHE[key] = msg
         return msg
+    if rec is None:  # the file went away since the stat above
+        return None
     there: Machine = rec["machine"]
     msg = None
     if not same_machine(there, here):
@@ -416,7 +420,8 @@ def mismatch_warning(platform_id: str, models_dir: str | os.PathLike[str],
             when = f" on {str(rec.get('sampled_until') or rec.get('sampled_from'))[:10]}" \
                 if rec.get("sampled_until") or rec.get("sampled_from") else ""
             why = "; ".join(diff) if diff else \
-                f"the record does not name the {' and '.join(_LABELS[k] for k in ('model_name', 'cores') if k in there.unknown)}"
+                "the record does not name the " \
+                + " and ".join(_LABELS[k] for k in ("model_name", "cores") if k in there.unknown)
             msg = (f"{platform_id} was sampled{when} on {there.short()}; this machine is {here.short()} "
                    f"({why}). Its operator times describe that CPU, not this one, so this prediction can be "
                    f"far off: run `python -m bench cpu-platform` to sample this machine.")

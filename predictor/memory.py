@@ -58,7 +58,16 @@ import numpy as np
 from . import params
 from .arrayops import unique_rows
 from .params import chunk_params, edge_params, layer_params_per_gpu  # noqa: F401  (re-exported)
-from .specs import BYTES_PER_ELEMENT, FLASH_IMPLS, GRAD_BYTES, InfeasibleConfig, Layout, ModelSpec, grad_comm_bytes, padded_vocab  # noqa: F401
+from .specs import (  # noqa: F401
+    BYTES_PER_ELEMENT,
+    FLASH_IMPLS,
+    GRAD_BYTES,
+    InfeasibleConfig,
+    Layout,
+    ModelSpec,
+    grad_comm_bytes,
+    padded_vocab,
+)
 
 GIB = float(2 ** 30)
 
@@ -342,7 +351,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                          dtype=float)[tinv]
     stage_params = cparams @ onehot
     zd, zinv = unique_rows(np.column_stack([zero, dp]))
-    bpp = np.array([bytes_per_param(precision, int(z), int(d), options) for z, d in zd], dtype=float).reshape(-1, 3)[zinv]
+    bpp = np.array([bytes_per_param(precision, int(z), int(d), options) for z, d in zd],
+                   dtype=float).reshape(-1, 3)[zinv]
     k_in = in_flight_array(schedule, pp, vpp, num_micro_batches)
     acts = k_in * mean_layers[None, :] * act_layer[:, None]
     k_first = k_in[:, 0] if vpp == 1 else np.ceil(k_in[:, 0] / vpp)

@@ -206,7 +206,8 @@ def check_network_dict(d: Any, path: str | Path = NETWORK_FILE) -> dict[str, Any
     if not isinstance(algos, list) or not all(isinstance(a, str) and a in ALGORITHMS for a in algos):
         raise ArtifactError(path, "algorithms", f"{algos!r}: must be a list drawn from {', '.join(ALGORITHMS)}")
     if d.get("intra_topology", "switch") not in TOPOLOGIES:
-        raise ArtifactError(path, "intra_topology", f"{d.get('intra_topology')!r}: must be one of {', '.join(TOPOLOGIES)}")
+        raise ArtifactError(path, "intra_topology",
+                            f"{d.get('intra_topology')!r}: must be one of {', '.join(TOPOLOGIES)}")
     check_number(path, "node_gpus", d.get("node_gpus", 8), ge=1, integer=True)
     check_number(path, "nvls_min_gpus", d.get("nvls_min_gpus", 0), ge=0, integer=True)
     eff = d.get("collective_efficiency") or {}
@@ -237,7 +238,8 @@ def spec_network(platform: Platform, defaults: dict[str, float] | None = None) -
     intra = TierParams(intra_link * D["intra_efficiency"], D["intra_latency_us"], "link spec",
                        base_latency_us=D["intra_base_us"], ll_latency_us=D["ll_latency_us"],
                        ll_base_latency_us=D["ll_base_us"])
-    inter = TierParams(inter_link * D["inter_efficiency"], max(D["inter_latency_us"], platform.inter_node.latency_us * 0.5),
+    inter = TierParams(inter_link * D["inter_efficiency"],
+                       max(D["inter_latency_us"], platform.inter_node.latency_us * 0.5),
                        "link spec", base_latency_us=D["inter_base_us"], ll_latency_us=D["ll_latency_us"] * 4,
                        ll_base_latency_us=D["ll_base_us"] * 2)
     nvls = None
@@ -375,9 +377,11 @@ def store_to_full_buffer(samples: pd.DataFrame) -> pd.DataFrame:
 # parameter vector layout: name -> (getter path, lower, upper); all fitted in log space
 _PARAMS = [
     ("intra.bandwidth_gbps", 0.5, 5000.0), ("intra.latency_us", 0.01, 200.0), ("intra.base_latency_us", 0.5, 2000.0),
-    ("intra.ll_bandwidth_gbps", 0.05, 5000.0), ("intra.ll_latency_us", 0.01, 100.0), ("intra.ll_base_latency_us", 0.5, 500.0),
+    ("intra.ll_bandwidth_gbps", 0.05, 5000.0), ("intra.ll_latency_us", 0.01, 100.0),
+    ("intra.ll_base_latency_us", 0.5, 500.0),
     ("inter.bandwidth_gbps", 0.05, 1000.0), ("inter.latency_us", 0.01, 2000.0), ("inter.base_latency_us", 0.5, 20000.0),
-    ("inter.ll_bandwidth_gbps", 0.01, 1000.0), ("inter.ll_latency_us", 0.01, 2000.0), ("inter.ll_base_latency_us", 0.5, 5000.0),
+    ("inter.ll_bandwidth_gbps", 0.01, 1000.0), ("inter.ll_latency_us", 0.01, 2000.0),
+    ("inter.ll_base_latency_us", 0.5, 5000.0),
     ("nvls.bandwidth_gbps", 0.5, 5000.0), ("nvls.base_latency_us", 0.5, 2000.0),
     ("intra.p2p_bandwidth_gbps", 0.05, 5000.0), ("intra.p2p_latency_us", 0.5, 5000.0),
     ("inter.p2p_bandwidth_gbps", 0.01, 1000.0), ("inter.p2p_latency_us", 0.5, 20000.0),
@@ -404,7 +408,7 @@ def _with(net: NetworkModel, values: dict[str, float]) -> NetworkModel:
     for path, v in values.items():
         tier, name = path.split(".")
         by_tier.setdefault(tier, {})[name] = float(v)
-    kw = {}
+    kw: dict[str, Any] = {}
     for tier, ch in by_tier.items():
         if tier == "eff":
             kw["collective_efficiency"] = {**net.collective_efficiency, **ch}
@@ -450,10 +454,9 @@ def _relevant(samples: pd.DataFrame, net: NetworkModel) -> list[str]:
             if (r & (samples["message_bytes"] < 8 * 2**20)).sum() >= 3:
                 keep.append(path)
             continue
-        if name in ("latency_us", "base_latency_us") and not (r & small).any():
+        if name == "latency_us" and tier == "intra" and not (r & small).any():
             # large messages only: latencies are weakly identified; keep the base, drop the step term
-            if name == "latency_us" and tier == "intra":
-                continue
+            continue
         keep.append(path)
     return keep
 
@@ -574,6 +577,7 @@ def load_network_checked(platform: Platform, models_dir: str | Path) -> tuple[Ne
     if path == own:
         return replace(net, algorithms=spec.algorithms if net.nvls is not None or spec.nvls is None
                        else tuple(a for a in spec.algorithms if a != "nvls")), None
+    assert borrow is not None  # path is another platform's only when this one borrows a calibration
     try:
         return borrowed_network(platform, net, borrow), None
     except (ValueError, KeyError, TypeError) as e:
@@ -604,18 +608,17 @@ def borrowed_network(platform: Platform, other: NetworkModel, other_id: str, oth
     ri = scale(platform.intra_node.bandwidth_gbps, op.intra_node.bandwidth_gbps) if op else 1.0
     rx = scale(platform.inter_node.bandwidth_gbps, op.inter_node.bandwidth_gbps) if op else 1.0
 
-    def tier(t: TierParams | None, r: float, fallback: TierParams | None) -> TierParams | None:
-        if t is None:
-            return fallback
+    def tier(t: TierParams, r: float) -> TierParams:
         return replace(t, bandwidth_gbps=t.bandwidth_gbps * r,
                        ll_bandwidth_gbps=t.ll_bandwidth_gbps * r if t.ll_bandwidth_gbps else None,
                        p2p_bandwidth_gbps=t.p2p_bandwidth_gbps * r if t.p2p_bandwidth_gbps else None,
                        source=f"{t.source} (borrowed from {other_id}, bandwidth x{r:.2g})"
                        if t.source != "link spec" else t.source)
-    intra = tier(other.intra, ri, spec.intra) if other.intra.source != "link spec" else spec.intra
-    inter = tier(other.inter, rx, spec.inter) if other.inter.source != "link spec" else spec.inter
-    nvls = tier(other.nvls, ri, spec.nvls) if spec.nvls is not None else None
-    return replace(spec, intra=intra, inter=inter, nvls=nvls, validation={"borrowed_from": other_id, **other.validation})
+    intra = tier(other.intra, ri) if other.intra.source != "link spec" else spec.intra
+    inter = tier(other.inter, rx) if other.inter.source != "link spec" else spec.inter
+    nvls = (tier(other.nvls, ri) if other.nvls is not None else spec.nvls) if spec.nvls is not None else None
+    return replace(spec, intra=intra, inter=inter, nvls=nvls,
+                   validation={"borrowed_from": other_id, **other.validation})
 
 
 # --------------------------------------------------------------------------- expected error

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +176,7 @@ def fit_host_overhead(evaluate: Callable[[float, float], np.ndarray], measured_s
     ho = HostOverhead(host_s_per_layer_pass=float(h), blend_p=float(p), source=source,
                       fitted_on_runs=int(len(meas)), cv_mape=_mape(held, meas), fit_mape=_mape(fit_pred, meas))
     report = {"cv_mape": ho.cv_mape, "fit_mape": ho.fit_mape, "no_host_mape": _mape(none_pred, meas),
-              "folds": folds, "groups": int(len(uniq)), "fitted_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "folds": folds, "groups": int(len(uniq)), "fitted_at": datetime.now(UTC).isoformat(timespec="seconds")}
     return ho, report
 
 
@@ -183,7 +184,8 @@ def save_host_overhead(models_dir: str | Path, platform_id: str, ho: HostOverhea
     path = Path(models_dir) / platform_id / HOST_OVERHEAD_FILE
     d = {**asdict(ho), "report": report,
          "model": "per chunk and micro-batch pass: T = (G**p + H**p)**(1/p), H = layers * host_s_per_layer_pass * "
-                  "passes (forward 1; backward 1 + 1 per fully recomputed layer, 0.25 selective); see predictor/overhead.py"}
+                  "passes (forward 1; backward 1 + 1 per fully recomputed layer, 0.25 selective); "
+                  "see predictor/overhead.py"}
     if not np.isfinite(ho.blend_p):
         d["blend_p"] = None  # infinity (max(G, H)) as JSON
     host_overhead_from_dict(json.loads(json.dumps(d, default=float)), path)  # never write what would not load

@@ -170,7 +170,7 @@ def _where(origin: str, entry: str, fld: str) -> str:
 
 def _number(raw: dict[str, Any], key: str, origin: str, entry: str, *, required: bool = True,
             default: float | None = None, minimum: float = 0.0, strict: bool = False, integer: bool = False):
-    v = raw.get(key, None)
+    v = raw.get(key)
     if v is None:
         if required and default is None:
             raise InfeasibleConfig(_where(origin, entry, key), "is missing.", f"add '{key}' to the entry.")
@@ -250,7 +250,8 @@ def _link_from(raw: dict[str, Any] | None, origin: str = "", entry: str = "", wh
     if not isinstance(raw, dict):
         raise InfeasibleConfig(_where(origin, entry, which), "must be a mapping with kind, bandwidth_gbps, latency_us.")
     return LinkSpec(kind=str(raw.get("kind", "")),
-                    bandwidth_gbps=_number(raw, "bandwidth_gbps", origin, f"{entry}.{which}", required=False, default=0.0),
+                    bandwidth_gbps=_number(raw, "bandwidth_gbps", origin, f"{entry}.{which}", required=False,
+                                           default=0.0),
                     latency_us=_number(raw, "latency_us", origin, f"{entry}.{which}", required=False, default=0.0))
 
 
@@ -267,7 +268,8 @@ def _read_catalog_file(path: Path) -> dict[str, Any]:
         else:
             data = json.loads(text)
     except Exception as e:  # noqa: BLE001 - parse errors of either format
-        raise InfeasibleConfig("clusters", f"'{path}' is not valid {'YAML' if Path(path).suffix in ('.yaml', '.yml') else 'JSON'}: {e}.",
+        fmt = "YAML" if Path(path).suffix in (".yaml", ".yml") else "JSON"
+        raise InfeasibleConfig("clusters", f"'{path}' is not valid {fmt}: {e}.",
                                "fix the syntax (see docs/ or predictor/catalog/clusters.json for the shape).") from None
     if data is None:
         return {}
@@ -341,18 +343,22 @@ def _platform_from(pid: str, raw: dict[str, Any], devices: dict[str, DeviceSpec]
                                "give the per-GPU, one-direction GB/s of the node's GPU fabric (NVLink, xGMI or PCIe).")
     if inter.bandwidth_gbps <= 0 and user:
         raise InfeasibleConfig(_where(origin, pid, "inter_node.bandwidth_gbps"),
-                               "is missing or not positive.", "give the per-GPU, one-direction network GB/s (400 Gb/s = 50).")
+                               "is missing or not positive.",
+                               "give the per-GPU, one-direction network GB/s (400 Gb/s = 50).")
     for which, link in (("intra_node", intra), ("inter_node", inter)):
         if link.bandwidth_gbps > 5000:
             raise InfeasibleConfig(_where(origin, pid, f"{which}.bandwidth_gbps"),
                                    f"{link.bandwidth_gbps:g} GB/s per GPU is implausible.",
-                                   "give GB/s (bytes), per GPU and one direction; e.g. NVLink 4 = 450, 400 Gb/s NIC = 50.")
+                                   "give GB/s (bytes), per GPU and one direction; e.g. NVLink 4 = 450, "
+                                   "400 Gb/s NIC = 50.")
     algs, nvls_min = _algorithms(raw, device, gpn, intra.kind, origin, pid)
     op_models = raw.get("op_models", device.transfer_source if user else None)
     overlap = raw.get("overlaps_comm_with_compute", True)
     if not isinstance(overlap, bool):
-        raise InfeasibleConfig(_where(origin, pid, "overlaps_comm_with_compute"), f"must be true or false, got {overlap!r}.",
-                               "write true (GPUs: collectives hide behind compute) or false (they share the compute's cores).")
+        raise InfeasibleConfig(_where(origin, pid, "overlaps_comm_with_compute"),
+                               f"must be true or false, got {overlap!r}.",
+                               "write true (GPUs: collectives hide behind compute) or false (they share the "
+                               "compute's cores).")
     return Platform(
         platform_id=pid, description=str(raw.get("description", "")), device=device,
         gpus_per_node=gpn, intra_node=intra, inter_node=inter,
@@ -445,7 +451,8 @@ def make_cluster(device_id: str, gpus_per_node: int, intra_gbps: float | None = 
     pid = platform_id or f"{GENERIC_PREFIX}{device_id}:{gpus_per_node}:{intra_gbps:g}:{inter_gbps:g}"
     raw: dict[str, Any] = {
         "description": description or (f"generic: {gpus_per_node}x {dev.name} per node, {intra_kind} "
-                                        f"{intra_gbps:g} GB/s per GPU inside a node, {inter_kind} {inter_gbps:g} GB/s per GPU between nodes"),
+                                        f"{intra_gbps:g} GB/s per GPU inside a node, {inter_kind} "
+                                        f"{inter_gbps:g} GB/s per GPU between nodes"),
         "device": device_id, "gpus_per_node": gpus_per_node,
         "intra_node": {"kind": intra_kind, "bandwidth_gbps": intra_gbps,
                        "latency_us": intra_latency_us if intra_latency_us is not None

@@ -15,31 +15,42 @@ The numbers come from the one step-time engine (`predictor.engine`), the same th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import features, paths
 from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
 from .decompose import CommCall, OpCall
-from .engine import (HOST_PROVENANCE, RECOMPUTE, ZERO2_GATHER, Engine, Evaluation, Structure, class_keys,
-                     rows_for, structure_classes, unit_keys)
+from .engine import (
+    HOST_PROVENANCE,
+    RECOMPUTE,
+    ZERO2_GATHER,
+    Engine,
+    Evaluation,
+    Structure,
+    class_keys,
+    rows_for,
+    structure_classes,
+    unit_keys,
+)
 from .frameworks import get_framework
 from .memory import GIB, MemoryOptions, MemoryReport, report_from_arrays
 from .network import analytic_time_s, expected_error, load_network_checked
 from .ops import STAND_INS
 from .overhead import load_host_overhead_checked
 from .params import layer_matmul_params, padded_vocab
+from .paths import ArtifactError
 from .platforms import Platform, get_platform
 from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict
-from .paths import ArtifactError
+from .speed import SpeedCheck, load_speed_check_checked
 from .terms import causal_attention_factors, load_terms_checked
 
 PAPER_SOURCE_PREFIX = "arXiv 2509.22832"  # regressors.PAPER_SOURCE: the paper's (non-causal) samples
-from .speed import SpeedCheck, load_speed_check_checked
 
 MODELS_DIR = paths.PACKAGED_MODELS_DIR
 
@@ -172,7 +183,7 @@ class Predictor:
         self._note(warn)
         self.terms = None   # end-to-end terms (predictor.terms): GPU platforms
         if self.platform.device.vendor == "cpu":
-            from .machine import mismatch_warning   # CPU samples describe the machine that took them
+            from .machine import mismatch_warning  # CPU samples describe the machine that took them
             self._note(mismatch_warning(self.platform.op_models or self.platform.platform_id, self.models_dir))
         else:
             self.terms, warn = load_terms_checked(self.models_dir)
@@ -253,8 +264,9 @@ class Predictor:
             return ach
         from . import transfer
         src = transfer.source_device(self.platform)
-        if src is not None and src.achievable_flops(precision) and dev.peak_flops(precision) > 0:
-            return dev.peak_flops(precision) * src.achievable_flops(precision) / src.peak_flops(precision)
+        src_ach = src.achievable_flops(precision) if src is not None else None
+        if src is not None and src_ach and dev.peak_flops(precision) > 0:
+            return dev.peak_flops(precision) * src_ach / src.peak_flops(precision)
         return None
 
     def _achievable_floor_s(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):

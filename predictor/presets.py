@@ -32,5 +32,6 @@ def get_preset(name: str) -> ModelSpec:
     key = name.strip().lower()
     if key not in _PRESETS:
         raise InfeasibleConfig("model", f"unknown model preset '{name}'.",
-                               f"use one of {', '.join(list_presets())}, or give the fields (--arch --layers --hidden --heads ...).")
+                               f"use one of {', '.join(list_presets())}, or give the fields "
+                               "(--arch --layers --hidden --heads ...).")
     return _PRESETS[key]

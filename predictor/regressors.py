@@ -32,16 +32,22 @@ import math
 import platform as _pyplatform
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from .lgb_import import import_lightgbm
 
-lgb = import_lightgbm()
+if TYPE_CHECKING:
+    import lightgbm as lgb
+else:
+    lgb = import_lightgbm()
 
+# The imports below come after import_lightgbm() on purpose: lightgbm must load before anything else has
+# imported pandas or scikit-learn, or it imports their (slow) integrations (see lgb_import.py).
 if TYPE_CHECKING:
     import pandas as pd
 import numpy as np
@@ -150,9 +156,9 @@ def compact_model_text(text: str) -> str:
         if line.startswith(_DROP_TREE_KEYS):
             continue
         if line.startswith("leaf_value="):
-            line = "leaf_value=" + " ".join("%.7g" % float(v) for v in line[11:].split())
+            line = "leaf_value=" + " ".join(f"{float(v):.7g}" for v in line[11:].split())
         elif line.startswith("threshold="):
-            line = "threshold=" + " ".join("%.10g" % float(v) for v in line[10:].split())
+            line = "threshold=" + " ".join(f"{float(v):.10g}" for v in line[10:].split())
         out.append(line)
     return "\n".join(out) + "end of trees\n"
 
@@ -224,12 +230,20 @@ class _LogEfficiencyRegressor:
     kind = "op"
     physical_bound = PHYSICAL_BOUND_COMPUTE
     slow_bound = True  # drop grossly slow (corrupt) rows; independent of the physical (fast) bound
+    # set by fit(), or read back by load() from metadata that may lack them (hence None)
+    objective_: str | None
+    n_samples_: int | None
+    n_used_: int | None
+    n_outliers_removed_: int | None
+    data_hash_: str | None
+    train_ratio_range_: list[float] | None
+    trained_at_: str | None
 
     def __init__(self, params: Mapping[str, Any] | None = None):
         self.params = dict(params or {})
 
     # subclasses build (X, roofline) from their inputs and call _fit_arrays
-    capacity: dict[str, Any] = {}
+    capacity: ClassVar[dict[str, Any]] = {}  # read-only; subclasses replace it
 
     def _full_params(self) -> dict[str, Any]:
         """DEFAULT_PARAMS, then the class capacity, then size-dependent leaves (7 leaves below 1000
@@ -311,14 +325,14 @@ class _LogEfficiencyRegressor:
         # metrics
         if cv["folds"]:
             ape = _ape(oof, du)
-            cv.update({k: v for k, v in _metrics(ape).items()})
+            cv.update(_metrics(ape))
             cv["clean"] = _metrics(ape[keep])
             # all rows including physically impossible ones, predicted by the final model
             imp_idx = np.where(impossible)[0]
             ape_imp = _ape(roof[imp_idx] * np.exp(booster.predict(X[imp_idx])), durations[imp_idx]) \
                 if len(imp_idx) else np.array([])
             cv["all_rows"] = _metrics(np.concatenate([ape, ape_imp]))
-            if gu is not None:
+            if gu is not None and groups is not None:
                 by = {}
                 gi = groups[impossible] if len(imp_idx) else np.array([], dtype=object)
                 for g in pd.unique(gu):
@@ -346,7 +360,7 @@ class _LogEfficiencyRegressor:
             "implausibly_slow": {"removed": int(too_slow.sum()),
                                  "rule": f"duration > {SLOW_BOUND_RATIO:g} x roofline_s and > {SLOW_BOUND_MIN_S:g} s"
                                          if self.slow_bound else "disabled"},
-            "residual": {k: v for k, v in finfo.items()},
+            "residual": dict(finfo),
             "trained_on": int(keep.sum()),
         }
         warnings = []
@@ -373,7 +387,7 @@ class _LogEfficiencyRegressor:
         self.mape_all_rows_ = cv.get("all_rows", {}).get("mape") if cv["folds"] else None
         self.data_hash_ = _data_hash(np.column_stack([dedupe_keys[use]]), du)
         self.train_ratio_range_ = [float(np.min(du / ru)), float(np.max(du / ru))]
-        self.trained_at_ = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        self.trained_at_ = datetime.now(UTC).isoformat(timespec="seconds")
 
     def _label(self) -> str:
         return self.kind
@@ -831,9 +845,10 @@ class OpRegressor(_LogEfficiencyRegressor):
     """
 
     kind = "op"
+    precision_: str | None  # None when read from metadata without it
 
     def __init__(self, op: str, pass_: str, params: Mapping[str, Any] | None = None, *,
-                 physical_bound: float | None | str = "auto"):
+                 physical_bound: float | str | None = "auto"):
         if op not in ops.OPS:
             raise KeyError(f"unknown op '{op}' (known: {', '.join(ops.OPS)})")
         if pass_ not in ops.OPS[op].passes:
@@ -853,7 +868,7 @@ class OpRegressor(_LogEfficiencyRegressor):
 
     def fit(self, shapes_df: pd.DataFrame, durations_s, device, precision: str = "fp16", *,
             cv_folds: int = 0, groups=None, filter_outliers: bool = True,
-            progress: Callable[[str], None] | None = None) -> "OpRegressor":
+            progress: Callable[[str], None] | None = None) -> OpRegressor:
         """Fit on shape columns and measured seconds. `groups` (e.g. the optimizer variant) only
         splits the CV report. `cv_folds` > 1 also runs the K-fold CV."""
         import pandas as pd
@@ -890,7 +905,7 @@ class OpRegressor(_LogEfficiencyRegressor):
         return (*super()._metadata_keys(), "op", "pass", "device_id", "precision", "shape_ranges")
 
     @classmethod
-    def load(cls, directory: str | Path, op: str, pass_: str) -> "OpRegressor":
+    def load(cls, directory: str | Path, op: str, pass_: str) -> OpRegressor:
         booster, md = _read_pair(Path(directory), f"{op}.{pass_}")
         r = cls(op, pass_, md.get("lightgbm_params"))
         r._restore(booster, md)
@@ -907,9 +922,10 @@ class CollectiveRegressor(_LogEfficiencyRegressor):
     kind = "collective"
     physical_bound = PHYSICAL_BOUND_COLLECTIVE
     capacity = COLLECTIVE_CAPACITY
+    message_bytes_range_: list[float] | None  # None when read from metadata without it
 
     def __init__(self, collective: str, params: Mapping[str, Any] | None = None, *,
-                 physical_bound: float | None | str = "auto"):
+                 physical_bound: float | str | None = "auto"):
         if collective not in ops.COLLECTIVES:
             raise KeyError(f"unknown collective '{collective}' (known: {', '.join(ops.COLLECTIVES)})")
         super().__init__(params)
@@ -924,7 +940,7 @@ class CollectiveRegressor(_LogEfficiencyRegressor):
 
     def fit(self, message_bytes, nodes, gpus_per_node, durations_s, platform, *, cv_folds: int = 0,
             groups=None, filter_outliers: bool = True,
-            progress: Callable[[str], None] | None = None) -> "CollectiveRegressor":
+            progress: Callable[[str], None] | None = None) -> CollectiveRegressor:
         import pandas as pd
         S = np.asarray(message_bytes, dtype="float64")
         nn_ = np.asarray(nodes, dtype="float64")
@@ -976,7 +992,7 @@ class CollectiveRegressor(_LogEfficiencyRegressor):
                 "message_bytes_convention")
 
     @classmethod
-    def load(cls, directory: str | Path, collective: str) -> "CollectiveRegressor":
+    def load(cls, directory: str | Path, collective: str) -> CollectiveRegressor:
         booster, md = _read_pair(Path(directory), f"collective.{collective}")
         r = cls(collective, md.get("lightgbm_params"))
         r._restore(booster, md)
@@ -1031,7 +1047,7 @@ class ModelBank:
         self._lock = threading.Lock()
 
     @classmethod
-    def load(cls, platform_id: str, models_dir: str | Path | None = None) -> "ModelBank":
+    def load(cls, platform_id: str, models_dir: str | Path | None = None) -> ModelBank:
         d = paths.models_dir(models_dir)
         path = paths.platform_dir(platform_id, d)
         if not path.is_dir():

@@ -25,22 +25,32 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from . import memory as mem
+from .bounds import check_bound
 from .compose import CATEGORIES
 from .costing import TrainingEstimate, training_estimate
 from .decompose import split_layers
 from .engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  # noqa: F401  (_unique_rows re-exported)
+from .frameworks import get_framework
 from .platforms import Platform
 from .predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
-from .frameworks import get_framework
-from .bounds import check_bound
-from .specs import DEFAULT_FRAMEWORK, FLASH_IMPLS, FRAMEWORKS, RECOMPUTES, SCHEDULES, InfeasibleConfig, Layout, ModelSpec
+from .specs import (
+    DEFAULT_FRAMEWORK,
+    FLASH_IMPLS,
+    FRAMEWORKS,
+    RECOMPUTES,
+    SCHEDULES,
+    InfeasibleConfig,
+    Layout,
+    ModelSpec,
+)
 
 OBJECTIVES = {"time": ("step_time_s", True), "tokens": ("tokens_per_s", False), "mfu": ("mfu", False),
               "cost": ("gpu_hours_per_mtok", True)}

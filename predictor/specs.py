@@ -6,12 +6,12 @@ and the dashboard show it as a warning, never as a traceback.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from . import params
 from .bounds import check_bound, check_tokens_per_micro_batch
-from .params import padded_vocab  # noqa: F401  (re-exported: callers import it from specs)
+from .params import padded_vocab
 
 ARCHS = ("gpt", "llama")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")

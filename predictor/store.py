@@ -224,7 +224,7 @@ class IngestReport:
 
     @property
     def rows_added(self) -> dict[str, int]:
-        out = {t: 0 for t in SAMPLE_TABLES}
+        out = dict.fromkeys(SAMPLE_TABLES, 0)
         for f in self.files:
             for t, n in f.rows_added.items():
                 out[t] = out.get(t, 0) + n
@@ -311,14 +311,16 @@ class IngestReport:
             lines.append("measured runs per source:")
             for sid, s in sorted(self.sources.items()):
                 head = "earlier ingest: " if s["previously"] else ""
-                parts = [f"ingested {s['ingested']:,}"] + ([f"duplicates {s['duplicates']:,}"] if s["duplicates"] else [])
+                parts = [f"ingested {s['ingested']:,}"]
+                parts += [f"duplicates {s['duplicates']:,}"] if s["duplicates"] else []
                 for k in ("skipped", "rejected"):
                     total = sum(s[k].values())
                     detail = ", ".join(f"{r} {n}" for r, n in sorted(s[k].items(), key=lambda kv: (-kv[1], kv[0])))
                     parts.append(f"{k} {total:,}" + (f" ({detail})" if total else ""))
                 lines.append(f"  {sid}: {head}{'; '.join(parts)}")
         if self.rejected_by_reason:
-            lines.append("rows rejected by reason: " + ", ".join(f"{r} {n:,}" for r, n in self.rejected_by_reason.items()))
+            lines.append("rows rejected by reason: "
+                         + ", ".join(f"{r} {n:,}" for r, n in self.rejected_by_reason.items()))
         by_status: dict[str, list[FileOutcome]] = {}
         for f in self.files:
             if f.status != "ingested":
@@ -405,7 +407,7 @@ def row_keys(df: pd.DataFrame, table: str, group: pd.Series | None = None) -> pd
 def _backfill(con: duckdb.DuckDBPyConnection) -> None:
     """Give rows ingested before row keys (or source ids) existed theirs, inside the caller's transaction."""
     for table in SAMPLE_TABLES:
-        n = con.execute(f"SELECT count(*) FROM {table} WHERE row_key IS NULL").fetchone()[0]
+        n = (con.execute(f"SELECT count(*) FROM {table} WHERE row_key IS NULL").fetchone() or (0,))[0]
         if not n:
             continue
         cols = ", ".join(f'"{c}"' for c in ROW_KEY_COLUMNS[table])
@@ -638,7 +640,8 @@ def _columns(c: duckdb.DuckDBPyConnection, table: str) -> list[str]:
 
 
 def _has_table(c: duckdb.DuckDBPyConnection, table: str) -> bool:
-    return bool(c.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()[0])
+    row = c.execute("SELECT count(*) FROM information_schema.tables WHERE table_name = ?", [table]).fetchone()
+    return bool(row and row[0])
 
 
 def _select_all(c: duckdb.DuckDBPyConnection, table: str, wanted: tuple[str, ...] = ()) -> str:

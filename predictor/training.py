@@ -14,8 +14,9 @@ import json
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,7 @@ from .regressors import (
 
 Progress = Callable[[int, int, str], None]
 _PAPER_NCCL_RE = re.compile(r"_(allreduce_large|allreduce|allgather_large|p2p)_fp16(?:_\d+_\d+)?\.csv$")
-_PAPER_OPT_GROUP = {k: v for k, v in ops.PAPER_OPTIMIZER_FILES.items()}  # paper function -> variant
+_PAPER_OPT_GROUP = dict(ops.PAPER_OPTIMIZER_FILES)  # paper function -> variant
 _SAME_ROOFLINE = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
 
 
@@ -134,7 +135,9 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
         def sub(msg: str, _i=i) -> None:
             if progress:
                 progress(_i, total, msg)
+        model: OpRegressor | CollectiveRegressor
         if kind == "op":
+            assert ps is not None  # op jobs name their pass
             g = opdf[(opdf["op"] == name) & (opdf["pass"] == ps)]
             dtypes = g["dtype"].fillna("fp16").astype(str)
             main = dtypes.value_counts().index[0]

@@ -125,7 +125,7 @@ def wave_efficiency(op: str, a: dict[str, np.ndarray], device: DeviceSpec) -> np
     except AttributeError:
         return np.ones(n)
     if op in TENSOR_CORE_OPS:
-        M, N, K, B = F.gemm_mnk(op, d)
+        M, N, _K, B = F.gemm_mnk(op, d)
         return _wave_eff(np.ceil(M / TILE) * np.ceil(N / TILE) * B, device.sm_count)
     if op in FLASH_OPS:
         return _wave_eff(d["b"] * d["Hr"] * np.ceil(d["l"] / TILE), device.sm_count)
@@ -323,7 +323,8 @@ def trustworthy(info: dict[str, Any] | None) -> bool:
     return frac is None or float(frac) <= CORRUPT_SOURCE_FRACTION
 
 
-def alternative_source(op: str, pass_: str, target: DeviceSpec, models_dir: str | Path, exclude: tuple[str, ...] = ()):
+def alternative_source(op: str, pass_: str, target: DeviceSpec, models_dir: str | Path,
+                       exclude: tuple[str | None, ...] = ()):
     """(platform id, bank, device) of another sampled platform with a trustworthy model of (op, pass),
     the same GPU generation as `target` first; None if there is none."""
     from .platforms import get_platform

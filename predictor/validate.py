@@ -2,8 +2,7 @@
 from __future__ import annotations
 
 import json
-import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -101,7 +100,7 @@ def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None, summar
          "median_ape": float(ok["ape"].median()) if len(ok) else None,
          "p90_ape": float(ok["ape"].quantile(0.9)) if len(ok) else None,
          "source": ", ".join(sorted(set(map(str, ok.get("source", pd.Series(["store"])).unique()))))[:300],
-         "validated_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+         "validated_at": datetime.now(UTC).isoformat(timespec="seconds")}
     if summary:
         d |= {"latest_run_mape": d["mape"], "latest_run_n": d["n_runs"]} | dict(summary)
     path = Path(models_dir or MODELS_DIR) / platform_id / "validation.json"

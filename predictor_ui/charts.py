@@ -7,7 +7,8 @@ Colours are fixed per category / provenance so every page reads the same way.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd

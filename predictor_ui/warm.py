@@ -87,5 +87,5 @@ async def warm_up_before_serving(timeout_s: float = WARM_UP_TIMEOUT_S) -> None:
     import asyncio
     try:
         await asyncio.wait_for(asyncio.to_thread(warm_up), timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         _log(f"still running after {timeout_s:g} s; serving anyway")

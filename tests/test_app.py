@@ -329,6 +329,7 @@ def test_accuracy_end_to_end_and_operators(tiny_env):
 def saved_validation_env(tiny, tmp_path, monkeypatch):
     """The tiny store and a copy of its models with a saved end-to-end validation."""
     import shutil
+
     from predictor.validate import save_validation, validate_runs
     models = tmp_path / "models"
     shutil.copytree(tiny["models"], models)

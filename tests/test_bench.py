@@ -70,7 +70,8 @@ def test_resume_skips_finished_shapes(tmp_path):
     more = run_ops("test-cpu", out, n_per_op=3, **kw)  # one new point per op, fwd + bwd
     assert more["rows_written"] == 4
     df = store_io.read_shards(out, "ops")
-    keys = [D.sample_key(r["op"], r["pass"], r["dtype"], {c: (None if pd.isna(r[c]) else r[c]) for c in P.SHAPE_COLUMNS})
+    keys = [D.sample_key(r["op"], r["pass"], r["dtype"],
+                         {c: (None if pd.isna(r[c]) else r[c]) for c in P.SHAPE_COLUMNS})
             for r in df.to_dict(orient="records")]
     assert len(keys) == len(set(keys)) == 12
     # an interrupted run (budget spent at once) keeps what earlier runs finished and adds nothing broken
@@ -85,7 +86,7 @@ def test_space_filling_design_respects_bounds_and_budget(op):
     pts = D.op_design(op, 40, "cpu")
     assert 0 < len(pts) <= 40
     assert all(D.in_bounds(p, "cpu") for p in pts)
-    assert all(set(k for k, v in p.shape.items() if v is not None) <= set(P.OPS[op].shape_columns) for p in pts)
+    assert all({k for k, v in p.shape.items() if v is not None} <= set(P.OPS[op].shape_columns) for p in pts)
     # deterministic, and every prefix is the start of the longer plan (a cut-short run stays space-filling)
     assert [p.shape for p in D.op_design(op, 10, "cpu")] == [p.shape for p in pts[:10]]
     # not a grid: many distinct values per dimension, spread over the range
@@ -198,7 +199,7 @@ def test_interference_meter_sees_other_processes():
     x = 0
     for i in range(3_000_00):
         x += i * i
-    wall, tot, own = m.delta(s)
+    wall, _tot, own = m.delta(s)
     assert own > 0 or wall < 0.05
     s = m.snap()
     subprocess.run([sys.executable, "-c", "import time\nt=time.time()\nwhile time.time()-t<0.4: pass"], check=True)
@@ -253,7 +254,7 @@ def test_collective_sampler_runs_under_torchrun_with_two_gloo_ranks(tmp_path):
            "collectives", "--platform", "test-cpu", "--out", str(out), "--sizes", "2", "--min-bytes", "256",
            "--max-bytes", "4096", "--no-wait", "--no-guard", "--no-progress"]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     df = store_io.read_shards(out, "coll")
     assert set(df["collective"]) == {"allreduce", "allgather", "reducescatter", "p2p"}
@@ -290,7 +291,8 @@ def test_a_sample_set_of_another_machine_is_never_resumed(tmp_path):
     msg = str(exc.value)
     assert "AMD EPYC" in msg and "Intel(R) Xeon(R) Platinum 8375C" in msg and amd.id in msg and intel.id in msg
     assert "CPU vendor: AuthenticAMD vs GenuineIntel" in msg and "never mixed" in msg
-    assert len(store_io.read_shards(out, "ops")) == 8 and len(json.loads((out / "manifest.json").read_text())["runs"]) == 1
+    assert len(store_io.read_shards(out, "ops")) == 8
+    assert len(json.loads((out / "manifest.json").read_text())["runs"]) == 1
     # the same machine resumes (skips what is measured), even with another host name or memory size
     amd_again = dataclasses.replace(amd, host="other-vm", memory_gib=64.0)
     again = run_ops("test-cpu", out, machine=amd_again, **kw)

@@ -132,7 +132,8 @@ def test_another_machines_sets_send_this_machine_to_its_own_folder(tmp_path, fak
     root = tmp_path / "samples"
     for p in ("cpu-2t", "cpu-1t"):
         store_io.update_manifest(root / p, p, facts={"machine": other.to_dict()}, run={"run_id": "x", "kind": "ops"})
-        store_io.write_shard(root / p, "ops", "x", 0, [{"platform": p, "op": "res_add", "pass": "fwd", "duration_s": 1.0}])
+        store_io.write_shard(root / p, "ops", "x", 0,
+                             [{"platform": p, "op": "res_add", "pass": "fwd", "duration_s": 1.0}])
     before = {p: (root / p / "manifest.json").read_text() for p in ("cpu-2t", "cpu-1t")}
     assert C.main(_args(tmp_path, "--plan")) == 0
     out = capsys.readouterr().out
@@ -222,7 +223,8 @@ def test_calibration_fits_the_host_term_on_fresh_steps_and_writes_the_validation
         ho = load_host_overhead(models, p)
         assert ho.host_s_per_layer_pass == pytest.approx(h_true, rel=0.2) and ho.blend_p == 1.0
         val = json.loads((models / p / "validation.json").read_text())
-        assert val["mape"] == pytest.approx(t["fit"]["cv_mape"]) and val["mape"] < 0.05 and val["n_runs"] == len(t["runs"])
+        assert val["mape"] == pytest.approx(t["fit"]["cv_mape"]) and val["mape"] < 0.05
+        assert val["n_runs"] == len(t["runs"])
         assert "leave-one-model-out" in val["mape_basis"]
         runs = pd.read_csv(out / f"{p}-runs.csv")
         assert len(runs) == len(t["runs"]) and (runs["platform"] == p).all()

@@ -60,8 +60,8 @@ def test_mamf_values_match_ml_engineering():
     for did, acc in rows.items():
         assert devs[did].achievable_matmul_tflops["bf16"] == pytest.approx(float(bf.loc[acc, "MAMF"])), did
         assert devs[did].peak_tflops["bf16"] == pytest.approx(float(bf.loc[acc, "Theory"]), rel=0.01), did
-    assert devs["h200-sxm-141gb"].achievable_matmul_tflops["fp8"] == pytest.approx(float(fp8.loc["NVIDIA H200 SXM", "MAMF"]))
-    assert devs["b200-sxm-180gb"].achievable_matmul_tflops["fp8"] == pytest.approx(float(fp8.loc["NVIDIA B200 SXM", "MAMF"]))
+    for dev, name in (("h200-sxm-141gb", "NVIDIA H200 SXM"), ("b200-sxm-180gb", "NVIDIA B200 SXM")):
+        assert devs[dev].achievable_matmul_tflops["fp8"] == pytest.approx(float(fp8.loc[name, "MAMF"]))
 
 
 def test_presets_cover_every_gpu_and_required_ids():
@@ -96,7 +96,7 @@ def test_nvls_only_on_nvswitch_hopper_and_blackwell():
     plats = P.load_platforms()
     assert plats["dgx-h200"].has_nvls and plats["dgx-h200"].nvls_min_gpus == 5
     assert plats["dgx-b200"].has_nvls and plats["dgx-b200"].nvls_min_gpus == 6
-    assert not plats["dgx-a100-80gb"].has_nvls and not plats["mi300x-8"].has_nvls and not plats["perlmutter-a100"].has_nvls
+    assert not any(plats[p].has_nvls for p in ("dgx-a100-80gb", "mi300x-8", "perlmutter-a100"))
 
 
 def test_make_cluster_defaults_and_generic_ids():
@@ -164,7 +164,8 @@ clusters:
      "bad.intra_node.bandwidth_gbps"),
     ({"device": "l4", "gpus_per_node": 4, "intra_node": {"bandwidth_gbps": 32}, "inter_node": {"bandwidth_gbps": 0}},
      "bad.inter_node.bandwidth_gbps"),
-    ({"device": "l4", "gpus_per_node": 4, "intra_node": {"bandwidth_gbps": 32}, "inter_node": {"bandwidth_gbps": 10000}},
+    ({"device": "l4", "gpus_per_node": 4, "intra_node": {"bandwidth_gbps": 32},
+      "inter_node": {"bandwidth_gbps": 10000}},
      "bad.inter_node.bandwidth_gbps"),
     ({"device": "l4", "gpus_per_node": 4, "intra_node": {"kind": "pcie", "bandwidth_gbps": 32},
       "inter_node": {"bandwidth_gbps": 10}, "collective_algorithms": ["ring", "nvls"]}, "bad.collective_algorithms"),

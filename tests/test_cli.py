@@ -3,14 +3,15 @@ import json
 import pandas as pd
 import pytest
 
-from predictor.compose import CATEGORIES
 from predictor.cli import main
+from predictor.compose import CATEGORIES
 from predictor.layout_io import BATCH_COLUMNS
 
 
 def test_predict_json_is_complete_and_consistent(capsys, models_without_terms):
-    rc = main(["predict", "--platform", "perlmutter-a100", "--models-dir", str(models_without_terms), "--model", "llemma-7b", "--num-gpus", "16", "--tp", "2",
-               "--pp", "4", "--micro-batch", "4", "--global-batch", "64", "--seq-len", "4096", "--recompute", "full",
+    rc = main(["predict", "--platform", "perlmutter-a100", "--models-dir", str(models_without_terms),
+               "--model", "llemma-7b", "--num-gpus", "16", "--tp", "2", "--pp", "4", "--micro-batch", "4",
+               "--global-batch", "64", "--seq-len", "4096", "--recompute", "full",
                "--precision", "fp16", "--json", "--ops"])
     assert rc == 0
     d = json.loads(capsys.readouterr().out)
@@ -50,7 +51,7 @@ def test_unknown_platform_is_a_clear_error(capsys):
 
 
 def _row(**kw):
-    base = {c: "" for c in BATCH_COLUMNS}
+    base = dict.fromkeys(BATCH_COLUMNS, "")
     base.update({"platform": "dgx-a100-80gb", "arch": "llama", "layers": "4", "hidden": "2048", "heads": "16",
                  "seq_len": "2048", "num_gpus": "8", "tp": "2", "micro_batch": "1", "global_batch": "16"})
     base.update({k: str(v) for k, v in kw.items()})
@@ -103,4 +104,16 @@ def test_validate_reads_measured_runs_from_the_store(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)["summary"][0]
     assert summary["runs"] == 3 and summary["mape"] > 0
     per_run = pd.read_csv(tmp_path / "v.csv")
-    assert (per_run["ape"] - (per_run["predicted_s"] - per_run["measured_s"]).abs() / per_run["measured_s"]).abs().max() < 1e-9
+    ape = (per_run["predicted_s"] - per_run["measured_s"]).abs() / per_run["measured_s"]
+    assert (per_run["ape"] - ape).abs().max() < 1e-9
+
+
+def test_train_without_platform_trains_every_platform_in_the_store(monkeypatch, tmp_path):
+    """`train` with no --platform takes the store's platform ids (list_platforms returns a list of ids)."""
+    import predictor.store as store
+    import predictor.training as training
+    seen = []
+    monkeypatch.setattr(store, "list_platforms", lambda **kw: ["p1", "p2"])
+    monkeypatch.setattr(training, "train_platform", lambda pid, **kw: seen.append(pid) or pd.DataFrame())
+    assert main(["train", "--models-dir", str(tmp_path), "--quiet"]) == 0
+    assert seen == ["p1", "p2"]

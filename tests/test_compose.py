@@ -1,7 +1,16 @@
+import itertools
+
 import pytest
 
-from predictor.compose import (ChunkTimes, ComposeOptions, StageTail, compose, pipeline_time_closed_form,
-                               simulate_pipeline, stage_totals)
+from predictor.compose import (
+    ChunkTimes,
+    ComposeOptions,
+    StageTail,
+    compose,
+    pipeline_time_closed_form,
+    simulate_pipeline,
+    stage_totals,
+)
 
 
 def _uniform(p, v, f=1.0, b=2.0):
@@ -19,7 +28,7 @@ def test_simulation_matches_closed_form_for_uniform_stages(schedule, p, v, m):
     # no two tasks overlap on one GPU
     for s in range(p):
         ev = sorted((e["start_s"], e["end_s"]) for e in timeline if e["stage"] == s)
-        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ev, ev[1:]))
+        assert all(a[1] <= b[0] + 1e-12 for a, b in itertools.pairwise(ev))
 
 
 def test_textbook_bubble_fraction():
@@ -32,7 +41,8 @@ def test_textbook_bubble_fraction():
 
 
 def test_slowest_stage_dominates_uneven_pipelines():
-    chunks = [ChunkTimes(0, 0, {"compute": 1.0}, {"compute": 2.0}), ChunkTimes(1, 0, {"compute": 2.0}, {"compute": 4.0})]
+    chunks = [ChunkTimes(0, 0, {"compute": 1.0}, {"compute": 2.0}),
+              ChunkTimes(1, 0, {"compute": 2.0}, {"compute": 4.0})]
     sim, _ = simulate_pipeline(chunks, 2, 1, 10, "1f1b")
     assert sim >= 10 * 6.0
 

@@ -125,7 +125,7 @@ def test_framework_decides_when_the_gradients_are_reduced():
 def test_predict_batch_framework_column(tmp_path):
     from predictor.cli import main
     from predictor.layout_io import BATCH_COLUMNS
-    row = {c: "" for c in BATCH_COLUMNS}
+    row = dict.fromkeys(BATCH_COLUMNS, "")
     row.update(case_id="a", platform="dgx-a100-80gb", arch="llama", layers=32, hidden=4096, heads=32, kv_heads=8,
                ffn_hidden=14336, vocab=128256, seq_len=4096, num_gpus=64, tp=1, pp=1, dp=64, micro_batch=2,
                global_batch=128)

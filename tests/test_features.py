@@ -68,7 +68,7 @@ def test_optimizer_bytes_use_params_or_estimate():
     assert est[0] == 2 * (12 * 1024 * 1024 + 13 * 1024)
 
 
-@pytest.mark.parametrize("op", [o for o in ops.OPS])
+@pytest.mark.parametrize("op", list(ops.OPS))
 def test_roofline_positive_and_monotone(op):
     info = ops.OPS[op]
     for ps in info.passes:

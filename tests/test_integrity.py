@@ -186,7 +186,7 @@ def test_model_replaced_after_the_bank_was_built_is_verified_again(plat):
     assert bank.has_op("mlp_up", "fwd")
     full = (plat / "mlp_up.fwd.txt").read_bytes()
     (plat / "mlp_up.fwd.txt").write_bytes(full[: len(full) // 2])
-    with pytest.raises(ArtifactError, match="mlp_up.fwd.txt"):
+    with pytest.raises(ArtifactError, match=r"mlp_up\.fwd\.txt"):
         bank.predict_op("mlp_up", "fwd", ROW, A100)
     assert not bank.has_op("mlp_up", "fwd") and [p.stem for p in bank.problems] == ["mlp_up.fwd"]
 
@@ -349,7 +349,7 @@ def test_seal_adds_the_hash_without_touching_the_model_and_refuses_a_broken_one(
     assert R.ModelBank(PLATFORM, d).unhashed == []
     _edit_sidecar(d, "mlp_down.fwd", **{R.MODEL_FILE_KEY: KeyError})
     (d / "mlp_down.fwd.txt").write_bytes(txt_before[:1000])
-    with pytest.raises(ArtifactError, match="mlp_down.fwd.txt"):
+    with pytest.raises(ArtifactError, match=r"mlp_down\.fwd\.txt"):
         training.seal_model_sidecars(tmp_path)
     assert R.MODEL_FILE_KEY not in json.loads((d / "mlp_down.fwd.json").read_text())
 
@@ -421,7 +421,7 @@ def test_save_network_refuses_a_bad_value_and_writes_nothing(tmp_path):
     net = N.spec_network(get_platform("dgx-h200"))
     from dataclasses import replace
     bad = replace(net, intra=replace(net.intra, bandwidth_gbps=-1.0))
-    with pytest.raises(ArtifactError, match="intra.bandwidth_gbps"):
+    with pytest.raises(ArtifactError, match=r"intra\.bandwidth_gbps"):
         N.save_network(bad, tmp_path / "dgx-h200" / "network.json")
     assert not (tmp_path / "dgx-h200" / "network.json").exists()
 
@@ -504,7 +504,8 @@ def test_speed_check_good_file_loads(tmp_path):
 
 
 @pytest.mark.parametrize("record, field", [
-    ({"per_op": {"mlp_up.fwd": {"perlmutter-a100": -0.1}}, "overall_median_ape": 0.1}, "per_op.mlp_up.fwd.perlmutter-a100"),
+    ({"per_op": {"mlp_up.fwd": {"perlmutter-a100": -0.1}}, "overall_median_ape": 0.1},
+     "per_op.mlp_up.fwd.perlmutter-a100"),
     ({"per_op": {}, "overall_median_ape": float("nan")}, "overall_median_ape"),
     ({"per_op": {"mlp_up.fwd": 0.1}, "overall_median_ape": 0.1}, "per_op"),
 ])

@@ -11,8 +11,14 @@ import pytest
 from predictor.compose import ComposeOptions
 from predictor.predict import Predictor, default_models_dir
 from predictor.specs import Layout, ModelSpec
-from predictor.speed import (SPEED_CHECK_FILE, SpeedCheck, load_speed_check, save_speed_check,
-                             speed_check_from_dict, speed_factor)
+from predictor.speed import (
+    SPEED_CHECK_FILE,
+    SpeedCheck,
+    load_speed_check,
+    save_speed_check,
+    speed_check_from_dict,
+    speed_factor,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES_2T = REPO / "bench" / "samples" / "cpu-2t"

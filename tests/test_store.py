@@ -240,9 +240,8 @@ def test_manifest_directory_gives_platform_source_and_licence(tmp_path: Path) ->
 
 def test_read_only_connect_on_missing_store_explains(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "s.duckdb"
-    with pytest.raises(store.StoreError, match="python -m predictor ingest"):
-        with store.connect(missing, read_only=True):
-            pass
+    with pytest.raises(store.StoreError, match="python -m predictor ingest"), store.connect(missing, read_only=True):
+        pass
     with pytest.raises(store.StoreError):
         store.read_op_samples(store_path=missing)
     assert not missing.exists()

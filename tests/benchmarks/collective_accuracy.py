@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -67,7 +67,7 @@ def run(args) -> dict:
     cal = pd.concat(evs, ignore_index=True)
     t1 = per_dataset(cal)
     print("== 1. calibrated on each platform's own sweeps (in-sample fit) ==")
-    print(t1.to_string(index=False, formatters={c: _pct for c in ("time_median", "busbw_median", "busbw_p90")}))
+    print(t1.to_string(index=False, formatters=dict.fromkeys(("time_median", "busbw_median", "busbw_p90"), _pct)))
 
     # 2a. A100: vTrain-only calibration -> ml-eng curve
     mleng = "ml-eng A100 8-GPU nccl-tests"
@@ -92,7 +92,7 @@ def run(args) -> dict:
                          "time_median": g["ape"].median()})
     t2 = pd.DataFrame(rows)
     print("\n== 2b. leave-one-platform-out: link specs x efficiencies pooled over the other platforms ==")
-    print(t2.to_string(index=False, formatters={c: _pct for c in ("time_median", "busbw_median")}))
+    print(t2.to_string(index=False, formatters=dict.fromkeys(("time_median", "busbw_median"), _pct)))
     loo = pd.concat(loo_evs, ignore_index=True)
 
     # headline: all-reduce bus-bandwidth curves of the measured sweeps (8-GPU nodes and multi-node), each
@@ -135,7 +135,7 @@ def run(args) -> dict:
 
     record = {
         "generated_by": "python -m tests.benchmarks.collective_accuracy",
-        "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "calibrated_median_ape": float(cal["ape"].median()),
         "borrowed_median_ape": head["a100_heldout_curve_median_busbw_ape"],
         "spec_loo_median_ape": float(loo["ape"].median()),

@@ -151,7 +151,8 @@ def fit_host(models_dir: str | None = None) -> int:
         ho, rep, path = _fit(t["runs"], t["platform"], models_dir,
                              source=f"{len(t['runs'])} HF transformers training runs on this CPU "
                                     f"({t['facts'].get('recorded_at')}), bench/samples/cpu_end_to_end.json")
-        print(f"{t['platform']} ({kind}): host {ho.host_s_per_layer_pass * 1e3:.2f} ms per layer pass, p {ho.blend_p:g}; "
+        print(f"{t['platform']} ({kind}): host {ho.host_s_per_layer_pass * 1e3:.2f} ms per layer pass, "
+              f"p {ho.blend_p:g}; "
               f"MAPE without host term {rep['no_host_mape']:.1%}, fitted {rep['fit_mape']:.1%}, "
               f"leave-one-model-out CV {rep['cv_mape']:.1%} -> {path}")
     return 0
@@ -203,7 +204,7 @@ def speed_probe(platform: str) -> dict | None:
         if platform == "cpu-1t":
             cmd += ["--ranks", "2"]
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
         if r.returncode != 0 or not out.exists():
             print(f"speed check failed ({r.returncode}): {r.stderr[-400:]}", file=sys.stderr)
             return None
@@ -254,7 +255,8 @@ def _measured_record(kind: str, rows: list[dict], quiet: dict, threads: int, ran
 def write_results(record: dict) -> None:
     """Merge one measured table into bench/samples/cpu_end_to_end.json (one entry per kind)."""
     data = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    data.setdefault("description", "Step times of Hugging Face transformers GPT-2 / Llama training (random weights, fp32, "
+    data.setdefault("description", "Step times of Hugging Face transformers GPT-2 / Llama training (random weights, "
+                                   "fp32, "
                                    "torch.optim.AdamW) measured on this machine's CPU by "
                                    "tests/benchmarks/cpu_end_to_end.py: median of N steps after warm-up; "
                                    "re-score with `python -m tests.benchmarks.cpu_end_to_end --rescore`.")
@@ -326,7 +328,8 @@ def main(argv=None) -> int:
             print(f"\n[{kind}: measured {t['facts'].get('recorded_at')} on {t['facts'].get('cpu_model')}, "
                   f"torch {t['facts'].get('torch')}, transformers {t['facts'].get('transformers')}; "
                   f"1-min load during the runs {min(la):.2f}..{max(la):.2f}; memory bandwidth "
-                  f"{json.dumps({k: v.get('stream_copy_gbps') for k, v in (t.get('conditions') or {}).items() if k in ('before', 'after') and v})} GB/s]")
+                  + json.dumps({k: v.get('stream_copy_gbps') for k, v in (t.get('conditions') or {}).items()
+                                if k in ('before', 'after') and v}) + " GB/s]")
             plat = "cpu-1t" if kind == "ddp" else "cpu-2t"
             if not same_machine_as_models(t, plat, a.models_dir):
                 print(f"[measured on {table_machine(t).short()}, not on the machine {plat}'s models were sampled on "

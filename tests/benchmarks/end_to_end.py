@@ -48,7 +48,8 @@ def table_vtrain(store: str | None) -> pd.DataFrame:
     for dim in ("num_gpus", "tp", "pp", "hidden", "micro_batch"):
         s = summarize_validation(res, by=("platform", dim))
         print(f"\n-- by {dim}")
-        print(s[[dim, "runs", "mape", "median_ape", "mean_signed"]].to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+        print(s[[dim, "runs", "mape", "median_ape", "mean_signed"]].to_string(index=False,
+                                                                              float_format=lambda v: f"{v:.4f}"))
     return res
 
 
@@ -62,7 +63,8 @@ def table_paper_example() -> float:
         rows.append({"schedule": sched, "predicted_s": p.step_time_s, "paper_code_s": PAPER_EXAMPLE_S,
                      "difference": p.step_time_s / PAPER_EXAMPLE_S - 1, "expected_error": p.expected_error,
                      "rests_on": p.provenance})
-    print("\n== The paper's worked example: Llemma-7B on perlmutter-a100, pp4 tp2 dp2, mb 4, 8 micro-batches, seq 4096 ==")
+    print("\n== The paper's worked example: Llemma-7B on perlmutter-a100, pp4 tp2 dp2, mb 4, 8 micro-batches, "
+          "seq 4096 ==")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return rows[0]["predicted_s"]
 
@@ -100,9 +102,12 @@ def table_speed(n_rows: int) -> None:
     batch_s = time.perf_counter() - t0
     print("\n== Speed (this machine) ==")
     print(pd.DataFrame([
-        {"what": "one prediction, warm, closed-form pipeline (llama3-70b, 1024 GPUs)", "value": f"{statistics.median(t) * 1e3:.2f} ms", "target": "<= 20 ms"},
-        {"what": "one prediction, warm, with simulated timeline", "value": f"{statistics.median(t_tl) * 1e3:.2f} ms", "target": "-"},
-        {"what": f"predict-batch of {n_rows} rows (cold caches per new shape)", "value": f"{batch_s:.2f} s ({int((out['error'] == '').sum())} ok)", "target": "<= 10 s"},
+        {"what": "one prediction, warm, closed-form pipeline (llama3-70b, 1024 GPUs)",
+         "value": f"{statistics.median(t) * 1e3:.2f} ms", "target": "<= 20 ms"},
+        {"what": "one prediction, warm, with simulated timeline", "value": f"{statistics.median(t_tl) * 1e3:.2f} ms",
+         "target": "-"},
+        {"what": f"predict-batch of {n_rows} rows (cold caches per new shape)",
+         "value": f"{batch_s:.2f} s ({int((out['error'] == '').sum())} ok)", "target": "<= 10 s"},
     ]).to_string(index=False))
 
 

@@ -457,7 +457,7 @@ def table_rss(cfg: dict | None = None) -> pd.DataFrame:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", _RSS_CHILD, json.dumps(cfg)], capture_output=True, text=True,
-                         env=env, cwd=root, timeout=600)
+                         env=env, cwd=root, timeout=600, check=False)
     if out.returncode:
         raise RuntimeError(out.stderr[-2000:])
     d = json.loads(out.stdout.strip().splitlines()[-1])

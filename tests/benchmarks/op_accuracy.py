@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
 from sklearn.model_selection import train_test_split
 
 from predictor import ops, store

@@ -58,7 +58,7 @@ def run_child(scn) -> dict:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(scn)], capture_output=True, text=True, cwd=root,
-                       env=env, timeout=900)
+                       env=env, timeout=900, check=False)
     if r.returncode:
         raise RuntimeError(r.stderr[-3000:])
     return json.loads(r.stdout.strip().splitlines()[-1])

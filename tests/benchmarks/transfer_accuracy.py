@@ -28,13 +28,14 @@ import os
 import tempfile
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from predictor import ops, transfer as T
+from predictor import ops
+from predictor import transfer as T
 from predictor.platforms import get_platform
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,7 +96,8 @@ def source_models(platform_id: str, samples: pd.DataFrame, models_dir: str | Non
                   retrain: bool = False) -> Path:
     cands = [Path(models_dir)] if models_dir else []
     cands.append(MODELS_DIR)
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "predictor" / f"transfer-eval-{_code_hash()}"
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    cache = cache_home / "predictor" / f"transfer-eval-{_code_hash()}"
     cands.append(cache)
     if not retrain:
         for c in cands:
@@ -180,7 +182,8 @@ def step_level(src_pid: str, tgt_pid: str, models_dir: Path) -> pd.DataFrame:
         db = b.ops.groupby(["op", "pass"])["seconds_total"].sum()
         diff = (db - da.reindex(db.index).fillna(0.0)).abs().sort_values(ascending=False)
         top = f"{diff.index[0][0]}.{diff.index[0][1]} {diff.iloc[0] / diff.sum():.0%}" if diff.sum() > 0 else "-"
-        rows.append({"model": name, "layout": f"pp{lay.pp} mb{lay.micro_batch} gb{lay.global_batch} s{lay.seq_len} {lay.recompute}",
+        rows.append({"model": name,
+                     "layout": f"pp{lay.pp} mb{lay.micro_batch} gb{lay.global_batch} s{lay.seq_len} {lay.recompute}",
                      "own_step_s": a.step_time_s, "transferred_step_s": b.step_time_s,
                      "step_ape": abs(b.step_time_s - a.step_time_s) / a.step_time_s,
                      "compute_ape": abs(cb - ca) / ca if ca > 0 else np.nan,
@@ -200,7 +203,7 @@ def run(args) -> dict:
     from predictor.regressors import ModelBank
     record: dict = {"method": T.config_to_dict(T.DEFAULT_CONFIG), "label": T.DEFAULT_CONFIG.label(), "per_op": {},
                     "by_direction": {}, "flagged": {}, "generated_by": "python -m tests.benchmarks.transfer_accuracy",
-                    "generated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                    "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),
                     "protocol": "source regressors + catalog specs only; scored on the target GPU's own samples of the "
                                 "same operators (paper samples); target rows faster than the regressors' physical "
                                 "bound left out; median APE per (op, pass)"}

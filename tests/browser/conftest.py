@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):  # noqa: ARG001
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
     from tests.browser import test_browser
     t = getattr(test_browser, "TIMINGS", None)
     if not t:

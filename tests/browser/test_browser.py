@@ -163,6 +163,7 @@ def test_predict_breakdown_downloads(server, browser):
     """The breakdown's CSV and JSON are written when clicked (deferred data): the files hold the
     categories shown, and their shares add up to the step time."""
     import io
+
     import pandas as pd
     ctx = browser.new_context(accept_downloads=True, viewport={"width": 1440, "height": 1000})
     page = ctx.new_page()
