@@ -10,7 +10,8 @@ DOES NOT FIT IN MEMORY. Never a silent number.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from .compose import CATEGORIES
 from .layout_io import layout_from_fields, model_from_fields

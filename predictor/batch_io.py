@@ -15,9 +15,10 @@ import csv
 import math
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .layout_io import BATCH_COLUMNS, OPTIONAL_BATCH_COLUMNS
 from .specs import InfeasibleConfig
@@ -86,7 +87,7 @@ def _decoded_lines(path: Path, handle) -> Iterator[str]:
                                "save it as CSV with UTF-8 encoding (a spreadsheet's 'CSV UTF-8').") from None
 
 
-def _records(path: Path, handle) -> Iterator[list[str]]:
+def _records(path: Path, handle: Any) -> Iterator[tuple[int, list[str]]]:
     reader = csv.reader(_decoded_lines(path, handle), strict=True)
     while True:
         try:
@@ -107,23 +108,24 @@ def open_input(input_path: str | os.PathLike[str]) -> tuple[BatchInput, Any]:
     if path.is_dir():
         raise InfeasibleConfig("input", f"{path} is a directory.", "give the CSV file of cases.")
     try:
-        handle = open(path, encoding="utf-8-sig", errors="strict", newline="")
+        handle = open(path, encoding="utf-8-sig", errors="strict", newline="")  # noqa: SIM115  (closed by the caller)
     except OSError as e:
         raise InfeasibleConfig("input", f"cannot read {path} ({e.strerror}).") from None
     try:
-        rows = _records(path, handle)
+        records = _records(path, handle)
         header: list[str] | None = None
-        for line, cells in rows:
+        for _line, cells in records:
             if any(c.strip() for c in cells):
                 header = [c.strip() for c in cells]
                 break
         if header is None:
             raise InfeasibleConfig("input", f"{path} is empty.", HEADER_FIX + ", then one row per case.")
         check_header(path, header)
-        rows = _data_rows(rows)
+        rows = _data_rows(records)
         first = next(rows, None)
         if first is None:
-            raise InfeasibleConfig("input", f"{path} has a header but no rows.", "add one row per case under the header.")
+            raise InfeasibleConfig("input", f"{path} has a header but no rows.",
+                                   "add one row per case under the header.")
     except BaseException:
         handle.close()
         raise
@@ -190,9 +192,11 @@ class AtomicCsvWriter:
         self.path = path
         self.columns = columns
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp",
+                                       dir=path.parent if str(path.parent) else ".")
         except OSError as e:
-            raise InfeasibleConfig("output", f"cannot write in {path.parent} ({e.strerror}).", "write elsewhere.") from None
+            raise InfeasibleConfig("output", f"cannot write in {path.parent} ({e.strerror}).",
+                                   "write elsewhere.") from None
         self.tmp = Path(tmp)
         self.handle = os.fdopen(fd, "w", encoding="utf-8", newline="")
         # CRLF line ends (RFC 4180): the csv module then quotes every cell holding a CR or an LF, which it
@@ -215,7 +219,7 @@ class AtomicCsvWriter:
             self.handle.close()
         self.tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "AtomicCsvWriter":
+    def __enter__(self) -> AtomicCsvWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -26,7 +26,8 @@ BOUNDS: dict[str, tuple[int, str]] = {
     "dp": (2 ** 20, "data parallelism cannot exceed the number of GPUs (at most 1,048,576)"),
     "vpp": (2 ** 12, "virtual pipeline stages cannot exceed the layers (at most 4,096)"),
     "micro_batch": (2 ** 16, "a micro-batch of more than 65,536 sequences per GPU has never fitted in any memory"),
-    "global_batch": (2 ** 24, "published global batches hold at most a few thousand sequences; 16,777,216 is far beyond"),
+    "global_batch": (2 ** 24, "published global batches hold at most a few thousand sequences; "
+                              "16,777,216 is far beyond"),
 }
 # Tokens one GPU holds per micro-batch (micro_batch * seq_len): activations grow with it; beyond 2^24
 # (16M tokens) a single layer's activations exceed any device's memory by orders of magnitude, and

@@ -5,6 +5,7 @@ import argparse
 import json
 import sys
 import time
+from typing import Any
 
 from .batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
 from .layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
@@ -57,7 +58,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     from .regressors import check_models
     from .store import list_platforms
     from .training import train_platform
-    platforms = a.platform or [p for p in list_platforms(store_path=a.store)["platform"]]
+    platforms = a.platform or list_platforms(store_path=a.store)
     out = models_dir(a.models_dir)  # where predict reads: --models-dir, else $PREDICTOR_MODELS_DIR, else models_store/
     rc = 0
     for pid in platforms:
@@ -83,7 +84,7 @@ def cmd_platforms(a: argparse.Namespace) -> int:
     from .backing import describe_backing
     from .platforms import load_platforms
     from .predict import Predictor
-    rows = []
+    rows: list[tuple[dict[str, Any], dict[str, str]]] = []
     for pid, p in sorted(load_platforms(a.clusters).items()):
         b = describe_backing(Predictor(p))
         rows.append(({"platform": pid, "device": p.device.name, "gpus_per_node": p.gpus_per_node,
@@ -357,8 +358,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--by-source", action="store_true", help="one row per source and platform")
     common(sp)
     sp.set_defaults(func=cmd_validate)
-    from .cli_search import add_search_parser; add_search_parser(sub)  # noqa: E702
-    from .cli_calibrate import add_calibrate_framework_parser; add_calibrate_framework_parser(sub, common)  # noqa: E702
+    from .cli_search import add_search_parser
+    add_search_parser(sub)
+    from .cli_calibrate import add_calibrate_framework_parser
+    add_calibrate_framework_parser(sub, common)
     return p
 
 

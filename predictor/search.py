@@ -112,7 +112,7 @@ class SearchReport:
     objective: str
     table: pd.DataFrame                 # every enumerated layout (feasible ranked first)
     top: list[SearchResult]
-    exclusions: list[dict[str, str]]    # options never enumerated, with the reason
+    exclusions: list[dict[str, Any]]    # options never enumerated, with the reason
     elapsed_s: float
     timings_s: dict[str, float] = field(default_factory=dict)
 
@@ -186,7 +186,7 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
 
 
 def _divisors(n: int) -> list[int]:
-    out = set()
+    out: set[int] = set()
     for i in range(1, int(math.isqrt(n)) + 1):
         if n % i == 0:
             out.update((i, n // i))
@@ -201,7 +201,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
     and the options never enumerated with the reason."""
     L = model.num_layers
     gpn = platform.gpus_per_node
-    excl: list[dict[str, str]] = []
+    excl: list[dict[str, Any]] = []
     structs: list[Structure] = []
     struct_ids: dict[Structure, int] = {}
 
@@ -518,7 +518,8 @@ def _top_results(model, P, table, top_k, objective, refine, mopt, tokens_to_trai
         te = training_estimate(step, L.num_gpus, L.tokens_per_step, tokens_to_train, price)
         memory = pred.memory if pred is not None and pred.memory is not None else \
             mem.estimate_memory(model, L, P.platform, mopt)
-        res.append(SearchResult(rank=int(row["rank"]), layout=L, step_time_s=step, tokens_per_s=L.tokens_per_step / step,
+        res.append(SearchResult(rank=int(row["rank"]), layout=L, step_time_s=step,
+                                tokens_per_s=L.tokens_per_step / step,
                                 tflops_per_gpu=tfl, mfu=tfl * 1e12 / P.platform.device.peak_flops(L.precision),
                                 breakdown_s={c: float(row[f"{c}_s"]) for c in CATEGORIES}, memory=memory,
                                 training=te.scalar(), prediction=pred, fast_step_time_s=step, table_index=int(i)))

@@ -112,11 +112,10 @@ class ModelSpec:
             raise InfeasibleConfig(
                 "hidden", f"hidden size {self.hidden_size} is not divisible by heads {self.num_heads}.",
                 "choose hidden and heads so that hidden / heads is an integer head dimension.")
-        if self.num_kv_heads is not None:
-            if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
-                raise InfeasibleConfig(
-                    "kv_heads", f"kv_heads {self.num_kv_heads} must divide heads {self.num_heads}.",
-                    "use a divisor of heads (heads for MHA, 1 for MQA).")
+        if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
+            raise InfeasibleConfig(
+                "kv_heads", f"kv_heads {self.num_kv_heads} must divide heads {self.num_heads}.",
+                "use a divisor of heads (heads for MHA, 1 for MQA).")
         if self.ffn_hidden_size is not None and self.ffn_hidden_size <= 0:
             raise InfeasibleConfig("ffn_hidden", "must be positive.")
         if self.attention_impl not in ATTENTION_IMPLS:
@@ -172,7 +171,8 @@ class Layout:
         if self.tp * self.pp * self.dp != self.num_gpus:
             raise InfeasibleConfig(
                 "num_gpus",
-                f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.tp * self.pp * self.dp} but num_gpus = {self.num_gpus}.",
+                f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.tp * self.pp * self.dp} "
+                f"but num_gpus = {self.num_gpus}.",
                 f"set dp = {self.num_gpus // (self.tp * self.pp)} or change tp/pp so the product is {self.num_gpus}."
                 if self.num_gpus % (self.tp * self.pp) == 0 else
                 "choose tp and pp whose product divides num_gpus.")
@@ -180,13 +180,17 @@ class Layout:
             raise InfeasibleConfig(
                 "global_batch",
                 f"global batch {self.global_batch} is not a multiple of micro_batch*dp = {self.micro_batch * self.dp}.",
-                f"use a multiple of {self.micro_batch * self.dp}, e.g. {max(1, round(self.global_batch / (self.micro_batch * self.dp))) * self.micro_batch * self.dp}.")
+                f"use a multiple of {self.micro_batch * self.dp}, "
+                f"e.g. {max(1, round(self.global_batch / (self.micro_batch * self.dp))) * self.micro_batch * self.dp}.")
         if self.schedule not in SCHEDULES:
-            raise InfeasibleConfig("schedule", f"unknown schedule '{self.schedule}'.", f"use one of {', '.join(SCHEDULES)}.")
+            raise InfeasibleConfig("schedule", f"unknown schedule '{self.schedule}'.",
+                                   f"use one of {', '.join(SCHEDULES)}.")
         if self.recompute not in RECOMPUTES:
-            raise InfeasibleConfig("recompute", f"unknown recompute '{self.recompute}'.", f"use one of {', '.join(RECOMPUTES)}.")
+            raise InfeasibleConfig("recompute", f"unknown recompute '{self.recompute}'.",
+                                   f"use one of {', '.join(RECOMPUTES)}.")
         if self.precision not in PRECISIONS:
-            raise InfeasibleConfig("precision", f"unknown precision '{self.precision}'.", f"use one of {', '.join(PRECISIONS)}.")
+            raise InfeasibleConfig("precision", f"unknown precision '{self.precision}'.",
+                                   f"use one of {', '.join(PRECISIONS)}.")
         if self.zero_stage not in (0, 1, 2, 3):
             raise InfeasibleConfig("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}.")
         if self.schedule == "interleaved":
@@ -198,10 +202,12 @@ class Layout:
             if self.num_micro_batches % self.pp:
                 raise InfeasibleConfig(
                     "global_batch",
-                    f"the interleaved schedule needs the number of micro-batches ({self.num_micro_batches}) to be a multiple of pp ({self.pp}).",
+                    f"the interleaved schedule needs the number of micro-batches ({self.num_micro_batches}) "
+                    f"to be a multiple of pp ({self.pp}).",
                     "change global_batch or micro_batch accordingly.")
         elif self.vpp != 1:
-            raise InfeasibleConfig("vpp", f"vpp = {self.vpp} needs --schedule interleaved.", "set vpp to 1 or use the interleaved schedule.")
+            raise InfeasibleConfig("vpp", f"vpp = {self.vpp} needs --schedule interleaved.",
+                                   "set vpp to 1 or use the interleaved schedule.")
         if self.framework not in FRAMEWORKS:
             raise InfeasibleConfig("framework", f"unknown framework '{self.framework}'.",
                                    f"use one of {', '.join(FRAMEWORKS)}.")
@@ -215,7 +221,8 @@ class Layout:
                                                  f"pipeline parallelism (pp = {self.pp}).",
                                    "use zero_stage 0 or 1 with pipeline parallelism, or pp = 1.")
         if self.sequence_parallel and self.tp == 1:
-            raise InfeasibleConfig("sequence_parallel", "sequence parallelism needs tp > 1.", "set tp >= 2 or turn it off.")
+            raise InfeasibleConfig("sequence_parallel", "sequence parallelism needs tp > 1.",
+                                   "set tp >= 2 or turn it off.")
         if model is not None:
             model.validate()
             if model.num_heads % self.tp:
@@ -236,9 +243,11 @@ class Layout:
                     "lower pp or vpp.")
             if self.stage_layers is not None:
                 if len(self.stage_layers) != chunks or any(int(n) < 1 for n in self.stage_layers):
-                    raise InfeasibleConfig("stage_layers", f"needs {chunks} positive entries (pp*vpp), got {list(self.stage_layers)}.")
+                    raise InfeasibleConfig("stage_layers",
+                                           f"needs {chunks} positive entries (pp*vpp), got {list(self.stage_layers)}.")
                 if sum(self.stage_layers) != model.num_layers:
-                    raise InfeasibleConfig("stage_layers", f"sums to {sum(self.stage_layers)} but the model has {model.num_layers} layers.")
+                    raise InfeasibleConfig("stage_layers", f"sums to {sum(self.stage_layers)} but the model has "
+                                                           f"{model.num_layers} layers.")
             elif self.schedule == "interleaved" and model.num_layers % chunks:
                 raise InfeasibleConfig(
                     "vpp", f"{model.num_layers} layers do not split evenly into pp*vpp = {chunks} chunks.",

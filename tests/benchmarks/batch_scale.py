@@ -73,7 +73,8 @@ def worker(inp: str, out: str, chunk_rows: int) -> None:
     stop.set()
     t.join()
     q = max(1, len(samples) // 4)
-    print(json.dumps({"rc": rc, "wall_s": wall, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"rc": rc, "wall_s": wall, "peak_rss_mib": rss_mib,
                       "rss_first_quarter_mib": statistics.median(v for _, v in samples[:q]),
                       "rss_last_quarter_mib": statistics.median(v for _, v in samples[-q:])}))
 

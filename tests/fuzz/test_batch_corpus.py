@@ -108,7 +108,8 @@ ROW_CASES = [
     ({"vocab": "1e12"}, "vocab"), ({"num_gpus": str(2 ** 21), "tp": "1"}, "num_gpus"),
     ({"micro_batch": str(2 ** 17)}, "micro_batch"), ({"global_batch": str(2 ** 25)}, "global_batch"),
     ({"heads": str(2 ** 15), "hidden": str(2 ** 15)}, "heads"), ({"ffn_hidden": str(2 ** 20)}, "ffn_hidden"),
-    ({"kv_heads": str(2 ** 15)}, "kv_heads"), ({"platform": ""}, "platform"), ({"platform": "../../etc/evil"}, "platform"),
+    ({"kv_heads": str(2 ** 15)}, "kv_heads"), ({"platform": ""}, "platform"),
+    ({"platform": "../../etc/evil"}, "platform"),
     ({"platform": "nowhere"}, "platform"), ({"platform": "cpu-2t", "precision": "fp32"}, "num_gpus"),
     ({"platform": "cpu-1t", "precision": "fp32"}, "num_gpus"), ({"schedule": "zigzag"}, "schedule"),
     ({"recompute": "half"}, "recompute"), ({"precision": "fp8"}, "precision"), ({"zero_stage": "4"}, "zero_stage"),
@@ -131,7 +132,8 @@ def test_a_bad_row_is_rejected_and_the_batch_goes_on(tmp_path, capsys, cells, fi
     assert by["bad"]["error"].startswith(f"{field}:"), by["bad"]["error"]
     assert by["bad"]["step_time_s"] == ""  # never a number beside an error
     for ok in ("before", "after"):
-        assert by[ok]["error"] == "" and math.isfinite(float(by[ok]["step_time_s"])) and float(by[ok]["step_time_s"]) > 0
+        step = float(by[ok]["step_time_s"])
+        assert by[ok]["error"] == "" and math.isfinite(step) and step > 0
 
 
 @pytest.mark.parametrize("extra", [1, 2, 5, -1, -3, -21])
@@ -182,7 +184,7 @@ def test_rows_that_do_not_fit(tmp_path, capsys, allow):
 @pytest.mark.parametrize("cell", ["=cmd|' /C calc'!A0", '=HYPERLINK("http://x","y")', "+1+2", "-2+3", "@SUM(A1)",
                                   "\t=1", "\r=1", "=1", "-", "+", "@"])
 def test_formula_cells_are_escaped(tmp_path, capsys, cell):
-    rc, out, err = batch(tmp_path, capsys, [row(case_id=cell), row(case_id="x", platform=cell)])
+    rc, out, _err = batch(tmp_path, capsys, [row(case_id=cell), row(case_id="x", platform=cell)])
     assert rc == 0
     assert out[0]["case_id"] == "'" + cell
     assert out[1]["platform"] == "'" + cell and out[1]["error"].startswith("platform:")
@@ -216,8 +218,10 @@ def test_output_replaced_only_when_complete(tmp_path, capsys, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **k)
     monkeypatch.setattr(B, "predict_records", flaky)
-    rc, _, err = run(["predict-batch", "--input", str(src), "--output", str(dst), "--quiet", "--chunk-rows", "10"], capsys)
+    rc, _, _err = run(["predict-batch", "--input", str(src), "--output", str(dst), "--quiet", "--chunk-rows", "10"],
+                     capsys)
     assert rc == 130 and dst.read_text() == "previous\n" and not list(tmp_path.glob(".out.csv*"))
     monkeypatch.setattr(B, "predict_records", real)
-    rc, _, err = run(["predict-batch", "--input", str(src), "--output", str(dst), "--quiet", "--chunk-rows", "7"], capsys)
+    rc, _, _err = run(["predict-batch", "--input", str(src), "--output", str(dst), "--quiet", "--chunk-rows", "7"],
+                      capsys)
     assert rc == 0 and [r["case_id"] for r in read_output(dst)] == [str(i) for i in range(30)]

@@ -104,14 +104,15 @@ def test_llama3_405b_on_few_gpus_does_not_fit(capsys, platform, gpus, extra):
 
 
 def test_a_layout_that_fits_says_so(capsys):
-    rc, out, err = run(["predict", "--platform", "dgx-a100-80gb", "--model", "llama3-8b", "--num-gpus", "8", "--tp",
+    rc, out, _err = run(["predict", "--platform", "dgx-a100-80gb", "--model", "llama3-8b", "--num-gpus", "8", "--tp",
                         "8", "--global-batch", "8"], capsys)
     assert rc == 0 and "memory:" in out and ": fits" in out and "GiB usable" in out
 
 
 @pytest.mark.parametrize("mb,recompute", [(8, "none"), (16, "selective"), (32, "full")])
 def test_activation_heavy_oom_suggests_activation_levers_first(capsys, mb, recompute):
-    rc, _, err = run(["predict", "--platform", "dgx-h100", "--model", "llama3-8b", "--num-gpus", "1", "--seq-len", "8192",
+    rc, _, err = run(["predict", "--platform", "dgx-h100", "--model", "llama3-8b", "--num-gpus", "1",
+                      "--seq-len", "8192",
                       "--micro-batch", str(mb), "--global-batch", str(mb), "--recompute", recompute], capsys)
     assert_error(rc, err, "memory")
     fix = err.split("Fix:", 1)[1]
@@ -195,7 +196,7 @@ SEARCH = ["search", "--model", "llama3-70b", "--platform", "dgx-h100", "--global
 
 @pytest.mark.parametrize("fmt", [[], ["--json"], ["--csv"], ["--all"]])
 def test_search_500_gpus_on_dgx_h100(capsys, fmt):
-    rc, out, err = run([*SEARCH, "--num-gpus", "500", *fmt], capsys)
+    rc, _out, err = run([*SEARCH, "--num-gpus", "500", *fmt], capsys)
     assert_error(rc, err, "num_gpus")
     assert "500" in err and "GPUs" in err and "Fix: try" in err
 
@@ -224,7 +225,8 @@ def test_search_bad_fields(capsys, args, field):
 @pytest.mark.parametrize("platform,gpus", [("cpu-2t", "4"), ("cpu-1t", "8"), ("cpu-1t", "2,16")])
 def test_search_refuses_ranks_a_platform_cannot_run(capsys, platform, gpus):
     rc, _, err = run(["search", "--platform", platform, "--arch", "gpt", "--layers", "2", "--hidden", "256", "--heads",
-                      "4", "--num-gpus", gpus, "--global-batch", "16", "--seq-len", "128", "--precision", "fp32"], capsys)
+                      "4", "--num-gpus", gpus, "--global-batch", "16", "--seq-len", "128", "--precision", "fp32"],
+                     capsys)
     assert_error(rc, err, "num_gpus")
 
 
@@ -235,7 +237,7 @@ def test_search_where_nothing_fits_says_so(capsys):
 
 
 def test_search_that_finds_layouts(capsys):
-    rc, out, err = run(["search", "--model", "llama3-8b", "--platform", "dgx-h100", "--num-gpus", "64",
+    rc, out, _err = run(["search", "--model", "llama3-8b", "--platform", "dgx-h100", "--num-gpus", "64",
                         "--global-batch", "512", "--seq-len", "4096", "--top", "3", "--csv"], capsys)
     assert rc == 0 and len(out.strip().splitlines()) == 4
 
