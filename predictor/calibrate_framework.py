@@ -97,7 +97,13 @@ def prepare_runs(runs: pd.DataFrame, models_dir: str | Path | None = None) -> Ru
     from .predict import Predictor, model_flops_per_step
     predictors: dict[str, Any] = {}
     items: list[tuple[ModelSpec, Layout, str]] = []
-    meas, src, fws, plats, ids, mfu_s, ceil = [], [], [], [], [], [], []
+    meas: list[float] = []
+    src: list[str] = []
+    fws: list[str] = []
+    plats: list[str] = []
+    ids: list[str] = []
+    mfu_s: list[float] = []
+    ceil: list[float] = []
     skipped: dict[str, dict[str, int]] = {}
     for row in runs.to_dict(orient="records"):
         source = str(row.get("source_id") or row.get("source") or "store")

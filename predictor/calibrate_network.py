@@ -287,7 +287,8 @@ def evaluate(net: NetworkModel, data: pd.DataFrame) -> pd.DataFrame:
     d = data.copy()
     pred = np.empty(len(d))
     algo = np.empty(len(d), dtype=object)
-    for (c, a), idx in d.reset_index(drop=True).groupby(["collective", d["algorithm"].fillna("").to_numpy()]).indices.items():
+    groups = d.reset_index(drop=True).groupby(["collective", d["algorithm"].fillna("").to_numpy()]).indices
+    for (c, a), idx in groups.items():
         g = d.iloc[idx]
         t, ch = analytic_choice(net, c, g["message_bytes"].to_numpy(float), g["nodes"].to_numpy(float),
                                 g["gpus_per_node"].to_numpy(float), force=a or None)
@@ -298,7 +299,8 @@ def evaluate(net: NetworkModel, data: pd.DataFrame) -> pd.DataFrame:
     n = d["nodes"] * d["gpus_per_node"]
     ar = (d["collective"] == "allreduce").to_numpy()
     d["busbw_measured"] = np.where(ar, bus_bandwidth_gbps("allreduce", d["message_bytes"], n, d["duration_s"]), np.nan)
-    d["busbw_predicted"] = np.where(ar, bus_bandwidth_gbps("allreduce", d["message_bytes"], n, d["predicted_s"]), np.nan)
+    d["busbw_predicted"] = np.where(ar, bus_bandwidth_gbps("allreduce", d["message_bytes"], n, d["predicted_s"]),
+                                    np.nan)
     return d
 
 

@@ -141,7 +141,8 @@ def print_prediction(pred, console=None) -> None:
     lo, hi = pred.step_time_s * (1 - pred.expected_error), pred.step_time_s * (1 + pred.expected_error)
     c.print(f"[bold green]step time {pred.step_time_s:.4g} s[/bold green]  (expected range {lo:.4g}-{hi:.4g} s, "
             f"+/-{pred.expected_error:.0%}: {pred.error_basis})")
-    c.print(f"tokens/s {pred.tokens_per_s:,.0f}   model TFLOP/s per GPU {pred.model_tflops_per_gpu:.1f}   MFU {pred.mfu:.1%}")
+    c.print(f"tokens/s {pred.tokens_per_s:,.0f}   model TFLOP/s per GPU {pred.model_tflops_per_gpu:.1f}   "
+            f"MFU {pred.mfu:.1%}")
     c.print(f"rests on: {pred.provenance}")
     from .memory_verdict import OOM_WARNING, verdict_line
     c.print(verdict_line(pred), style=None if pred.fits_memory else "bold red", markup=False)
@@ -215,7 +216,8 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
                 oom += sum(r["fits"] is False for r in rows)
                 if not a.quiet:
                     print(f"  {ok + bad:,} rows done", file=sys.stderr, flush=True)
-    note = f", {oom} do not fit in memory ({'predicted anyway: --allow-oom' if a.allow_oom else 'errors'})" if oom else ""
+    how = "predicted anyway: --allow-oom" if a.allow_oom else "errors"
+    note = f", {oom} do not fit in memory ({how})" if oom else ""
     print(f"wrote {out}: {ok} predicted, {bad} with errors{note}, {time.perf_counter() - t0:.2f} s", file=sys.stderr)
     return 0
 
@@ -269,7 +271,8 @@ def cmd_calibrate_host(a: argparse.Namespace) -> int:
 
 # ---- parser ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m predictor", description="Predict LLM training step time from measured operator samples.")
+    p = argparse.ArgumentParser(prog="python -m predictor",
+                                description="Predict LLM training step time from measured operator samples.")
     sub = p.add_subparsers(dest="command", required=True)
 
     def common(sp, store=True, models=True):
@@ -311,8 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--platform", required=True)
     sp.add_argument("--model", help="preset name, e.g. llama3-70b (fields below override it)")
     sp.add_argument("--arch", choices=["gpt", "llama"])
-    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len", "num-gpus", "tp", "pp", "dp",
-                 "micro-batch", "global-batch", "vpp", "zero-stage"):
+    for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len", "num-gpus", "tp", "pp",
+                 "dp", "micro-batch", "global-batch", "vpp", "zero-stage"):
         sp.add_argument(f"--{name}", type=int)
     sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     sp.add_argument("--recompute", choices=["none", "selective", "full"])

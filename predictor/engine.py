@@ -237,8 +237,8 @@ class Engine:
         self.P.comm_times(comms)
         for key, (units, p2p_bytes) in todo.items():
             prec = key[2]
-            timed = [self._time_unit(u, prec) for u in units]
-            self._parts[key] = Parts(*timed, p2p_bytes=p2p_bytes)
+            layer, first, last = (self._time_unit(u, prec) for u in units)
+            self._parts[key] = Parts(layer, first, last, p2p_bytes=p2p_bytes)
 
     def _time_unit(self, unit: D.Unit, precision: str) -> UnitTimes:
         u = UnitTimes()
@@ -267,9 +267,9 @@ class Engine:
                     v = prov_d[prov] = [0.0, 0.0]
                 v[0] += total
                 v[1] += total * e
-        for c, (t, prov) in zip(unit.comms, comm_t):
-            total = t * c.count
-            if c.phase == "fwd":
+        for cc, (t, prov) in zip(unit.comms, comm_t):
+            total = t * cc.count
+            if cc.phase == "fwd":
                 ft += total
             else:
                 bt += total
@@ -301,8 +301,8 @@ class Engine:
         by_prec: dict[str, list] = {}
         for full, w in todo.items():
             by_prec.setdefault(full[2], []).extend(w.step_ops)
-        for prec, calls in by_prec.items():
-            self.P.op_times(calls, prec)
+        for prec, prec_calls in by_prec.items():
+            self.P.op_times(prec_calls, prec)
         self.P.comm_times([c for w in todo.values() for c in (*w.step_comms, *w.mb_comms)])
         for full, w in todo.items():
             prec = full[2]
@@ -316,22 +316,22 @@ class Engine:
                 calls.append(Timed(c, t, prov, e, err, False))
                 _add_prov(ps, prov, t * c.count, e)
             dp_s = gather = 0.0
-            for c, (t, prov) in zip(w.step_comms, self.P.comm_times(w.step_comms)):
+            for cc, (t, prov) in zip(w.step_comms, self.P.comm_times(w.step_comms)):
                 e = self._err(prov, None, True)
-                if c.collective == "allgather":
+                if cc.collective == "allgather":
                     gather += t
                 else:
                     dp_s += t
-                calls.append(Timed(c, t, prov, e, None, False))
+                calls.append(Timed(cc, t, prov, e, None, False))
                 _add_prov(ps, prov, t, e)
             z = {"fwd": [0.0, 0.0], "bwd": [0.0, 0.0]}
-            for c, (t, prov) in zip(w.mb_comms, self.P.comm_times(w.mb_comms)):
+            for cc, (t, prov) in zip(w.mb_comms, self.P.comm_times(w.mb_comms)):
                 e = self._err(prov, None, True)
-                zz = z["fwd" if c.phase == "fwd" else "bwd"]
-                zz[0] += t * c.count
+                zz = z["fwd" if cc.phase == "fwd" else "bwd"]
+                zz[0] += t * cc.count
                 zz[1] = max(zz[1], t)
-                calls.append(Timed(c, t, prov, e, None, True))
-                _add_prov(pm, prov, t * c.count, e)
+                calls.append(Timed(cc, t, prov, e, None, True))
+                _add_prov(pm, prov, t * cc.count, e)
             self._classes[full] = ChunkClass(opt, dp_s, gather, z["fwd"][0], z["fwd"][1], z["bwd"][0], z["bwd"][1],
                                              calls, ps, pm)
 
@@ -355,7 +355,8 @@ class Engine:
             if pp == 1:
                 hit = (0.0, "none", 0.0)
             else:
-                c = D.CommCall("p2p", nbytes, "pp", "fwd", 1, *D.topology(self.platform.gpus_per_node, tp, dp, pp, "pp"))
+                topo = D.topology(self.platform.gpus_per_node, tp, dp, pp, "pp")
+                c = D.CommCall("p2p", nbytes, "pp", "fwd", 1, *topo)
                 t, prov = self.P.comm_times([c])[0]
                 hit = (t, prov, self._err(prov, None, True))
             self._p2p[key] = hit
@@ -398,7 +399,7 @@ class Engine:
         tp_a, pp_a, dp_a, mb_a, _m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
         st_a, rc_a, sp_a, _z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
         ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a]))
-        klist = [tuple(int(x) for x in k) for k in ukeys]
+        klist = [(int(k[0]), int(k[1]), int(k[2]), int(k[3])) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
         parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
 
@@ -428,9 +429,9 @@ class Engine:
                              host_term, e2e)
         return out
 
-    def _evaluate_structure(self, out: Evaluation, model: ModelSpec, S: Structure, classes: list[tuple], idx: np.ndarray,
-                            sub: np.ndarray, unit: dict, p2p_t: np.ndarray, emb_t: np.ndarray, seq_len: int,
-                            precision: str, host: HostOverhead | None, e2e: EndToEndTerms | None,
+    def _evaluate_structure(self, out: Evaluation, model: ModelSpec, S: Structure, classes: list[tuple],
+                            idx: np.ndarray, sub: np.ndarray, unit: dict, p2p_t: np.ndarray, emb_t: np.ndarray,
+                            seq_len: int, precision: str, host: HostOverhead | None, e2e: EndToEndTerms | None,
                             opts: ComposeOptions, detail: bool) -> None:
         pp, vpp = S.pp, S.vpp
         nch = pp * vpp
@@ -507,7 +508,7 @@ class Engine:
                                       tp=sub[:, I_TP], dp=sub[:, I_DP], zero_stage=sub[:, I_ZERO],
                                       micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
                                       recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt)
-        total = sum(arr[k] for k in MEMORY_PARTS)
+        total = np.sum([arr[k] for k in MEMORY_PARTS], axis=0)
         ps = total.argmax(axis=1)
         rr = np.arange(R)
         out.peak_bytes[idx] = total[rr, ps]
@@ -615,7 +616,7 @@ def structure_classes(s: Structure) -> list[tuple[int, int, int]]:
 def unit_keys(rows: np.ndarray) -> set[tuple[int, int, int, int]]:
     """The (tp, micro_batch, sp, recompute) units `rows` need."""
     u, _ = _unique_rows(rows[:, [I_TP, I_MB, I_SP, I_RC]])
-    return {tuple(int(x) for x in k) for k in u}  # type: ignore[misc]
+    return {(int(k[0]), int(k[1]), int(k[2]), int(k[3])) for k in u}
 
 
 ZERO2_GATHER = ("per_micro_batch", "per_step")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, overload
 
 from .bounds import check_bound
 from .presets import get_preset
@@ -30,9 +30,13 @@ def _blank(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and v.strip() == "")
 
 
+@overload
+def _int(row: Mapping[str, Any], name: str) -> int | None: ...
+@overload
+def _int(row: Mapping[str, Any], name: str, default: int) -> int: ...
 def _int(row: Mapping[str, Any], name: str, default: int | None = None) -> int | None:
     v = row.get(name)
-    if _blank(v):
+    if v is None or _blank(v):
         return default
     try:
         f = float(v)
@@ -43,6 +47,17 @@ def _int(row: Mapping[str, Any], name: str, default: int | None = None) -> int |
     return int(f)
 
 
+def _required_int(row: Mapping[str, Any], name: str) -> int:
+    v = _int(row, name)
+    if v is None:
+        raise InfeasibleConfig(name, "is required.", f"give --{name.replace('_', '-')}.")
+    return v
+
+
+@overload
+def _str(row: Mapping[str, Any], name: str) -> str | None: ...
+@overload
+def _str(row: Mapping[str, Any], name: str, default: str) -> str: ...
 def _str(row: Mapping[str, Any], name: str, default: str | None = None) -> str | None:
     v = row.get(name)
     return default if _blank(v) else str(v).strip().lower()
@@ -69,12 +84,13 @@ def llama_ffn(hidden: int) -> int:
 def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
     """A preset (`model` key) with optional overrides, or a model from its fields."""
     preset = _str(row, "model")
-    attention = _str(row, "attention", None)
+    attention = _str(row, "attention")
     if preset:
         m = get_preset(preset)
-        over = {k: _int(row, f) for k, f in (("num_layers", "layers"), ("hidden_size", "hidden"), ("num_heads", "heads"),
-                                              ("num_kv_heads", "kv_heads"), ("ffn_hidden_size", "ffn_hidden"),
-                                              ("vocab_size", "vocab")) if not _blank(row.get(f))}
+        over: dict[str, Any] = {k: _int(row, f) for k, f in (("num_layers", "layers"), ("hidden_size", "hidden"),
+                                              ("num_heads", "heads"), ("num_kv_heads", "kv_heads"),
+                                              ("ffn_hidden_size", "ffn_hidden"), ("vocab_size", "vocab"))
+                if not _blank(row.get(f))}
         if attention:
             over["attention_impl"] = attention
         from dataclasses import replace
@@ -83,16 +99,19 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
         return m
     arch = _str(row, "arch")
     if arch is None:
-        raise InfeasibleConfig("model", "no model given.", "name a preset (--model llama3-70b) or give --arch and the fields.")
+        raise InfeasibleConfig("model", "no model given.",
+                               "name a preset (--model llama3-70b) or give --arch and the fields.")
     for req in ("layers", "hidden", "heads"):
         if _blank(row.get(req)):
-            raise InfeasibleConfig(req, f"is required for a custom {arch} model.", f"give --{req.replace('_', '-')} (or a preset with --model).")
-    hidden = _int(row, "hidden")
+            raise InfeasibleConfig(req, f"is required for a custom {arch} model.",
+                                   f"give --{req.replace('_', '-')} (or a preset with --model).")
+    hidden = _required_int(row, "hidden")
     ffn = _int(row, "ffn_hidden")
     if ffn is None:
         ffn = 4 * hidden if arch == "gpt" else llama_ffn(hidden)
-    m = ModelSpec(name=_str(row, "name", f"custom-{arch}"), arch=arch, num_layers=_int(row, "layers"), hidden_size=hidden,
-                  num_heads=_int(row, "heads"), num_kv_heads=_int(row, "kv_heads"), ffn_hidden_size=ffn,
+    m = ModelSpec(name=_str(row, "name", f"custom-{arch}"), arch=arch, num_layers=_required_int(row, "layers"),
+                  hidden_size=hidden, num_heads=_required_int(row, "heads"), num_kv_heads=_int(row, "kv_heads"),
+                  ffn_hidden_size=ffn,
                   vocab_size=_int(row, "vocab", 50257),
                   tied_embeddings=_bool(row, "tied_embeddings", arch == "gpt"),
                   attention_impl=attention or "flash")

@@ -469,7 +469,8 @@ class Predictor:
                 warnings.append(f"Kernels are short here ({per_pass * 1e3:.2f} ms of GPU work per layer forward) and "
                                 f"this platform has no fitted host overhead: eager frameworks add host time per layer "
                                 f"(about 1 ms per layer pass on dgx-a100-80gb, fitted on measured runs), so this "
-                                f"prediction may be low. Fit one with `python -m predictor calibrate-host` on your runs.")
+                                "prediction may be low. Fit one with `python -m predictor calibrate-host` on your "
+                                "runs.")
         return StepPrediction(
             model=model, layout=layout, platform_id=self.platform.platform_id, step_time_s=step,
             breakdown_s={k: float(v[r]) for k, v in ev.breakdown_s.items()},

@@ -1109,8 +1109,8 @@ class ModelBank:
             with self._lock:
                 b = self._boosters.get(stem)
                 if b is None:
-                    try:  # verified again: LightGBM parses exactly the bytes just checked (hash + outline)
-                        v = verify_model(self.directory, stem, self.platform_id, full=False)
+                    try:  # verified again, in full: LightGBM parses exactly the bytes just checked
+                        v = verify_model(self.directory, stem, self.platform_id)
                         b = _booster_from_text(self.directory / f"{stem}.txt", v.text)
                     except ArtifactError as e:
                         self._drop(stem, str(e))
