@@ -157,8 +157,6 @@ def print_prediction(pred, console=None) -> None:
             continue  # not modelled on this platform (see the warnings)
         t.add_row(k, f"{v:.4g}", f"{v / pred.step_time_s:.1%}")
     c.print(t)
-    for w in pred.warnings:
-        c.print(f"[yellow]warning:[/yellow] {w}")
     agg: dict[tuple[str, str, str], float] = {}
     for r in pred.op_rows:  # (stage, chunk, part, phase, op, pass, category, count, each, total, provenance, cv)
         if r[0] == pred.critical_stage:
@@ -171,8 +169,9 @@ def print_prediction(pred, console=None) -> None:
     for (op, phase, prov), secs in top:
         t2.add_row(op, phase, f"{secs:.4g}", prov)
     c.print(t2)
-    for w in pred.warnings:
-        c.print(f"[yellow]warning:[/yellow] {w}")
+    for w in pred.warnings:  # once, after the tables (markup off: a warning may contain [brackets])
+        c.print("warning: ", style="yellow", end="")
+        c.print(w, markup=False)
 
 
 def cmd_predict(a: argparse.Namespace) -> int:

@@ -31,6 +31,15 @@ def test_predict_table_mentions_provenance(capsys):
     assert "step time" in out and "rests on:" in out and "tp_comm" in out
 
 
+def test_predict_table_prints_each_warning_once_after_the_tables(capsys):
+    """An unaligned model (head dimension 100) gets the alignment warning: once, after both tables."""
+    assert main(["predict", "--platform", "dgx-a100-80gb", "--arch", "gpt", "--layers", "4", "--hidden", "1000",
+                 "--heads", "10", "--num-gpus", "8", "--tp", "2", "--global-batch", "8", "--seq-len", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Tensor cores need GEMM dimensions") == 1
+    assert out.index("Top operators") < out.index("Tensor cores need GEMM dimensions")
+
+
 @pytest.mark.parametrize("args,field", [
     (["--model", "llama2-7b", "--num-gpus", "8", "--tp", "3"], "num_gpus"),
     (["--model", "gpt3-1.3b", "--num-gpus", "32", "--tp", "32"], "tp"),
