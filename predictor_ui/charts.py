@@ -383,18 +383,18 @@ def search_scatter(df: pd.DataFrame, capacity_gib: float | None = None, selected
                    ) -> alt.Chart:
     """Step time vs memory per GPU for every candidate layout; the capacity as a vertical rule."""
     d = df.copy()
-    if "memory_gib" not in d:
-        d["memory_gib"] = np.nan
+    if "peak_mem_gib" not in d:
+        d["peak_mem_gib"] = np.nan
     d["layout"] = d.apply(_layout_label, axis=1) if len(d) else []
     d["fits_label"] = d["fits"].map({True: "fits", False: "does not fit"}).fillna("unknown") if "fits" in d \
         else "unknown"
     d["selected"] = d["rank"] == selected_rank if selected_rank is not None and "rank" in d else False
     tips = [alt.Tooltip("rank:Q"), alt.Tooltip("layout:N"), alt.Tooltip("step_time_s:Q", format=".4g"),
-            alt.Tooltip("memory_gib:Q", format=".3g")]
+            alt.Tooltip("peak_mem_gib:Q", format=".3g", title="memory per GPU (GiB)")]
     if "mfu" in d:
         tips.append(alt.Tooltip("mfu:Q", format=".1%"))
     pts = alt.Chart(d).mark_circle(size=70, opacity=0.8).encode(
-        x=alt.X("memory_gib:Q", title="memory per GPU (GiB)"),
+        x=alt.X("peak_mem_gib:Q", title="memory per GPU (GiB)"),
         y=alt.Y("step_time_s:Q", title="step time (s)", scale=alt.Scale(zero=False)),
         color=alt.Color("fits_label:N", title=None,
                         scale=alt.Scale(domain=["fits", "does not fit", "unknown"],
