@@ -35,7 +35,8 @@ CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework over
 CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "pp_comm": "#e45756",
                    "dp_comm": "#72b7b2", "bubble": "#bab0ac", "optimizer": "#54a24b"}
 PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured runs)": "#6a1b9a",
-                     "transferred": "#1e88e5", "stand-in": "#f9a825", "analytical (calibrated)": "#8d6e63", "analytical": "#9e9e9e", "none": "#e0e0e0",
+                     "transferred": "#1e88e5", "stand-in": "#f9a825", "analytical (calibrated)": "#8d6e63",
+                     "analytical": "#9e9e9e", "none": "#e0e0e0",
                      "framework host overhead (end-to-end terms)": "#ab47bc",
                      "end-to-end terms (compute factor, contention)": "#ce93d8"}
 PHASE_COLORS = {"fwd": "#4c78a8", "bwd": "#f58518", "recompute": "#b279a2", "step": "#54a24b"}
