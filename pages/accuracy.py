@@ -137,6 +137,8 @@ if t_e2e.open:
             except ArtifactError as e:
                 st.warning(str(e), icon=":material/warning:")
                 saved = None
+            if saved is not None and saved.warning:
+                st.warning(saved.warning, icon=":material/warning:")
             go = c2.button("Recompute with the current models", key="acc_recompute", icon=":material/refresh:",
                            disabled=n_store == 0,
                            help=(f"Predict the {n_store:,} measured runs of {plat} again (about "
