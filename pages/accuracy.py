@@ -5,7 +5,9 @@ import pandas as pd
 import streamlit as st
 
 from predictor.layout_io import BATCH_COLUMNS
-from predictor_ui import adapters, charts, config, data, fmt, views
+from predictor.paths import ArtifactError
+from predictor.validate import mark_unmodelled_host, save_validation, summarize_validation
+from predictor_ui import charts, config, data, fmt, views
 
 views.page_setup()
 
@@ -32,7 +34,7 @@ RUN_COLS = ["run_id", "case_id", "platform", "arch", "layers", "hidden", "heads"
 
 
 def show_results(res: pd.DataFrame, name: str, key: str) -> None:
-    summ = adapters.summarize_validation(res)
+    summ = summarize_validation(res)
     if not summ.empty:
         views.table(summ, f"{name}_summary", f"{key}_summary", column_config=COLS_CFG)
     a, b = st.columns([3, 2])
@@ -43,13 +45,46 @@ def show_results(res: pd.DataFrame, name: str, key: str) -> None:
         st.altair_chart(charts.error_hist(res), width="stretch")
         st.caption("Below zero: the prediction is faster than the measurement.")
     st.markdown("**Per run** (worst first)")
-    shown = adapters.mark_unmodelled_host(res).sort_values("ape", ascending=False, na_position="first")
+    shown = mark_unmodelled_host(res).sort_values("ape", ascending=False, na_position="first")
     cols = [c for c in RUN_COLS if c in shown]
     if "pred_host_overhead_s" in shown and shown["pred_host_overhead_s"].notna().any():
         cols.insert(cols.index("predicted_s") + 1, "pred_host_overhead_s")
         st.caption("*host overhead s*: the fitted host / framework overhead within the predicted step time "
                    "(empty where the platform has no fitted host overhead: not modelled).")
     views.table(shown[cols], f"{name}_runs", f"{key}_runs", height=320, column_config=COLS_CFG)
+
+
+SOURCE_COLS_CFG = {
+    "runs": st.column_config.NumberColumn("runs"),
+    **{f"{w}_{k}": st.column_config.NumberColumn(f"{label} {what}", format="percent")
+       for w, label in (("in_sample", "in-sample"), ("held_out", "held-out"))
+       for k, what in (("mape", "MAPE"), ("median_ape", "median"), ("worst_ape", "worst"),
+                       ("mean_signed", "signed"))},
+    "measured_mfu": st.column_config.NumberColumn("measured MFU", format="percent"),
+    "held_out_mfu_gap_points": st.column_config.NumberColumn("held-out MFU gap (points)", format="%.1f"),
+    "held_out_mfu_signed_points": st.column_config.NumberColumn("held-out MFU signed (points)", format="%.1f"),
+    "skipped_at_fit": st.column_config.NumberColumn("runs not composed"),
+    "skipped_at_ingest": st.column_config.NumberColumn("rows skipped at ingest"),
+    "skipped_why": st.column_config.TextColumn("why skipped at ingest"),
+}
+
+
+def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> None:
+    """The end-to-end terms' leave-one-source-out validation (framework_terms.json), one row per source."""
+    if warning:
+        st.warning(warning, icon=":material/warning:")
+    if table.empty:
+        return
+    st.subheader("End-to-end accuracy per source: in-sample vs source-held-out")
+    runs = sum(int(v) for v in (pooled.get("fitted_on") or {}).values())
+    held = (f" Pooled over the sources (each weighted equally): held-out MAPE {fmt.pct(pooled['held_out_mape'], 1)}, "
+            f"in-sample {fmt.pct(pooled.get('in_sample_mape'), 1)}." if pooled.get("held_out_mape") is not None
+            else "")
+    st.markdown(f"The end-to-end terms (compute factor, power factor, contention, host time per framework) were "
+                f"fitted on all {runs:,} measured GPU runs of {len(table)} sources; each **held-out** number comes "
+                "from a refit without that source, so it is how far to trust the terms on a framework or cluster "
+                f"they have not seen. *Signed*: below zero, the prediction is faster than the measurement.{held}")
+    views.table(table, "end_to_end_per_source", "e2e_sources", column_config=SOURCE_COLS_CFG)
 
 
 AUTO_PREDICT_MAX = 150  # measured runs predicted on load when nothing is saved (about 1 s); more on request
@@ -99,9 +134,11 @@ if t_e2e.open:
             n_store = int(counts.get(plat, 0))
             try:
                 saved = data.saved_validation(plat)
-            except adapters.Unavailable as e:
+            except ArtifactError as e:
                 st.warning(str(e), icon=":material/warning:")
                 saved = None
+            if saved is not None and saved.warning:
+                st.warning(saved.warning, icon=":material/warning:")
             go = c2.button("Recompute with the current models", key="acc_recompute", icon=":material/refresh:",
                            disabled=n_store == 0,
                            help=(f"Predict the {n_store:,} measured runs of {plat} again (about "
@@ -113,7 +150,7 @@ if t_e2e.open:
             elif data.validation_cached(plat):
                 res, origin = data.validation(plat), "now"
             elif saved is not None:
-                res, origin = saved["runs"], "saved"
+                res, origin = saved.runs, "saved"
             elif n_store and n_store <= AUTO_PREDICT_MAX:
                 res, origin = _predict_runs(plat, n_store, recompute=False), "now"
             elif n_store:
@@ -122,7 +159,7 @@ if t_e2e.open:
                         f"`.venv/bin/python -m predictor validate --platform {plat} --save` saves them for every "
                         "visitor.", icon=":material/info:")
             if res is not None:
-                meta = (saved or {}).get("meta") or {}
+                meta = saved.meta if saved is not None else {}
                 if origin == "saved":
                     st.caption(f":material/save: The saved end-to-end validation of **{plat}** "
                                f"({meta.get('validated_at', 'date unknown')}"
@@ -142,7 +179,7 @@ if t_e2e.open:
                     if st.button(f"Save as the validation of {plat}", key="acc_save", icon=":material/save:",
                                  help="Writes validation.json (the expected-error band of its predictions) and "
                                       "validation_runs.csv next to its models, as `predictor validate --save`"):
-                        adapters.save_validation(plat, res, config.models_dir_arg())
+                        save_validation(plat, res, config.models_dir_arg())
                         config.forget_versions()
                         st.success(f"Saved under `{config.models_dir() / plat}`.", icon=":material/save:")
                 ok_res = res[res["ape"].notna()] if "ape" in res else res.iloc[0:0]
@@ -154,6 +191,7 @@ if t_e2e.open:
                     m[2].metric("Median error", fmt.pct(ok_res["ape"].median(), 1), border=True)
                     m[3].metric("Within 10 %", fmt.pct((ok_res["ape"] <= 0.10).mean()), border=True)
                 show_results(res, f"validation_{plat}", "e2e")
+        terms_by_source(*data.terms_by_source())
 
 if t_ops.open:
     with t_ops:
@@ -207,8 +245,6 @@ if t_ops.open:
                 try:
                     with st.spinner(f"Refitting {ext_op} on small shapes of {ext_plat}..."):
                         ext = data.extrapolation(ext_plat, ext_op)
-                except adapters.Unavailable as e:
-                    st.info(str(e), icon=":material/info:")
                 except Exception as e:  # noqa: BLE001 - a failed check must not take the page down
                     views.failed(e, "The extrapolation check", ext_plat)
                 else:
@@ -252,7 +288,7 @@ if t_mine.open:
                     runs = runs[bad.notna() & (bad > 0)]
                     try:
                         with st.spinner(f"Predicting {len(runs)} runs..."):
-                            res = adapters.validate(runs, config.models_dir_arg())
+                            res = data.validate_runs(runs)
                     except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor version
                         views.failed(e, "Predicting your runs")
                         st.stop()

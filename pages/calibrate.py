@@ -1,13 +1,18 @@
 """Calibrate: upload samples from bench (Parquet / CSV), validate, ingest, retrain, see the platform appear."""
 import shutil
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
+from predictor.ingest_formats import preview_path
+from predictor.lgb_import import import_lightgbm
+from predictor.platforms import load_devices, load_platforms, save_cluster
 from predictor.specs import InfeasibleConfig
-from predictor_ui import adapters, config, data, views
+from predictor_ui import config, data, views
+from predictor_ui.clusters import DASHBOARD_SOURCE, custom_platform
 
 views.page_setup()
 
@@ -49,7 +54,7 @@ updir = Path(st.session_state["cal_dir"])
 
 # ---------------------------------------------------------------- 2. validate
 st.subheader("2 · Validate")
-preview = pd.DataFrame(adapters.preview_file(updir, platform_override.strip() or None))
+preview = preview_path(updir, platform_override.strip() or None)
 views.table(preview, "upload_check", "cal_preview")
 good = preview[preview["status"] == "ok"] if "status" in preview else preview.iloc[0:0]
 bad = preview[preview["status"] != "ok"] if "status" in preview else preview
@@ -73,7 +78,8 @@ if st.button("Ingest into the store", type="primary", key="cal_ingest", icon=":m
     def prog(done: int, total: int, msg: str) -> None:
         bar.progress(min(1.0, done / max(total, 1)), text=msg)
     try:
-        rep = adapters.ingest(updir, platform=platform_override.strip() or None, store_path=None, progress=prog)
+        from predictor.store import ingest_path
+        rep = ingest_path(updir, platform=platform_override.strip() or None, progress=prog)
     except Exception as e:  # noqa: BLE001 - the store's own message (locked, unreadable) is the answer
         st.error(f"Ingest failed: {e}", icon=":material/error:")
         st.stop()
@@ -86,7 +92,7 @@ else:
 
 # ---------------------------------------------------------------- 4. retrain
 st.subheader("4 · Retrain")
-catalog = adapters.platforms(config.clusters_file_arg())
+catalog = load_platforms(config.clusters_file_arg())
 known = [p for p in platforms_in if p in catalog]
 unknown = [p for p in platforms_in if p not in catalog]
 for pid in unknown:
@@ -94,7 +100,7 @@ for pid in unknown:
         st.markdown(f"**{pid}** is not in the platform catalog yet. Describe its cluster so the planner can "
                     "predict for it (saved to your clusters file "
                     f"`{config.clusters_file()}`):")
-        devs = adapters.devices()
+        devs = load_devices()
         ids = sorted(devs)
         a, b, c = st.columns(3)
         dev = a.selectbox("Device", ids, format_func=lambda x, devs=devs: devs[x].name, key=f"cal_dev_{pid}")
@@ -103,14 +109,12 @@ for pid in unknown:
         inter = a.number_input("Inter-node GB/s per GPU", 0.1, 1000.0, 50.0, key=f"cal_inter_{pid}")
         if st.form_submit_button("Save cluster", icon=":material/save:"):
             try:
-                p = adapters.custom_platform({"c_name": pid, "c_device": dev, "c_gpn": gpn, "c_intra_bw": intra,
-                                              "c_inter_bw": inter, "c_models": pid})
+                p = custom_platform({"c_name": pid, "c_device": dev, "c_gpn": gpn, "c_intra_bw": intra,
+                                     "c_inter_bw": inter, "c_models": pid})
             except InfeasibleConfig as e:
                 views.infeasible(e)
-            else:
-                entry = adapters.platform_to_catalog_entry(p)
-                entry["collective_models"] = pid
-                adapters.save_cluster(config.clusters_file(), pid, entry)
+            else:  # its own samples back its collectives too
+                save_cluster(config.clusters_file(), replace(p, collective_models=pid), DASHBOARD_SOURCE)
                 data.clear_all()
                 st.rerun()
 if not known:
@@ -127,11 +131,12 @@ if st.button(f"Retrain {', '.join(known)}", type="primary", key="cal_train", ico
         def prog(done: int, total: int, msg: str, _bar=bar) -> None:
             _bar.progress(min(1.0, done / max(total, 1)), text=msg)
         try:
-            rep = adapters.train(pid, store_path=None, models_dir=config.models_dir_arg(), progress=prog,
-                                 cv_folds=int(folds))
-        except (adapters.Unavailable, InfeasibleConfig, ValueError) as e:
+            import_lightgbm()
+            from predictor.training import train_platform
+            rep = train_platform(pid, models_dir=config.models_dir_arg(), progress=prog, cv_folds=int(folds))
+        except (InfeasibleConfig, ValueError) as e:
             hint = ""
-            if pid not in adapters.platforms(None):
+            if pid not in load_platforms(None):
                 hint = (f" **{pid}** is only in your clusters file (`{config.clusters_file()}`), and training in "
                         "this build looks platforms up in the built-in catalog only: add the entry to "
                         "`predictor/catalog/clusters.json`, then retrain.")

@@ -2,8 +2,10 @@
 import pandas as pd
 import streamlit as st
 
+from predictor.costing import training_estimate
+from predictor.memory import GIB
 from predictor.specs import InfeasibleConfig
-from predictor_ui import adapters, charts, data, fmt, inputs, views
+from predictor_ui import charts, data, fmt, inputs, views
 
 views.page_setup()
 
@@ -25,7 +27,7 @@ n = st.segmented_control("Setups", [2, 3, 4], default=3, key="n", bind="query-pa
 n = int(n or 3)
 sb = st.sidebar
 sb.subheader("Training run")
-target = inputs.target_inputs(container=sb, default_price=None)
+target = inputs.target_inputs(container=sb)
 sb.caption("The token target and price apply to every setup.")
 
 results_area = st.container()  # filled below, shown above the inputs
@@ -59,12 +61,10 @@ for name, mf, pf, lf in setups:
             views.failed(e, f"Setup {name}: the prediction", data.resolve_platform(key).op_models)
         results.append(None)
         continue
-    mem = data.memory(key, model, layout)
-    price = target["price"] if target["price"] is not None else data.default_price(key)
-    cost = adapters.cost(pred, target["tokens"], price)
-    results.append({"name": name, "key": key, "model": model, "layout": layout, "pred": pred, "mem": mem,
-                    "cost": cost, "mf": mf, "pf": pf, "lf": lf,
-                    "host": adapters.host_modelled(data.predictor(key))})
+    cost = training_estimate(pred.step_time_s, layout.num_gpus, layout.tokens_per_step, target["tokens"],
+                             target["price"]).scalar()
+    results.append({"name": name, "key": key, "model": model, "layout": layout, "pred": pred, "mem": pred.memory,
+                    "cost": cost, "mf": mf, "pf": pf, "lf": lf, "host": pred.host_overhead_modelled})
 
 ok = [r for r in results if r is not None]
 if not ok:
@@ -74,18 +74,18 @@ with results_area:
     # the predictions' warnings (e.g. short kernels on a platform without a fitted host overhead), once each
     notes: dict[str, list[str]] = {}
     for r in ok:
-        for w in r["pred"].warnings + (r["mem"].get("warnings") or []):
+        for w in r["pred"].warnings:
             notes.setdefault(w, []).append(r["name"])
     for w, names in notes.items():
         st.warning(f"**Setup {', '.join(names)}**: {w}", icon=":material/info:")
     base = ok[0]["pred"].step_time_s
     rows = {}
     for r in ok:
-        p, L, m, mem, cost = r["pred"], r["layout"], r["model"], r["mem"], r["cost"]
-        has_mem = "unavailable" not in mem and mem.get("total_gib") is not None
+        p, L, mem, cost = r["pred"], r["layout"], r["mem"], r["cost"]
         rows[f"Setup {r['name']}"] = {
             "model": r["mf"].get("model", "custom"), "platform": p.platform_id, "GPUs": L.num_gpus,
-            "TP × PP × DP": f"{L.tp} × {L.pp} × {L.dp}", "micro-batch / global batch": f"{L.micro_batch} / {L.global_batch}",
+            "TP × PP × DP": f"{L.tp} × {L.pp} × {L.dp}",
+            "micro-batch / global batch": f"{L.micro_batch} / {L.global_batch}",
             "sequence length": L.seq_len, "schedule": L.schedule + (f" (vpp {L.vpp})" if L.vpp > 1 else ""),
             "recomputation": L.recompute, "sequence parallel": "on" if L.sequence_parallel else "off",
             "ZeRO stage": L.zero_stage, "precision": L.precision,
@@ -94,10 +94,9 @@ with results_area:
             "host / framework overhead": (fmt.seconds(p.breakdown_s.get("host_overhead", 0.0)) if r["host"]
                                           else "not modelled"),
             "tokens / s": fmt.count(p.tokens_per_s), "MFU": fmt.pct(p.mfu, 1),
-            "memory / GPU": (f"{mem['total_gib']:.3g} GiB ({'fits' if mem['fits'] else 'does NOT fit'})"
-                             if has_mem else "–"),
-            f"time to {fmt.count(target['tokens']).replace(' ', '')} tokens": fmt.duration(cost["wall_time_s"]),
-            "GPU-hours": fmt.count(cost["gpu_hours"]), "cost": fmt.money(cost["cost"]),
+            "memory / GPU": f"{mem.peak_gib:.3g} GiB ({'fits' if mem.fits else 'does NOT fit'})",
+            f"time to {fmt.count(target['tokens']).replace(' ', '')} tokens": fmt.duration(cost.seconds),
+            "GPU-hours": fmt.count(cost.gpu_hours), "cost": fmt.money(cost.cost),
             "rests on": views.short_prov(p.provenance_share),
         }
     table = pd.DataFrame(rows).astype(str)
@@ -116,7 +115,7 @@ with results_area:
 
     st.subheader("Side by side")
     def _fits(r) -> bool:
-        return r["mem"].get("fits") is not False
+        return r["mem"].fits
 
     fitting = [r for r in ok if _fits(r)]
     best = min(fitting or ok, key=lambda r: r["pred"].step_time_s)
@@ -146,20 +145,18 @@ with results_area:
         st.dataframe(wide, column_config={c: st.column_config.NumberColumn(format="%.4g") for c in wide.columns})
         views.export(bds[["setup", "category_id", "category", "seconds", "share", "note"]], "breakdown_per_setup",
                      "cmp_bd_x")
-    mem_frames = [charts.memory_frame(r["mem"]["parts_gib"], f"Setup {r['name']}") for r in ok
-                  if "unavailable" not in r["mem"] and r["mem"].get("parts_gib")]
-    if mem_frames:
-        st.subheader("Memory per GPU (fullest stage)")
-        caps = {r["mem"]["capacity_gib"] for r in ok if "capacity_gib" in r["mem"]}
-        usable = min((r["mem"].get("usable_gib") or r["mem"]["capacity_gib"]) for r in ok if "capacity_gib" in r["mem"])
-        st.altair_chart(charts.memory_chart(pd.concat(mem_frames), max(caps), usable), width="stretch")
-        if len(caps) > 1:
-            st.caption("The setups run on devices of different memory sizes; the lines show the largest device.")
+    st.subheader("Memory per GPU (fullest stage)")
+    mem_frames = [charts.memory_frame(charts.memory_parts_gib(r["mem"].peak), f"Setup {r['name']}") for r in ok]
+    caps = {r["mem"].capacity_bytes / GIB for r in ok}
+    usable = min(r["mem"].usable_bytes / GIB for r in ok)
+    st.altair_chart(charts.memory_chart(pd.concat(mem_frames), max(caps), usable), width="stretch")
+    if len(caps) > 1:
+        st.caption("The setups run on devices of different memory sizes; the lines show the largest device.")
 
     st.caption("Open a setup on its own:")
     links = st.columns(len(ok))
     for c, r in zip(links, ok):
-        qp = {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in {**r["mf"], **r["pf"], **r["lf"]}.items()
-              if v is not None and k != "name"}
+        qp = {k: str(v).lower() if isinstance(v, bool) else str(v)
+              for k, v in {**r["mf"], **r["pf"], **r["lf"]}.items() if v is not None and k != "name"}
         c.page_link("pages/predict.py", label=f"Setup {r['name']} in Predict", icon=":material/open_in_new:",
                     query_params=qp)

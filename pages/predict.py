@@ -1,8 +1,10 @@
 """Predict: one model on one platform under one layout."""
 import streamlit as st
 
+from predictor.costing import training_estimate
+from predictor.memory import GIB
 from predictor.specs import InfeasibleConfig
-from predictor_ui import adapters, data, fmt, inputs, views
+from predictor_ui import data, fmt, inputs, views
 
 views.page_setup()
 
@@ -15,11 +17,7 @@ key = inputs.platform_key(plat_fields)
 sb.subheader("Layout")
 layout_fields = inputs.layout_inputs(container=sb, stage_layers=True)
 sb.subheader("Training run")
-try:
-    list_price = data.default_price(key)
-except Exception:  # noqa: BLE001 - a price is a nicety
-    list_price = None
-target = inputs.target_inputs(container=sb, default_price=list_price)
+target = inputs.target_inputs(container=sb)
 
 st.title("Predict a training step")
 try:
@@ -33,9 +31,13 @@ except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor
     st.stop()
 
 st.markdown(inputs.setup_caption(model_fields, plat_fields, layout))
-host_modelled = adapters.host_modelled(data.predictor(key))
-mem = data.memory(key, model, layout)
-cost = adapters.cost(pred, target["tokens"], target["price"])
+host_modelled = pred.host_overhead_modelled
+mem = pred.memory  # the engine's per-stage memory of this layout (always set by Predictor.predict)
+assert mem is not None
+cost = training_estimate(pred.step_time_s, layout.num_gpus, layout.tokens_per_step, target["tokens"],
+                         target["price"]).scalar()
+wall_lo, wall_hi = cost.seconds * (1 - pred.expected_error), cost.seconds * (1 + pred.expected_error)
+usable_gib, capacity_gib = mem.usable_bytes / GIB, mem.capacity_bytes / GIB
 
 c = st.columns(4)
 c[0].metric("Step time", fmt.seconds(pred.step_time_s), views.step_band(pred), delta_color="off",
@@ -45,27 +47,20 @@ c[1].metric("Tokens / s", fmt.count(pred.tokens_per_s), f"{fmt.count(pred.tokens
 c[2].metric("MFU", fmt.pct(pred.mfu, 1), f"{pred.model_tflops_per_gpu:.0f} TFLOP/s per GPU", delta_color="off",
             delta_arrow="off", border=True, help="Model FLOPs utilisation: model FLOPs (no recomputation) / time / "
                                                   "dense peak of the device at this precision")
-if "unavailable" in mem or mem.get("total_gib") is None:
-    c[3].metric("Memory / GPU", "–", "memory model pending", delta_color="off", delta_arrow="off", border=True,
-                help=mem.get("unavailable", ""))
-else:
-    fits = mem["fits"]
-    c[3].metric("Memory / GPU", f"{mem['total_gib']:.3g} GiB",
-                f"{'fits' if fits else 'does NOT fit'} in {mem.get('usable_gib', mem['capacity_gib']):.3g} GiB",
-                delta_color="normal" if fits else "inverse", delta_arrow="off", border=True,
-                help=f"Fullest pipeline stage (stage {mem.get('stage')}) against the usable device memory")
+c[3].metric("Memory / GPU", f"{mem.peak_gib:.3g} GiB",
+            f"{'fits' if mem.fits else 'does NOT fit'} in {usable_gib:.3g} GiB",
+            delta_color="normal" if mem.fits else "inverse", delta_arrow="off", border=True,
+            help=f"Fullest pipeline stage (stage {mem.peak.stage}) against the usable device memory")
 tokens_lbl = fmt.count(target["tokens"]).replace(" ", "")
 c = st.columns(4)
-c[0].metric(f"Time to {tokens_lbl} tokens", fmt.duration(cost["wall_time_s"]),
-            f"{fmt.duration(cost['wall_time_range_s'][0])} – {fmt.duration(cost['wall_time_range_s'][1])}",
-            delta_color="off", delta_arrow="off", border=True,
-            help=f"{fmt.count(cost['steps'])} steps × step time, with the step time's expected range")
-c[1].metric("GPU-hours", fmt.count(cost["gpu_hours"]), f"{layout.num_gpus} GPUs", delta_color="off",
+c[0].metric(f"Time to {tokens_lbl} tokens", fmt.duration(cost.seconds),
+            f"{fmt.duration(wall_lo)} – {fmt.duration(wall_hi)}", delta_color="off", delta_arrow="off", border=True,
+            help=f"{fmt.count(cost.steps)} steps × step time, with the step time's expected range")
+c[1].metric("GPU-hours", fmt.count(cost.gpu_hours), f"{layout.num_gpus} GPUs", delta_color="off",
             delta_arrow="off", border=True)
-c[2].metric("Cost", fmt.money(cost["cost"]),
-            (f"at ${target['price']:.2f}/GPU-h" + (" (list)" if target.get("price_is_default") else ""))
-            if target["price"] is not None else "enter $/GPU-hour in the sidebar", delta_color="off",
-            delta_arrow="off", border=True)
+c[2].metric("Cost", fmt.money(cost.cost),
+            f"at ${target['price']:.2f}/GPU-h" if target["price"] is not None else "enter $/GPU-hour in the sidebar",
+            delta_color="off", delta_arrow="off", border=True)
 top_prov = max(pred.provenance_share.items(), key=lambda kv: kv[1]) if pred.provenance_share else ("-", 0.0)
 c[3].metric("Data behind it", top_prov[0].split(" (")[0], views.short_prov(pred.provenance_share) or "-",
             delta_color="off", delta_arrow="off", border=True, help=views.PROVENANCE_HELP)
@@ -77,13 +72,12 @@ p1, p2 = st.columns([3, 2], vertical_alignment="center")
 with p1:
     st.html(charts.provenance_html(pred.provenance_share))
 p2.caption(f"**Expected error** ± {fmt.pct(pred.expected_error)}: {pred.error_basis}.")
-for w in pred.warnings + (mem.get("warnings") or []):
+for w in pred.warnings:
     st.warning(w, icon=":material/info:")
-if "unavailable" not in mem and mem.get("fits") is False:
-    st.error(f"This layout needs {mem['total_gib']:.3g} GiB per GPU but only {mem.get('usable_gib', mem['capacity_gib']):.3g} "
-             f"of the device's {mem['capacity_gib']:.3g} GiB are usable. "
-             "Try more pipeline or tensor parallelism, a smaller micro-batch, recomputation or a higher ZeRO stage.",
-             icon=":material/memory:")
+if not mem.fits:
+    st.error(f"This layout needs {mem.peak_gib:.3g} GiB per GPU but only {usable_gib:.3g} of the device's "
+             f"{capacity_gib:.3g} GiB are usable. Try more pipeline or tensor parallelism, a smaller micro-batch, "
+             "recomputation or a higher ZeRO stage.", icon=":material/memory:")
 
 # Lazy tabs: only the open one runs (light first paint); the open tab is part of the URL.
 t_break, t_ops, t_time, t_mem, t_data, t_export = st.tabs(
@@ -130,21 +124,16 @@ if t_time.open:
 
 if t_mem.open:
     with t_mem:
-        if "unavailable" in mem or mem.get("total_gib") is None:
-            st.info(f"Memory per GPU: {mem.get('unavailable', 'not computed')}. The device has "
-                    f"{data.resolve_platform(key).device.hbm_gib:g} GiB.", icon=":material/memory:")
-        else:
-            st.altair_chart(charts.memory_chart(mem["stages"], mem["capacity_gib"], mem.get("usable_gib")),
-                            width="stretch")
-            st.caption(f"Peak memory per GPU on each pipeline stage. Dashed: device memory {mem['capacity_gib']:.3g} GiB; "
-                       f"solid: usable {mem.get('usable_gib', mem['capacity_gib']):.3g} GiB (less the allocator "
-                       f"reserve). Stage {mem['stage']} is the fullest." + (f" {mem['note']}" if mem.get("note") else ""))
-            if len(mem["stages"]):
-                wide = mem["stages"].pivot_table(index="stage", columns="part", values="gib", aggfunc="sum")
-                wide = wide[[p for p in charts.MEMORY_ORDER if p in wide.columns]]
-                wide["total"] = wide.sum(axis=1)
-                views.table(wide.reset_index(), "memory_per_stage", "t_mem",
-                            column_config={c: st.column_config.NumberColumn(format="%.3g") for c in wide.columns})
+        stages = charts.memory_stages_frame(mem)
+        st.altair_chart(charts.memory_chart(stages, capacity_gib, usable_gib), width="stretch")
+        st.caption(f"Peak memory per GPU on each pipeline stage. Dashed: device memory {capacity_gib:.3g} GiB; "
+                   f"solid: usable {usable_gib:.3g} GiB (less the allocator reserve). Stage {mem.peak.stage} is "
+                   "the fullest." + (f" {mem.reason}." if mem.reason else ""))
+        wide = stages.pivot_table(index="stage", columns="part", values="gib", aggfunc="sum")
+        wide = wide[[p for p in charts.MEMORY_ORDER if p in wide.columns]]
+        wide["total"] = wide.sum(axis=1)
+        views.table(wide.reset_index(), "memory_per_stage", "t_mem",
+                    column_config={c: st.column_config.NumberColumn(format="%.3g") for c in wide.columns})
 
 if t_data.open:
     with t_data:
@@ -161,8 +150,7 @@ if t_data.open:
 if t_export.open:
     with t_export:
         views.share_hint()
-        st.download_button("Prediction (JSON)", views.to_json(adapters.prediction_dict(pred, host_modelled)).encode(),
-                           "prediction.json",
+        st.download_button("Prediction (JSON)", views.to_json(pred.to_dict()).encode(), "prediction.json",
                            "application/json", key="x_pred", icon=":material/download:", on_click="ignore")
         st.caption("Every operator and collective call behind the prediction:")
         views.table(pred.ops, "operator_calls", "t_calls", height=300)

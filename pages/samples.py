@@ -3,7 +3,9 @@ import pandas as pd
 import streamlit as st
 
 from predictor.ops import COLLECTIVES, OPS, SHAPE_COLUMNS
-from predictor_ui import adapters, charts, config, data, fmt, views
+from predictor.platforms import load_platforms
+from predictor_ui import charts, config, data, fmt, views
+from predictor_ui.curves import regressor_over_samples
 
 views.page_setup()
 
@@ -86,7 +88,7 @@ xs = charts.sweep(float(x_vals.min()), float(x_vals.max()), integer=True)
 
 # ---- the regressor's curve over the slice
 curve = None
-plat_obj = data.resolve_platform(platform) if platform in adapters.platforms(config.clusters_file_arg()) else None
+plat_obj = data.resolve_platform(platform) if platform in load_platforms(config.clusters_file_arg()) else None
 bank = data.bank(platform) if plat_obj is not None else None
 precision = str(df["dtype"].mode().iloc[0]) if "dtype" in df and df["dtype"].notna().any() else "fp16"
 note = ""
@@ -97,7 +99,7 @@ elif bank is None:
             "or retrain on **Calibrate**.")
 elif len(xs):
     try:
-        curve, per_sample, note = adapters.regressor_over_samples(
+        curve, per_sample, note = regressor_over_samples(
             bank, plat_obj, name, pass_, df, x=x, xs=xs, fixed=fixed, precision=precision)
     except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor version
         views.failed(e, "The regressor's curve", platform)

@@ -2,8 +2,10 @@
 import streamlit as st
 
 from predictor.layout_io import model_from_fields
+from predictor.search import SearchSpace
 from predictor.specs import PRECISIONS, InfeasibleConfig
-from predictor_ui import adapters, charts, data, fmt, inputs, views
+from predictor_ui import charts, data, fmt, inputs, views
+from predictor_ui.search_view import OBJECTIVE_LABELS
 
 views.page_setup()
 
@@ -27,7 +29,7 @@ seqs = list(inputs.SEQ_LENS)
 seq_len = b.selectbox("Sequence length", seqs, index=seqs.index(d["seq_len"]), key=PRE + "seq_len", bind=BIND)
 precision = a.selectbox("Precision", list(PRECISIONS), index=list(PRECISIONS).index(d["precision"]),
                         key=PRE + "precision", bind=BIND)
-objective = b.selectbox("Rank by", list(adapters.SEARCH_OBJECTIVES), key="objective", bind=BIND,
+objective = b.selectbox("Rank by", list(OBJECTIVE_LABELS), key="objective", bind=BIND,
                         help="time: step time · tokens: tokens/s · mfu: model FLOPs utilisation · "
                              "cost: GPU-hours per token")
 with sb.expander("Search space"):
@@ -42,24 +44,18 @@ with sb.expander("Search space"):
     uneven = st.toggle("Try uneven layer splits", True, key="uneven", bind=BIND,
                        help="First and last stage one layer lighter (they hold the embedding and the LM head)")
 sb.subheader("Training run")
-target = inputs.target_inputs(PRE, container=sb, default_price=None)
+target = inputs.target_inputs(PRE, container=sb)
 
 st.title("Search layouts")
-if not adapters.search_available():
-    st.info("Layout search needs `predictor.search`, which is not installed in this build yet. Meanwhile, try "
-            "layouts by hand on **Predict** or side by side on **Compare**.", icon=":material/construction:")
-    st.stop()
-
-constraints = {"tp_within_node": not tp_across, "schedules": schedules or ["1f1b"],
-               "recompute": recomputes or ["none"], "zero_stage": zeros or [0], "max_micro_batch": int(max_mb),
-               "uneven_splits": bool(uneven)}
+space = SearchSpace(tp_within_node=not tp_across, schedules=tuple(schedules or ["1f1b"]),
+                    recompute=tuple(recomputes or ["none"]), zero_stage=tuple(zeros or [0]),
+                    max_micro_batch=int(max_mb), uneven_splits=bool(uneven), precision=precision)
 try:
     model = model_from_fields(model_fields)
     platform = data.resolve_platform(key)
     with st.spinner(f"Ranking every layout of {model.name} on {num_gpus} GPUs..."):
-        rep = data.search(key, model, num_gpus=int(num_gpus), global_batch=int(global_batch), seq_len=int(seq_len),
-                          precision=precision, constraints=constraints, tokens=target["tokens"],
-                          price=target["price"], objective=objective)
+        rep = data.search(key, model, space, num_gpus=int(num_gpus), global_batch=int(global_batch),
+                          seq_len=int(seq_len), tokens=target["tokens"], price=target["price"], objective=objective)
 except InfeasibleConfig as e:
     views.infeasible(e)
     st.stop()
@@ -67,19 +63,19 @@ except Exception as e:  # noqa: BLE001 - e.g. model files from another predictor
     views.failed(e, "The search", data.resolve_platform(key).op_models)
     st.stop()
 
-res = rep["table"]
+res = rep.table
 st.caption(f"**{model.name}** on **{platform.platform_id}**, {num_gpus} GPUs, global batch {global_batch}, "
-           f"sequence {seq_len}, {precision}: {rep['enumerated']:,} layouts enumerated, {rep['feasible']:,} fit in "
-           f"memory, ranked by {adapters.SEARCH_OBJECTIVES[objective]} in {rep['elapsed_s']:.2f} s. "
+           f"sequence {seq_len}, {precision}: {rep.enumerated:,} layouts enumerated, {rep.feasible:,} fit in "
+           f"memory, ranked by {OBJECTIVE_LABELS[objective]} in {rep.elapsed_s:.2f} s. "
            "**Click a row to open it in Predict.**")
-if res.empty or rep["feasible"] == 0:
+if res.empty or rep.feasible == 0:
     st.warning(f"No layout of {model.name} fits on {num_gpus} GPUs with global batch {global_batch}"
                + (" (none could be enumerated)." if res.empty else " in memory.")
                + " **How to fix:** use more GPUs, a global batch with more divisors (a power of two), allow "
                  "recomputation / higher ZeRO stages / TP across nodes in the search space, or a shorter sequence.",
                icon=":material/search_off:")
-    if len(rep["rejections"]):
-        views.table(rep["rejections"], "search_rejections", "rej_empty")
+    if len(rep.rejections):
+        views.table(rep.rejections, "search_rejections", "rej_empty")
     st.stop()
 
 # ---- filters on the ranked table
@@ -107,7 +103,7 @@ c[0].metric("Best step time", fmt.seconds(float(best["step_time_s"])), charts._l
             delta_color="off", delta_arrow="off", border=True)
 c[1].metric("Tokens / s", fmt.count(float(best["tokens_per_s"])), f"MFU {fmt.pct(float(best['mfu']), 1)}",
             delta_color="off", delta_arrow="off", border=True)
-c[2].metric("Memory / GPU", fmt.gib(float(best["memory_gib"])), f"of {platform.device.hbm_gib:g} GiB",
+c[2].metric("Memory / GPU", fmt.gib(float(best["peak_mem_gib"])), f"of {platform.device.hbm_gib:g} GiB",
             delta_color="off", delta_arrow="off", border=True)
 if "days" in view:
     tok = fmt.count(target["tokens"]).replace(" ", "")
@@ -118,9 +114,9 @@ if "days" in view:
 
 if isinstance(best.get("warnings"), str) and best["warnings"]:
     st.warning(f"**Best layout**: {best['warnings']}", icon=":material/info:")
-host_on = rep.get("host_modelled", True)
+host_on = rep.host_modelled
 shown = [col for col in ["rank", "tp", "pp", "dp", "micro_batch", "vpp", "schedule", "stage_layers", "recompute",
-                         "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s", "mfu", "memory_gib",
+                         "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s", "mfu", "peak_mem_gib",
                          "fits", "days", "cost", "expected_error", "compute_s"]
          + (["host_overhead_s"] if host_on else [])
          + ["tp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "reason"] if col in view]
@@ -133,7 +129,7 @@ ev = st.dataframe(
     column_config={"step_time_s": st.column_config.NumberColumn("step time (s)", format="%.4g"),
                    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.4g"),
                    "mfu": st.column_config.NumberColumn("MFU", format="percent"),
-                   "memory_gib": st.column_config.NumberColumn("memory/GPU (GiB)", format="%.3g"),
+                   "peak_mem_gib": st.column_config.NumberColumn("memory/GPU (GiB)", format="%.3g"),
                    "days": st.column_config.NumberColumn("days", format="%.4g"),
                    "cost": st.column_config.NumberColumn("cost ($)", format="%.4g"),
                    "expected_error": st.column_config.NumberColumn("± error", format="percent"),
@@ -150,8 +146,8 @@ st.subheader("Step time vs memory")
 st.altair_chart(charts.search_scatter(view, capacity_gib=float(platform.device.hbm_gib)), width="stretch")
 st.caption("Each dot is a layout of the table above; the dashed line is the device memory. Lower is faster.")
 
-with st.expander(f"Why layouts are missing ({rep['enumerated'] - rep['feasible']:,} do not fit)"):
-    if len(rep["rejections"]):
-        views.table(rep["rejections"], "search_rejections", "rej")
+with st.expander(f"Why layouts are missing ({rep.enumerated - rep.feasible:,} do not fit)"):
+    if len(rep.rejections):
+        views.table(rep.rejections, "search_rejections", "rej")
     else:
         st.write("Every enumerated layout fits.")

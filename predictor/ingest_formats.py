@@ -1540,3 +1540,33 @@ def parse_file(data: bytes, plan: FilePlan, limit: int = 5) -> ParsedFile:
         if isinstance(exc, pa.ArrowException):
             raise FormatError(f"{plan.path.name}: cannot read Parquet: {exc}") from exc
         raise
+
+
+def preview_path(path: Path, platform: str | None = None) -> pd.DataFrame:
+    """A dry run of an ingest of `path` (a file or a folder): one row per file with its kind, platform(s),
+    the rows it would add (`rows`, and per table in `tables`), the rows it would reject, and `status`
+    (ok | skipped | rejected) with a `message` (the skip reason, the parse error, or example rejections).
+    Nothing is written."""
+    out = []
+    for plan in plan_files(Path(path), platform=platform):
+        row: dict[str, Any] = {"file": plan.path.name, "kind": plan.kind or "-", "platform": plan.platform or "",
+                               "rows": 0, "rows_rejected": 0, "tables": "", "status": "ok", "message": ""}
+        if plan.kind is None:
+            row.update(status="rejected" if plan.skip_reason.startswith("rejected") else "skipped",
+                       message=plan.skip_reason)
+        else:
+            try:
+                parsed = parse_file(plan.path.read_bytes(), plan, 5)
+            except FormatError as e:
+                row.update(status="rejected", message=str(e))
+            else:
+                row.update(rows=int(sum(len(df) for df in parsed.tables.values())),
+                           rows_rejected=int(parsed.rows_rejected),
+                           platform=", ".join(parsed.platforms) or row["platform"],
+                           tables=", ".join(f"{t} {len(df)}" for t, df in parsed.tables.items() if len(df)),
+                           message="; ".join(parsed.examples[:3]))
+                if not row["rows"]:
+                    row["status"] = "rejected"
+        out.append(row)
+    return pd.DataFrame(out, columns=["file", "kind", "platform", "rows", "rows_rejected", "tables", "status",
+                                      "message"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -465,6 +465,45 @@ def make_cluster(device_id: str, gpus_per_node: int, intra_gbps: float | None = 
         raw["collective_algorithms"] = {"available": list(collective_algorithms),
                                         **({"nvls_min_gpus": nvls_min_gpus} if nvls_min_gpus is not None else {})}
     return _platform_from(pid, raw, {device_id: dev}, "", user=True)
+
+
+def cluster_entry(p: Platform, sources: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """The clusters-file entry of a Platform: what `load_platforms(extra_file=...)` reads back as the same
+    platform. `sources`: what the entry rests on (default: the platform's own sources)."""
+    entry: dict[str, Any] = {
+        "description": p.description, "device": p.device.device_id, "gpus_per_node": p.gpus_per_node,
+        "intra_node": asdict(p.intra_node), "inter_node": asdict(p.inter_node),
+        "op_models": p.op_models, "collective_models": p.collective_models,
+        "sources": list(p.sources if sources is None else sources)}
+    if p.collective_algorithms:
+        entry["collective_algorithms"] = {"available": list(p.collective_algorithms),
+                                          **({"nvls_min_gpus": p.nvls_min_gpus} if p.nvls_min_gpus else {})}
+    if not p.overlaps_comm_with_compute:
+        entry["overlaps_comm_with_compute"] = False
+    return entry
+
+
+def save_cluster(path: str | Path, p: Platform, sources: tuple[str, ...] | None = None) -> Path:
+    """Add or replace one cluster in a user clusters file (JSON; created when missing), keeping the file's
+    shape (a flat mapping, or `clusters` / `devices` sections), and drop the cached catalog so the next
+    `load_platforms(path)` sees it."""
+    from .paths import write_json_atomic
+    path = Path(path)
+    data: dict[str, Any] = {}
+    if path.is_file():
+        text = path.read_text()
+        try:
+            data = json.loads(text) if text.strip() else {}
+        except ValueError as e:
+            raise InfeasibleConfig("clusters", f"'{path}' is not valid JSON: {e}.",
+                                   "fix or remove the file, then save again.") from None
+        if not isinstance(data, dict):
+            raise InfeasibleConfig("clusters", f"'{path}' must hold a mapping of cluster id -> entry.")
+    target = data.setdefault("clusters", {}) if ("clusters" in data or "devices" in data) else data
+    target[p.platform_id] = cluster_entry(p, sources)
+    write_json_atomic(path, data)
+    load_platforms.cache_clear()
+    return path
 
 
 def parse_generic_id(platform_id: str) -> Platform:

@@ -139,6 +139,39 @@ def save_terms(terms: EndToEndTerms, models_dir: str | Path | None = None) -> Pa
     return paths.write_json_atomic(p, d)
 
 
+# The per-source columns of `validation_by_source`, in the order a table shows them: in-sample beside
+# source-held-out for each figure.
+SOURCE_VALIDATION_COLUMNS = (
+    "source", "framework", "runs", "in_sample_mape", "held_out_mape", "in_sample_median_ape", "held_out_median_ape",
+    "in_sample_worst_ape", "held_out_worst_ape", "in_sample_mean_signed", "held_out_mean_signed", "measured_mfu",
+    "held_out_mfu_gap_points", "held_out_mfu_signed_points", "skipped_at_fit", "skipped_at_ingest", "skipped_why")
+
+
+def validation_by_source(terms: EndToEndTerms) -> Any:
+    """The leave-one-source-out validation of the terms (framework_terms.json `validation.per_source`,
+    written by predictor.calibrate_framework) as a DataFrame, one row per source, `SOURCE_VALIDATION_COLUMNS`:
+    runs, in-sample and source-held-out MAPE / median / worst / mean signed error (held-out: predicted by
+    terms refitted without that source), the measured MFU and the held-out MFU gap (mean |gap| and signed,
+    in points), the runs the fit could not compose (`skipped_at_fit`), and the rows the ingest skipped for
+    that source (`skipped_at_ingest`) with why
+    (`skipped_why`: "reason: rows; ..."). Empty (with those columns) when the terms carry no validation."""
+    import pandas as pd
+    rows = []
+    for source, rec in sorted((terms.validation.get("per_source") or {}).items()):
+        rec = rec if isinstance(rec, dict) else {}
+        skipped = rec.get("skipped_at_ingest") or 0
+        if isinstance(skipped, dict):  # reason -> rows
+            why = "; ".join(f"{k.removeprefix('skipped: ')}: {v}" for k, v in skipped.items())
+            skipped = int(sum(skipped.values()))
+        else:
+            why = ""
+        row = {c: rec.get(c) for c in SOURCE_VALIDATION_COLUMNS}
+        row.update(source=source, skipped_at_fit=int(rec.get("skipped") or 0), skipped_at_ingest=int(skipped),
+                   skipped_why=why)
+        rows.append(row)
+    return pd.DataFrame(rows, columns=list(SOURCE_VALIDATION_COLUMNS))
+
+
 def blend(g: Any, h: Any, p: Any) -> Any:
     """(g**p + h**p)**(1/p) elementwise, p an array or a number (>= 1)."""
     import numpy as np

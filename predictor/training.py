@@ -241,6 +241,23 @@ def models_summary(models_dir=None) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def model_metadata(platform_id: str, models_dir=None) -> dict[str, dict[str, Any]]:
+    """stem -> the JSON metadata of each trained model of a platform (a sidecar whose .txt exists; an
+    unreadable one is left out: the model check reports it)."""
+    d = Path(models_dir) if models_dir is not None else MODELS_DIR
+    out: dict[str, dict[str, Any]] = {}
+    for p in sorted((d / platform_id).glob("*.json")):
+        if not p.with_suffix(".txt").exists():
+            continue
+        try:
+            m = read_json_checked(p)
+        except ArtifactError:
+            continue
+        if isinstance(m, dict):
+            out[p.stem] = m
+    return out
+
+
 def write_models_readme(models_dir=None) -> Path:
     """(Re)generate `<models_dir>/README.md` from the saved metadata, so it always matches the files."""
     d = Path(models_dir) if models_dir is not None else MODELS_DIR

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from . import paths
 from .layout_io import layout_from_fields, model_from_fields
 from .specs import InfeasibleConfig
 
@@ -43,7 +46,10 @@ def validate_runs(platform: str | None = None, store_path=None, models_dir=None,
 
 def summarize_validation(res: pd.DataFrame, by: tuple[str, ...] = ("platform",)) -> pd.DataFrame:
     """Per group: runs predicted, MAPE, median, p90, worst, mean signed error, share within 10 %, and the
-    runs that could not be predicted (`failed`: fields that make no valid layout on that platform)."""
+    runs that could not be predicted (`failed`: fields that make no valid layout on that platform).
+    Empty when `res` has no results (no `ape` column)."""
+    if res.empty or "ape" not in res:
+        return pd.DataFrame()
     by = tuple(k for k in by if k in res.columns) or ("platform",)
     rows = []
     for key, g in res.groupby(list(by), dropna=False):
@@ -65,7 +71,7 @@ def skipped_at_ingest(store_path=None) -> pd.DataFrame:
     return run_rejection_counts(store_path=store_path)
 
 
-VALIDATION_RUNS_FILE = "validation_runs.csv"
+VALIDATION_RUNS_FILE = paths.VALIDATION_RUNS  # kept for callers; the name lives in predictor.paths
 # What the per-run file keeps (a subset of validate_runs' columns, plus every pred_<category>_s), to 6
 # significant digits.
 RUN_COLUMNS = ("run_id", "case_id", "platform", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab",
@@ -78,14 +84,12 @@ def save_validation_runs(platform_id: str, res: pd.DataFrame, models_dir=None) -
     """The per-run results behind validation.json, as a small CSV next to it
     (models_store/<platform>/validation_runs.csv), so a dashboard can show them without predicting
     every run again."""
-    from .predict import MODELS_DIR
     cols = [c for c in RUN_COLUMNS if c in res] + [c for c in res.columns
                                                    if c.startswith("pred_") and c.endswith("_s")]
     if "source" in res and res["source"].nunique() <= 1:
         cols.remove("source")  # one source: validation.json names it
-    path = Path(models_dir or MODELS_DIR) / platform_id / VALIDATION_RUNS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    res[cols].to_csv(path, index=False, float_format="%.6g")
+    path = paths.artifact(platform_id, paths.VALIDATION_RUNS, models_dir)
+    paths.write_text_atomic(path, res[cols].to_csv(index=False, float_format="%.6g"))
     return path
 
 
@@ -94,7 +98,6 @@ def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None, summar
     use it for their expected-error band) and the per-run results (validation_runs.csv). `summary`
     overrides the figures computed from `res` (e.g. a MAPE pooled over several measuring runs, of which
     `res` is the latest) and may add `mape_speed_checked` (used when a speed check scales the times)."""
-    from .predict import MODELS_DIR
     ok = res[res["ape"].notna()]
     d = {"platform": platform_id, "n_runs": int(len(ok)), "mape": float(ok["ape"].mean()) if len(ok) else None,
          "median_ape": float(ok["ape"].median()) if len(ok) else None,
@@ -103,8 +106,52 @@ def save_validation(platform_id: str, res: pd.DataFrame, models_dir=None, summar
          "validated_at": datetime.now(UTC).isoformat(timespec="seconds")}
     if summary:
         d |= {"latest_run_mape": d["mape"], "latest_run_n": d["n_runs"]} | dict(summary)
-    path = Path(models_dir or MODELS_DIR) / platform_id / "validation.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(d, indent=2))
+    path = paths.artifact(platform_id, paths.VALIDATION, models_dir)
+    paths.write_text_atomic(path, json.dumps(d, indent=2))
     save_validation_runs(platform_id, res, models_dir)
     return path
+
+
+@dataclass(frozen=True)
+class SavedValidation:
+    """A platform's saved end-to-end validation (`python -m predictor validate --save`)."""
+    runs: pd.DataFrame            # validate_runs' columns, as saved (RUN_COLUMNS + pred_<category>_s)
+    meta: dict[str, Any]          # validation.json ({} when it is missing or unusable: see `warning`)
+    path: Path                    # the per-run CSV
+    warning: str | None = None    # why validation.json was ignored, if it was
+
+
+def saved_validation_platforms(models_dir=None) -> list[str]:
+    """Platforms with a saved per-run end-to-end validation (<models_dir>/<platform>/validation_runs.csv)."""
+    d = paths.models_dir(models_dir)
+    return sorted(p.parent.name for p in d.glob(f"*/{paths.VALIDATION_RUNS}")) if d.is_dir() else []
+
+
+def read_saved_validation(models_dir, platform_id: str) -> SavedValidation | None:
+    """The saved validation of a platform, or None when it has none. Reading it takes milliseconds;
+    predicting every run again takes seconds to minutes. An unreadable CSV raises ArtifactError."""
+    path = paths.artifact(platform_id, paths.VALIDATION_RUNS, models_dir)
+    if not path.is_file():
+        return None
+    try:
+        runs = pd.read_csv(path, keep_default_na=True)
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise paths.ArtifactError(path, None, f"cannot be read ({e}); recompute it") from None
+    for c in ("error", "provenance"):  # empty cells read back as NaN (float when all are empty)
+        if c in runs:
+            runs[c] = runs[c].astype(object).where(runs[c].notna(), "").astype(str)
+    meta, warning = paths.load_platform_validation_checked(platform_id, models_dir)
+    return SavedValidation(runs=runs, meta=meta or {}, path=path, warning=warning)
+
+
+def mark_unmodelled_host(res: pd.DataFrame) -> pd.DataFrame:
+    """`pred_host_overhead_s` empty (NaN) for platforms whose runs never got a host term (no fitted host
+    overhead there), so tables and exports do not show an unmodelled 0 as a measured zero."""
+    col = "pred_host_overhead_s"
+    if col not in res or "platform" not in res or res.empty:
+        return res
+    res = res.copy()
+    h = pd.to_numeric(res[col], errors="coerce")
+    none = h.fillna(0.0).groupby(res["platform"]).transform(lambda s: bool((s == 0).all())).astype(bool)
+    res[col] = h.mask(none)
+    return res

@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from predictor.memory import GIB, MemoryReport, StageMemory
+
 
 class _LazyAltair:
     """`alt` imports altair on first use (about 0.3 s on a cold start): the Predict page's first view
@@ -27,12 +29,14 @@ class _LazyAltair:
 alt: Any = _LazyAltair()
 
 CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
-CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework overhead", "tp_comm": "TP communication", "pp_comm": "PP communication",
-                   "dp_comm": "DP communication", "bubble": "pipeline bubble", "optimizer": "optimizer step"}
-CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "pp_comm": "#e45756", "dp_comm": "#72b7b2",
-                   "bubble": "#bab0ac", "optimizer": "#54a24b"}
-PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured runs)": "#6a1b9a", "transferred": "#1e88e5", "stand-in": "#f9a825",
-                     "analytical (calibrated)": "#8d6e63", "analytical": "#9e9e9e", "none": "#e0e0e0",
+CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework overhead", "tp_comm": "TP communication",
+                   "pp_comm": "PP communication", "dp_comm": "DP communication", "bubble": "pipeline bubble",
+                   "optimizer": "optimizer step"}
+CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "pp_comm": "#e45756",
+                   "dp_comm": "#72b7b2", "bubble": "#bab0ac", "optimizer": "#54a24b"}
+PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured runs)": "#6a1b9a",
+                     "transferred": "#1e88e5", "stand-in": "#f9a825", "analytical (calibrated)": "#8d6e63",
+                     "analytical": "#9e9e9e", "none": "#e0e0e0",
                      "framework host overhead (end-to-end terms)": "#ab47bc",
                      "end-to-end terms (compute factor, contention)": "#ce93d8"}
 PHASE_COLORS = {"fwd": "#4c78a8", "bwd": "#f58518", "recompute": "#b279a2", "step": "#54a24b"}
@@ -321,6 +325,19 @@ def provenance_chart(share: dict[str, float]) -> alt.Chart:
 
 # --------------------------------------------------------------------------- memory
 MEMORY_ORDER = ["weights", "gradients", "optimizer", "activations", "buffers", "framework"]
+_MEMORY_FIELDS = dict(zip(MEMORY_ORDER, ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
+                                         "buffers_bytes", "framework_bytes")))
+
+
+def memory_parts_gib(stage: StageMemory) -> dict[str, float]:
+    """{part: GiB} of one pipeline stage of a MemoryReport (the parts in MEMORY_ORDER)."""
+    return {part: float(getattr(stage, f)) / GIB for part, f in _MEMORY_FIELDS.items()}
+
+
+def memory_stages_frame(report: MemoryReport) -> pd.DataFrame:
+    """(stage, part, gib) for every pipeline stage of a MemoryReport: memory_chart's per-stage input."""
+    return pd.DataFrame([{"stage": s.stage, "part": part, "gib": gib} for s in report.stages
+                         for part, gib in memory_parts_gib(s).items()], columns=["stage", "part", "gib"])
 
 
 def memory_frame(parts_gib: dict[str, float], setup: str = "this layout") -> pd.DataFrame:
@@ -367,18 +384,18 @@ def search_scatter(df: pd.DataFrame, capacity_gib: float | None = None, selected
                    ) -> alt.Chart:
     """Step time vs memory per GPU for every candidate layout; the capacity as a vertical rule."""
     d = df.copy()
-    if "memory_gib" not in d:
-        d["memory_gib"] = np.nan
-    d["layout"] = d.apply(lambda r: _layout_label(r), axis=1) if len(d) else []
+    if "peak_mem_gib" not in d:
+        d["peak_mem_gib"] = np.nan
+    d["layout"] = d.apply(_layout_label, axis=1) if len(d) else []
     d["fits_label"] = d["fits"].map({True: "fits", False: "does not fit"}).fillna("unknown") if "fits" in d \
         else "unknown"
     d["selected"] = d["rank"] == selected_rank if selected_rank is not None and "rank" in d else False
     tips = [alt.Tooltip("rank:Q"), alt.Tooltip("layout:N"), alt.Tooltip("step_time_s:Q", format=".4g"),
-            alt.Tooltip("memory_gib:Q", format=".3g")]
+            alt.Tooltip("peak_mem_gib:Q", format=".3g", title="memory per GPU (GiB)")]
     if "mfu" in d:
         tips.append(alt.Tooltip("mfu:Q", format=".1%"))
     pts = alt.Chart(d).mark_circle(size=70, opacity=0.8).encode(
-        x=alt.X("memory_gib:Q", title="memory per GPU (GiB)"),
+        x=alt.X("peak_mem_gib:Q", title="memory per GPU (GiB)"),
         y=alt.Y("step_time_s:Q", title="step time (s)", scale=alt.Scale(zero=False)),
         color=alt.Color("fits_label:N", title=None,
                         scale=alt.Scale(domain=["fits", "does not fit", "unknown"],

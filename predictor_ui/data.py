@@ -14,17 +14,21 @@ import pandas as pd
 import streamlit as st
 
 from predictor.layout_io import layout_from_fields, model_from_fields
+from predictor.lgb_import import import_lightgbm
+from predictor.platforms import Platform, load_platforms
 from predictor.specs import InfeasibleConfig, Layout, ModelSpec
 
-from . import adapters, config, inputs
+from . import config, inputs
+from .clusters import custom_platform
+from .search_view import SearchView, search_view
 
 
 # --------------------------------------------------------------------------- platforms / predictors
-def resolve_platform(key: str):
+def resolve_platform(key: str) -> Platform:
     """Platform object from inputs.platform_key()."""
     if key.startswith(inputs.CUSTOM + ":"):
-        return adapters.custom_platform(json.loads(key[len(inputs.CUSTOM) + 1:]))
-    plats = adapters.platforms(config.clusters_file_arg())
+        return custom_platform(json.loads(key[len(inputs.CUSTOM) + 1:]))
+    plats = load_platforms(config.clusters_file_arg())
     if key not in plats:
         raise InfeasibleConfig("platform", f"unknown platform '{key}'.", f"use one of {', '.join(sorted(plats))}.")
     return plats[key]
@@ -46,7 +50,9 @@ def _refresh_model_caches(models_version: str) -> None:
 @st.cache_resource(show_spinner=False, max_entries=32)
 def _predictor(key: str, models_version: str, clusters_version: str):
     _refresh_model_caches(models_version)
-    return adapters.make_predictor(resolve_platform(key), config.models_dir_arg())
+    import_lightgbm()
+    from predictor.predict import Predictor
+    return Predictor(resolve_platform(key), config.models_dir_arg())
 
 
 def predictor(key: str):
@@ -54,7 +60,11 @@ def predictor(key: str):
 
 
 def backing(key: str) -> dict[str, str]:
-    return adapters.platform_backing(predictor(key))
+    """What backs a platform's numbers, in words (as `python -m predictor platforms` says it)."""
+    from predictor.backing import describe_backing
+    d = describe_backing(predictor(key)).to_dict()
+    d.pop("kind")
+    return d
 
 
 # --------------------------------------------------------------------------- building specs
@@ -89,45 +99,24 @@ def predict(key: str, model: ModelSpec, layout: Layout, timeline: bool = True):
     return _predict(key, mj, lj, timeline, config.models_version(), config.clusters_version())
 
 
-@st.cache_data(show_spinner=False, max_entries=512)
-def _memory(key: str, mj: str, lj: str, clusters_version: str) -> dict[str, Any]:
-    m, L = _specs_from_json(mj, lj)
-    try:
-        return adapters.memory(m, L, resolve_platform(key))
-    except adapters.Unavailable as e:
-        return {"unavailable": str(e)}
-
-
-def memory(key: str, model: ModelSpec, layout: Layout) -> dict[str, Any]:
-    """adapters.memory view, or {'unavailable': reason}."""
-    mj, lj = _spec_json(model, layout)
-    return _memory(key, mj, lj, config.clusters_version())
-
-
-@st.cache_data(show_spinner=False, max_entries=64)
-def default_price(key: str) -> float | None:
-    try:
-        return adapters.default_price(resolve_platform(key))
-    except InfeasibleConfig:
-        return None
-
-
 @st.cache_data(show_spinner=False, max_entries=32)
-def _search(key: str, mj: str, num_gpus: int, global_batch: int, seq_len: int, precision: str, cj: str,
+def _search(key: str, mj: str, num_gpus: int, global_batch: int, seq_len: int, space_json: str,
             tokens: float | None, price: float | None, objective: str, models_version: str,
-            clusters_version: str) -> dict[str, Any]:
+            clusters_version: str) -> SearchView:
+    from predictor.search import SearchSpace, search
     model = ModelSpec(**json.loads(mj))
-    return adapters.search(model, resolve_platform(key), num_gpus=num_gpus, global_batch=global_batch,
-                           seq_len=seq_len, precision=precision, predictor=predictor(key),
-                           constraints=json.loads(cj), tokens=tokens, price_per_gpu_hour=price, objective=objective)
+    space = SearchSpace(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(space_json).items()})
+    pr = predictor(key)
+    rep = search(model, pr, num_gpus, global_batch, seq_len, space=space, objective=objective,
+                 tokens_to_train=tokens, price_per_gpu_hour=price)
+    return search_view(rep, pr.host_modelled)
 
 
-def search(key: str, model: ModelSpec, *, num_gpus: int, global_batch: int, seq_len: int, precision: str,
-           constraints: dict[str, Any], tokens: float | None = None, price: float | None = None,
-           objective: str = "time") -> dict[str, Any]:
-    """adapters.search, cached per inputs (raises adapters.Unavailable / InfeasibleConfig)."""
-    return _search(key, json.dumps(asdict(model), sort_keys=True), num_gpus, global_batch, seq_len, precision,
-                   json.dumps(constraints, sort_keys=True), tokens, price, objective, config.models_version(),
+def search(key: str, model: ModelSpec, space: Any, *, num_gpus: int, global_batch: int, seq_len: int,
+           tokens: float | None = None, price: float | None = None, objective: str = "time") -> SearchView:
+    """predictor.search.search over `space` (a SearchSpace), cached per inputs (raises InfeasibleConfig)."""
+    return _search(key, json.dumps(asdict(model), sort_keys=True), num_gpus, global_batch, seq_len,
+                   json.dumps(asdict(space), sort_keys=True), tokens, price, objective, config.models_version(),
                    config.clusters_version())
 
 
@@ -209,32 +198,57 @@ def validation(platform: str, progress=None, recompute: bool = False) -> pd.Data
     hit = None if recompute else _VALIDATION.get(key)
     if hit is None:
         runs = measured_runs()
-        runs = runs[runs["platform"] == platform]
-        hit = adapters.validate(runs, config.models_dir_arg(), progress=progress)
+        hit = validate_runs(runs[runs["platform"] == platform], progress)
         for k in [k for k in _VALIDATION if k[0] == platform]:
             _VALIDATION.pop(k, None)
         _VALIDATION[key] = hit
     return hit
 
 
+def validate_runs(runs: pd.DataFrame, progress=None) -> pd.DataFrame:
+    """predictor.validate.validate_runs on these runs with the dashboard's models."""
+    import_lightgbm()
+    from predictor.validate import validate_runs as validate
+    return validate(runs=runs, models_dir=config.models_dir_arg(), progress=progress)
+
+
 @st.cache_data(show_spinner=False, max_entries=16)
-def _saved_validation(platform: str, models_version: str) -> dict | None:
-    return adapters.saved_validation(config.models_dir(), platform)
+def _saved_validation(platform: str, models_version: str):
+    from predictor.validate import read_saved_validation
+    return read_saved_validation(config.models_dir_arg(), platform)
 
 
-def saved_validation(platform: str) -> dict | None:
-    """The platform's saved end-to-end validation (models_store/<platform>/validation_runs.csv +
-    validation.json), or None. Raises adapters.Unavailable when the file is unreadable."""
+def saved_validation(platform: str):
+    """The platform's saved end-to-end validation (predictor.validate.SavedValidation: models_store/<platform>/
+    validation_runs.csv + validation.json), or None. Raises predictor.paths.ArtifactError when unreadable."""
     return _saved_validation(platform, config.models_version())
 
 
 def saved_validation_platforms() -> list[str]:
-    return adapters.saved_validation_platforms(config.models_dir())
+    from predictor.validate import saved_validation_platforms as platforms
+    return platforms(config.models_dir_arg())
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _terms_by_source(models_version: str) -> tuple[pd.DataFrame, dict[str, Any], str | None]:
+    from predictor.terms import NONE, load_terms_checked, validation_by_source
+    terms, warning = load_terms_checked(config.models_dir_arg())
+    terms = terms or NONE
+    pooled = {k: v for k, v in terms.validation.items() if k != "per_source"}
+    return validation_by_source(terms), {**pooled, "fitted_on": terms.fitted_on}, warning
+
+
+def terms_by_source() -> tuple[pd.DataFrame, dict[str, Any], str | None]:
+    """The end-to-end terms' leave-one-source-out validation (predictor.terms.validation_by_source), the
+    pooled figures of framework_terms.json (held-out MAPE, scheme, the runs per source) and a warning when
+    the file is unusable."""
+    return _terms_by_source(config.models_version())
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _models_summary(models_version: str) -> pd.DataFrame:
-    return adapters.models_summary(config.models_dir_arg())
+    from predictor.training import models_summary
+    return models_summary(config.models_dir_arg())
 
 
 def models_summary() -> pd.DataFrame:
@@ -243,7 +257,8 @@ def models_summary() -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _model_metadata(platform: str, models_version: str) -> dict:
-    return adapters.model_metadata(config.models_dir(), platform)
+    from predictor.training import model_metadata
+    return model_metadata(platform, config.models_dir_arg())
 
 
 def model_metadata(platform: str) -> dict:
@@ -252,17 +267,22 @@ def model_metadata(platform: str) -> dict:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _extrapolation(platform: str, op: str, version: str) -> pd.DataFrame:
-    return adapters.extrapolation(platform, {op}, str(config.store_path()))
+    import_lightgbm()
+    from predictor.extrapolation import extrapolation_table
+    return extrapolation_table(platform, config.store_path(), {op})
 
 
 def extrapolation(platform: str, op: str) -> pd.DataFrame:
+    """predictor.extrapolation.extrapolation_table for one operator of a platform (refits: seconds)."""
     return _extrapolation(platform, op, config.store_version())
 
 
 def bank(platform: str):
     """The ModelBank behind a platform's own regressors (None when untrained)."""
     _refresh_model_caches(config.models_version())
-    return adapters.bank(platform, config.models_dir_arg())
+    import_lightgbm()
+    from predictor.regressors import load_bank
+    return load_bank(platform, config.models_dir_arg())
 
 
 def clear_all() -> None:
@@ -271,6 +291,5 @@ def clear_all() -> None:
     st.cache_data.clear()
     st.cache_resource.clear()
     _VALIDATION.clear()
-    from predictor.platforms import load_platforms
     load_platforms.cache_clear()
     _refresh_model_caches("force-" + config.models_version())

@@ -12,10 +12,12 @@ from typing import Any
 import streamlit as st
 
 from predictor.layout_io import llama_ffn
+from predictor.platforms import load_devices, load_platforms, save_cluster
 from predictor.presets import get_preset, list_presets
 from predictor.specs import PRECISIONS, RECOMPUTES, SCHEDULES
 
-from . import adapters, config, fmt
+from . import config, fmt
+from .clusters import CUSTOM_FIELDS, DASHBOARD_SOURCE, custom_platform
 
 CUSTOM = "custom"
 BIND = "query-params"
@@ -94,7 +96,7 @@ def model_inputs(prefix: str = "", container=None, default: str | None = None) -
 def platform_options() -> dict[str, Any]:
     """The platform catalog (+ the user's clusters file); a broken catalog stops the page with its message."""
     try:
-        return adapters.platforms(config.clusters_file_arg())
+        return dict(load_platforms(config.clusters_file_arg()))
     except Exception as e:  # noqa: BLE001 - a catalog / clusters file that does not parse
         fix = f" Fix: {e.fix}" if getattr(e, "fix", "") else ""
         st.error(f"The platform catalog cannot be read: {getattr(e, 'field', '')} {getattr(e, 'problem', e)}{fix}"
@@ -127,7 +129,7 @@ def platform_inputs(prefix: str = "", container=None, default: str | None = None
 
 def custom_cluster_inputs(prefix: str, c, plats: dict[str, Any]) -> dict[str, Any]:
     d = CUSTOM_CLUSTER_DEFAULT
-    devs = adapters.devices()
+    devs = load_devices()
     dev_ids = sorted(devs)
     backed = sorted({p.op_models for p in plats.values() if p.op_models})
     name = c.text_input("Cluster name", d["c_name"], key=_k(prefix, "c_name"), bind=BIND)
@@ -154,14 +156,14 @@ def custom_cluster_inputs(prefix: str, c, plats: dict[str, Any]) -> dict[str, An
                 help=f"Adds it to {config.clusters_file()}, so every page (and `python -m predictor ... --clusters`) "
                      "can pick it by name"):
         try:
-            p = adapters.custom_platform(fields)
+            p = custom_platform(fields)
         except Exception as e:  # noqa: BLE001 - InfeasibleConfig: shown below the inputs by the page
             c.warning(f"Not saved: {e}")
         else:
             if p.platform_id in plats:
                 c.warning(f"'{p.platform_id}' is already a platform; choose another cluster name.")
             else:
-                adapters.save_cluster(config.clusters_file(), p.platform_id, adapters.platform_to_catalog_entry(p))
+                save_cluster(config.clusters_file(), p, DASHBOARD_SOURCE)
                 c.success(f"Saved '{p.platform_id}': pick it in the platform list.")
     return fields
 
@@ -170,7 +172,7 @@ def platform_key(fields: dict[str, Any]) -> str:
     """A hashable, cache-friendly name of the platform choice."""
     if fields.get("platform") != CUSTOM:
         return str(fields["platform"])
-    return CUSTOM + ":" + json.dumps({k: fields.get(k) for k in adapters.CUSTOM_FIELDS}, sort_keys=True)
+    return CUSTOM + ":" + json.dumps({k: fields.get(k) for k in CUSTOM_FIELDS}, sort_keys=True)
 
 
 # --------------------------------------------------------------------------- layout
@@ -233,17 +235,15 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     return out
 
 
-def target_inputs(prefix: str = "", container=None, default_price: float | None = None) -> dict[str, Any]:
+def target_inputs(prefix: str = "", container=None) -> dict[str, Any]:
+    """The token target and the price per GPU-hour (None when not entered: no cost is shown)."""
     c = container or st
     a, b = c.columns(2)
     tokens_b = a.number_input("Token target (billions)", 0.001, 1e6, TARGET_DEFAULT["tokens_b"],
                               key=_k(prefix, "tokens_b"), bind=BIND, help="2000 = 2T tokens")
     price = b.number_input("$ per GPU-hour", 0.0, 1000.0, None, step=0.1, key=_k(prefix, "price"), bind=BIND,
-                           placeholder=f"{default_price:.2f}" if default_price else "enter a price",
-                           help="Your rate per GPU-hour" + (f"; empty = list price {default_price:.2f}"
-                                                             if default_price else ""))
-    return {"tokens": float(tokens_b) * 1e9, "price": price if price is not None else default_price,
-            "price_is_default": price is None and default_price is not None}
+                           placeholder="enter a price", help="Your rate per GPU-hour")
+    return {"tokens": float(tokens_b) * 1e9, "price": price}
 
 
 def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], layout: Any) -> str:

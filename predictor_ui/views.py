@@ -10,7 +10,8 @@ import streamlit as st
 
 from predictor.specs import InfeasibleConfig
 
-from . import adapters, fmt
+from . import fmt
+from .search_view import predict_query
 
 PROVENANCE_HELP = ("**measured**: regressors trained on this device's own samples · **transferred**: another "
                    "device's regressors rescaled by the specs · **stand-in**: an op nobody sampled, timed as a "
@@ -114,7 +115,7 @@ def short_prov(share: dict[str, float]) -> str:
 def open_in_predict(model_fields: dict, plat_fields: dict, row: pd.Series, target: dict) -> None:
     """Switch to Predict with a search row's layout (and the search's model, platform and target) in the URL."""
     qp = {**{k: str(v) for k, v in model_fields.items() if v is not None and k != "name"},
-          **{k: str(v) for k, v in plat_fields.items()}, **adapters.search_row_fields(row),
+          **{k: str(v) for k, v in plat_fields.items()}, **predict_query(row),
           "tokens_b": str(target["tokens"] / 1e9)}
     if target["price"] is not None:
         qp["price"] = str(target["price"])

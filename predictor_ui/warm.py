@@ -28,14 +28,14 @@ def _log(msg: str) -> None:
 
 
 def _default_prediction() -> None:
-    from . import adapters, data, inputs
-    adapters.import_lightgbm_fast()
+    from predictor.lgb_import import import_lightgbm
+
+    from . import data, inputs
+    import_lightgbm()
     d = inputs.DEFAULT_SETUP
     fields = {k: v for k, v in d.items() if k not in ("model", "platform", "attention")}  # as the page
     model, layout = data.build({"model": d["model"]}, {**fields, "stage_layers": None})
     data.predict(d["platform"], model, layout)
-    data.memory(d["platform"], model, layout)
-    data.default_price(d["platform"])
 
 
 def _settle_streamlit_first_run() -> None:

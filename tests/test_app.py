@@ -62,7 +62,7 @@ def runs_frame() -> pd.DataFrame:
 def tiny(tmp_path_factory):
     """A store with a few samples and measured runs, and regressors trained from it."""
     from predictor.store import ingest_path
-    from predictor_ui import adapters
+    from predictor.training import train_platform
     d = tmp_path_factory.mktemp("tiny")
     src = d / "src"
     src.mkdir()
@@ -73,7 +73,7 @@ def tiny(tmp_path_factory):
     rep = ingest_path(src, store_path=store)
     assert rep.ok and rep.files_ingested == 3, rep.to_text()
     models = d / "models"
-    adapters.train(PLATFORM, store_path=str(store), models_dir=str(models), progress=None, cv_folds=2)
+    train_platform(PLATFORM, store_path=str(store), models_dir=str(models), cv_folds=2)
     assert (models / PLATFORM / "mlp_up.fwd.txt").exists()
     return {"store": store, "models": models, "src": src}
 
@@ -356,8 +356,33 @@ def test_accuracy_reads_the_saved_validation_and_recomputes(saved_validation_env
     # saving makes it the platform's validation
     at.button(key="acc_save").click().run()
     assert not at.exception
-    from predictor_ui.adapters import saved_validation
-    assert saved_validation(saved_validation_env, PLATFORM)["runs"]["ape"].max() < 9.5
+    from predictor.validate import read_saved_validation
+    assert read_saved_validation(saved_validation_env, PLATFORM).runs["ape"].max() < 9.5
+
+
+def test_accuracy_end_to_end_per_source_in_sample_vs_held_out():
+    """The end-to-end terms' leave-one-source-out validation (models_store/framework_terms.json), one row
+    per source, in-sample beside source-held-out."""
+    from predictor.terms import load_terms_checked
+    terms, warning = load_terms_checked()
+    assert terms is not None and warning is None
+    sources = sorted(terms.validation["per_source"])
+    assert len(sources) >= 2
+    at = run("pages/accuracy.py")
+    assert any(s.value == "End-to-end accuracy per source: in-sample vs source-held-out" for s in at.subheader)
+    assert "fitted on all" in text(at) and "refit without that source" in text(at)
+    table = next(d.value for d in at.dataframe if "held_out_mape" in d.value)
+    assert sorted(table["source"]) == sources and len(table) == len(sources)  # one row per source
+    for c in ("in_sample_mape", "held_out_mape", "in_sample_mean_signed", "held_out_mean_signed", "runs",
+              "held_out_mfu_gap_points", "skipped_at_ingest", "skipped_why"):
+        assert c in table
+    cols = list(table.columns)
+    assert cols.index("held_out_mape") == cols.index("in_sample_mape") + 1  # side by side
+    row = table.set_index("source").loc[sources[0]]
+    rec = terms.validation["per_source"][sources[0]]
+    assert row["held_out_mape"] == pytest.approx(rec["held_out_mape"])
+    assert row["in_sample_mean_signed"] == pytest.approx(rec["in_sample_mean_signed"])
+    assert row["runs"] == rec["runs"]
 
 
 def test_accuracy_upload_your_runs():

@@ -160,3 +160,20 @@ def test_unaligned_gemm_dimensions_are_named_in_the_warnings():
     aligned = ModelSpec("c", "gpt", num_layers=4, hidden_size=14336, num_heads=112, vocab_size=250880)
     p = Predictor("dgx-a100-80gb").predict(aligned, L, timeline=False)
     assert not any("multiples of 8" in x for x in p.warnings)
+
+
+def test_validation_by_source_reads_the_per_source_record():
+    from predictor.terms import NONE, SOURCE_VALIDATION_COLUMNS, EndToEndTerms, validation_by_source
+    rec = {"framework": "fsdp", "runs": 10, "skipped": 2, "in_sample_mape": 0.05, "held_out_mape": 0.08,
+           "in_sample_mean_signed": -0.01, "held_out_mean_signed": 0.04,
+           "skipped_at_ingest": {"skipped: precision not stated": 3, "skipped: dp not stated": 1}}
+    t = validation_by_source(EndToEndTerms(validation={"per_source": {"b": rec, "a": {**rec, "skipped_at_ingest": 0}}}))
+    assert list(t.columns) == list(SOURCE_VALIDATION_COLUMNS) and list(t["source"]) == ["a", "b"]
+    b = t.set_index("source").loc["b"]
+    assert (b["held_out_mape"], b["held_out_mean_signed"], b["runs"]) == (0.08, 0.04, 10)
+    assert b["skipped_at_fit"] == 2 and b["skipped_at_ingest"] == 4
+    assert b["skipped_why"] == "precision not stated: 3; dp not stated: 1"
+    assert t.set_index("source").loc["a", "skipped_why"] == ""
+    assert pd.isna(b["held_out_median_ape"])  # not in the record: empty
+    empty = validation_by_source(NONE)
+    assert empty.empty and list(empty.columns) == list(SOURCE_VALIDATION_COLUMNS)

@@ -11,13 +11,18 @@ import pytest
 from predictor.predict import get_predictor
 from predictor.presets import get_preset
 from predictor.specs import Layout
-from predictor_ui import adapters, charts, fmt
+from predictor_ui import charts, fmt
 
 
 @pytest.fixture(scope="module")
-def pred(tmp_path_factory):
+def bare_models(tmp_path_factory):
     from tests.conftest import make_models_without_terms
-    models = make_models_without_terms(tmp_path_factory.mktemp("m"))   # no host model at all
+    return make_models_without_terms(tmp_path_factory.mktemp("m"))   # no host model at all
+
+
+@pytest.fixture(scope="module")
+def pred(bare_models):
+    models = bare_models
     layout = Layout(num_gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=32, seq_len=2048)
     return get_predictor("perlmutter-a100", str(models)).predict(get_preset("llama2-7b"), layout)
 
@@ -124,7 +129,7 @@ def test_memory_chart_has_capacity_rules():
 def test_search_scatter_marks_fit():
     df = pd.DataFrame({"rank": [1, 2, 0], "tp": [4, 8, 1], "pp": [4, 2, 1], "dp": [4, 4, 64], "micro_batch": [1, 1, 1],
                        "schedule": ["1f1b", "interleaved", "1f1b"], "vpp": [1, 2, 1], "recompute": ["none"] * 3,
-                       "step_time_s": [10.0, 11.0, 9.0], "memory_gib": [60.0, 50.0, 200.0],
+                       "step_time_s": [10.0, 11.0, 9.0], "peak_mem_gib": [60.0, 50.0, 200.0],
                        "fits": [True, True, False], "mfu": [0.4, 0.38, 0.45]})
     d = spec(charts.search_scatter(df, capacity_gib=80.0, selected_rank=1))
     data = list(d["datasets"].values())[0]
@@ -183,69 +188,122 @@ def test_fmt():
     assert fmt.seconds(None) == "–"
 
 
-def test_cost_adapter_matches_arithmetic(pred):
-    c = adapters.cost(pred, 1e9, 2.0)
-    steps = int(np.ceil(1e9 / pred.layout.tokens_per_step))
-    assert c["steps"] == steps
-    assert c["wall_time_s"] == pytest.approx(steps * pred.step_time_s)
-    assert c["gpu_hours"] == pytest.approx(c["wall_time_s"] * 16 / 3600)
-    assert c["cost"] == pytest.approx(2.0 * c["gpu_hours"])
-    lo, hi = c["wall_time_range_s"]
-    assert lo < c["wall_time_s"] < hi
-    assert adapters.cost(pred, 1e9, None)["cost"] is None
+def test_training_estimate_matches_arithmetic(pred):
+    """What Predict and Compare show as time and money: predictor.costing.training_estimate."""
+    from predictor.costing import training_estimate
+    L = pred.layout
+    c = training_estimate(pred.step_time_s, L.num_gpus, L.tokens_per_step, 1e9, 2.0).scalar()
+    steps = int(np.ceil(1e9 / L.tokens_per_step))
+    assert c.steps == steps
+    assert c.seconds == pytest.approx(steps * pred.step_time_s)
+    assert c.gpu_hours == pytest.approx(c.seconds * 16 / 3600)
+    assert c.cost == pytest.approx(2.0 * c.gpu_hours)
+    assert isinstance(c.seconds, float)  # plain numbers for the metrics
+    assert training_estimate(pred.step_time_s, L.num_gpus, L.tokens_per_step, 1e9, None).cost is None
 
 
-def test_memory_adapter(pred):
+def test_memory_frames_of_the_prediction(pred):
+    """The prediction's MemoryReport (the engine's) as the per-stage chart frame and the per-part bar."""
+    from predictor.memory import GIB, estimate_memory
     plat = get_predictor("perlmutter-a100").platform
-    if not adapters.memory_available():
-        with pytest.raises(adapters.Unavailable):
-            adapters.memory(pred.model, pred.layout, plat)
-        return
-    m = adapters.memory(pred.model, pred.layout, plat)
-    assert m["total_gib"] > 0 and m["capacity_gib"] == pytest.approx(plat.device.hbm_gib)
-    assert m["fits"] in (True, False)
-    assert sum(m["parts_gib"].values()) == pytest.approx(m["total_gib"], rel=1e-6)
-    assert set(m["stages"]["stage"]) == set(range(pred.layout.pp))
+    m = pred.memory
+    assert m is not None and m.capacity_bytes / GIB == pytest.approx(plat.device.hbm_gib)
+    ref = estimate_memory(pred.model, pred.layout, plat)
+    assert m.peak_gib == pytest.approx(ref.peak_gib, rel=1e-9) and m.fits == ref.fits
+    parts = charts.memory_parts_gib(m.peak)
+    assert list(parts) == charts.MEMORY_ORDER
+    assert sum(parts.values()) == pytest.approx(m.peak_gib, rel=1e-9)
+    frame = charts.memory_stages_frame(m)
+    assert set(frame["stage"]) == set(range(pred.layout.pp)) and len(frame) == 6 * pred.layout.pp
+    assert frame.groupby("stage")["gib"].sum().max() == pytest.approx(m.peak_gib, rel=1e-9)
+    d = spec(charts.memory_chart(frame, m.capacity_bytes / GIB, m.usable_bytes / GIB))
+    assert d["layer"][0]["mark"]["type"] == "bar"
 
 
-def test_search_adapter_and_row_fields():
-    if not adapters.search_available():
-        pytest.skip("predictor.search not available")
-    plat = get_predictor("perlmutter-a100").platform
-    res = adapters.search(get_preset("llama2-7b"), plat, num_gpus=16, global_batch=32, seq_len=2048,
-                          precision="bf16", constraints={"schedules": ["1f1b"], "max_micro_batch": 2},
-                          tokens=1e9, price_per_gpu_hour=2.0)
-    t = res["table"]
-    assert res["enumerated"] == len(t) and res["feasible"] == int(t["fits"].sum()) > 0
+def test_search_view_and_predict_query(bare_models):
+    from predictor.layout_io import layout_from_fields
+    from predictor.search import OBJECTIVES, SearchSpace, search
+    from predictor_ui.search_view import OBJECTIVE_LABELS, search_view
+    assert set(OBJECTIVE_LABELS) == set(OBJECTIVES)
+    pr = get_predictor("perlmutter-a100", str(bare_models))
+    model = get_preset("llama2-7b")
+    rep = search(model, pr, 16, 32, 2048, space=SearchSpace(schedules=("1f1b",), max_micro_batch=2),
+                 tokens_to_train=1e9, price_per_gpu_hour=2.0)
+    v = search_view(rep, pr.host_modelled)
+    t = v.table
+    assert v.enumerated == len(t) and v.feasible == int(t["fits"].sum()) > 0
     feas = t[t["fits"]]
     assert feas["step_time_s"].is_monotonic_increasing
     assert set(feas["schedule"]) == {"1f1b"}
-    assert {"memory_gib", "tokens_per_s", "mfu", "reason"} <= set(t.columns)
-    assert t["expected_error"].notna().sum() >= 1  # the refined top rows
-    # perlmutter-a100 has no fitted host overhead: its column is empty (not modelled), not 0
-    assert res["host_modelled"] is False and t["host_overhead_s"].isna().all()
-    assert "warnings" in t
-    f = adapters.search_row_fields(feas.iloc[0])
-    from predictor.layout_io import layout_from_fields
+    assert {"peak_mem_gib", "tokens_per_s", "mfu", "reason", "expected_error", "warnings", "cost"} <= set(t.columns)
+    assert t["expected_error"].notna().sum() >= 1  # the error band of the best rows
+    assert t.loc[rep.top[0].table_index, "warnings"] == " ".join(rep.top[0].prediction.warnings)
+    # without end-to-end terms perlmutter-a100 has no host overhead: its column is empty (not modelled), not 0
+    assert v.host_modelled is False and t["host_overhead_s"].isna().all()
+    assert rep.table["host_overhead_s"].notna().all()  # the report itself is untouched
+    assert list(v.rejections.columns) == ["reason", "layouts", "example"]
+    with_terms = get_predictor("perlmutter-a100")
+    assert with_terms.host_modelled and search_view(rep, True).table["host_overhead_s"].notna().all()
+    from predictor_ui.search_view import predict_query
+    f = predict_query(feas.iloc[0])
     L = layout_from_fields(f)
-    L.validate(get_preset("llama2-7b"))
+    L.validate(model)
     assert L.tp * L.pp * L.dp == 16
+    assert (L.tp, L.pp, L.micro_batch, L.schedule) == (feas.iloc[0]["tp"], feas.iloc[0]["pp"],
+                                                       feas.iloc[0]["micro_batch"], "1f1b")
 
 
-def test_custom_platform_and_catalog_entry(tmp_path):
-    p = adapters.custom_platform({"c_name": "mine", "c_device": "a100-sxm4-80gb", "c_gpn": 8, "c_intra_bw": 300,
-                                  "c_inter_bw": 50, "c_models": "none"})
-    assert p.platform_id == "mine" and p.op_models is None and p.gpus_per_node == 8
+def test_custom_platform_and_saved_cluster(tmp_path):
+    from predictor.platforms import cluster_entry, load_platforms, save_cluster
     from predictor.specs import InfeasibleConfig
+    from predictor_ui.clusters import DASHBOARD_SOURCE, custom_platform
+    p = custom_platform({"c_name": "mine", "c_device": "a100-sxm4-80gb", "c_gpn": 8, "c_intra_bw": 300,
+                         "c_inter_bw": 50, "c_models": "none"})
+    assert p.platform_id == "mine" and p.op_models is None and p.gpus_per_node == 8
+    auto = custom_platform({"c_name": "a", "c_device": "a100-sxm4-80gb", "c_gpn": 8, "c_intra_bw": 300,
+                            "c_inter_bw": 50, "c_models": "auto"})
+    assert auto.op_models == auto.device.transfer_source
     with pytest.raises(InfeasibleConfig) as e:
-        adapters.custom_platform({"c_device": "nope"})
+        custom_platform({"c_device": "nope"})
     assert e.value.field == "c_device"
     with pytest.raises(InfeasibleConfig) as e:
-        adapters.custom_platform({"c_device": "a100-sxm4-80gb", "c_gpn": 8, "c_intra_bw": 300, "c_inter_bw": 0})
+        custom_platform({"c_device": "a100-sxm4-80gb", "c_gpn": 8, "c_intra_bw": 300, "c_inter_bw": 0})
     assert e.value.field == "c_inter_bw"
-    path = adapters.save_cluster(tmp_path / "clusters.json", "mine", adapters.platform_to_catalog_entry(p))
-    plats = adapters.platforms(str(path))
-    assert "mine" in plats and plats["mine"].inter_node.bandwidth_gbps == 50
+    path = save_cluster(tmp_path / "clusters.json", p, DASHBOARD_SOURCE)
+    plats = load_platforms(str(path))
+    back = plats["mine"]
+    assert back.inter_node == p.inter_node and back.intra_node == p.intra_node and back.op_models is None
+    assert back.sources == DASHBOARD_SOURCE and back.user_defined
+    assert cluster_entry(back, DASHBOARD_SOURCE) == cluster_entry(p, DASHBOARD_SOURCE)  # round trip
+    # a second cluster is added beside the first; a file with a `clusters` section keeps its shape
+    save_cluster(path, auto)
+    assert {"mine", "a"} <= set(load_platforms(str(path)))
+    nested = tmp_path / "nested.json"
+    nested.write_text(json.dumps({"clusters": {}, "devices": {}}))
+    save_cluster(nested, p)
+    assert set(json.loads(nested.read_text())["clusters"]) == {"mine"} and "mine" in load_platforms(str(nested))
+
+
+def test_regressor_curves_over_samples(tmp_path):
+    """The Samples page's curve: a bank trained on a few synthetic samples, drawn along seq."""
+    from predictor.lgb_import import import_lightgbm
+    import_lightgbm()
+    from predictor.regressors import load_bank
+    from predictor_ui.curves import regressor_over_samples
+    bank = load_bank("perlmutter-a100")
+    plat = get_predictor("perlmutter-a100").platform
+    assert bank is not None and bank.has_op("mlp_up", "fwd")
+    samples = pd.DataFrame([{"tp": 1, "batch": 1, "seq": s, "hidden": 4096, "heads": 32, "kv_heads": 32,
+                             "ffn_hidden": 11008, "duration_s": 1e-3} for s in (512, 1024, 2048)])
+    xs = np.array([512.0, 1024.0, 2048.0, 4096.0])
+    curve, per, note = regressor_over_samples(bank, plat, "mlp_up", "fwd", samples, x="seq", xs=xs, fixed={},
+                                              precision="fp16")
+    assert note == "" and list(curve["seq"]) == list(xs) and curve["predicted_s"].notna().all()
+    assert curve["predicted_s"].is_monotonic_increasing  # more tokens, more time
+    assert len(per) == len(samples) and per.iloc[0] == pytest.approx(curve["predicted_s"].iloc[0], rel=1e-6)
+    _, _, note = regressor_over_samples(bank, plat, "allreduce", None, samples, x="seq", xs=xs, fixed={},
+                                        precision="fp16")
+    assert "message_bytes" in note
 
 
 # --------------------------------------------------------------------------- host overhead
@@ -281,8 +339,9 @@ def test_host_overhead_on_a_fitted_platform():
     assert HOST_PROVENANCE in pr.provenance_share
     assert charts.provenance_color(HOST_PROVENANCE) == charts.PROVENANCE_COLORS[HOST_PROVENANCE]
     assert charts.CATEGORY_LABELS["host_overhead"] in charts.breakdown_html(pr.breakdown_s)
-    assert "fitted" in adapters.platform_backing(p)["host_overhead"]
-    assert "not modelled" in adapters.platform_backing(get_predictor("perlmutter-a100"))["host_overhead"]
+    from predictor.backing import describe_backing
+    assert "fitted" in describe_backing(p).host_overhead
+    assert "not modelled" in describe_backing(get_predictor("perlmutter-a100")).host_overhead
 
 
 def test_provenance_colours_by_kind():
@@ -297,7 +356,13 @@ def test_provenance_colours_by_kind():
 
 
 def test_saved_validation_round_trip(tmp_path):
-    from predictor.validate import VALIDATION_RUNS_FILE, save_validation
+    from predictor.validate import (
+        VALIDATION_RUNS_FILE,
+        mark_unmodelled_host,
+        read_saved_validation,
+        save_validation,
+        saved_validation_platforms,
+    )
     res = pd.DataFrame({"run_id": ["a", "b", "c"], "platform": ["p1"] * 3, "arch": ["gpt"] * 3, "layers": [24] * 3,
                         "measured_s": [1.0, 2.0, 3.0], "predicted_s": [1.1, 1.8, np.nan],
                         "ape": [0.1, 0.1, np.nan], "signed_error": [0.1, -0.1, np.nan],
@@ -306,29 +371,38 @@ def test_saved_validation_round_trip(tmp_path):
                         "pred_compute_s": [1.0, 1.7, np.nan], "pred_host_overhead_s": [0.0, 0.0, np.nan]})
     save_validation("p1", res, tmp_path)
     assert (tmp_path / "p1" / VALIDATION_RUNS_FILE).is_file() and (tmp_path / "p1" / "validation.json").is_file()
-    assert adapters.saved_validation_platforms(tmp_path) == ["p1"]
-    sv = adapters.saved_validation(tmp_path, "p1")
-    runs = sv["runs"]
+    assert saved_validation_platforms(tmp_path) == ["p1"]
+    sv = read_saved_validation(tmp_path, "p1")
+    runs = sv.runs
     assert len(runs) == 3 and "batch_id" not in runs and "source" not in runs  # one source: in the JSON
-    assert runs["ape"].mean() == pytest.approx(0.1) and sv["meta"]["n_runs"] == 2
+    assert runs["ape"].mean() == pytest.approx(0.1) and sv.meta["n_runs"] == 2 and sv.warning is None
+    assert sv.path == tmp_path / "p1" / VALIDATION_RUNS_FILE
     assert runs.loc[2, "error"] == "tp: bad" and runs.loc[0, "error"] == ""
     # a platform whose runs never got a host term: empty, not 0
-    assert adapters.mark_unmodelled_host(runs)["pred_host_overhead_s"].isna().all()
+    assert mark_unmodelled_host(runs)["pred_host_overhead_s"].isna().all()
     both = pd.concat([runs, runs.assign(platform="p2", pred_host_overhead_s=[0.05, 0.0, np.nan])])
-    marked = adapters.mark_unmodelled_host(both)
+    marked = mark_unmodelled_host(both)
     assert marked[marked["platform"] == "p2"]["pred_host_overhead_s"].tolist()[:2] == [0.05, 0.0]
-    assert adapters.saved_validation(tmp_path, "nope") is None
+    assert read_saved_validation(tmp_path, "nope") is None
+    # a broken validation.json is ignored with a warning naming it; a broken CSV is an ArtifactError
+    (tmp_path / "p1" / "validation.json").write_text("{not json")
+    sv = read_saved_validation(tmp_path, "p1")
+    assert sv.meta == {} and "validation.json" in sv.warning and len(sv.runs) == 3
+    from predictor.paths import ArtifactError
+    (tmp_path / "p1" / VALIDATION_RUNS_FILE).write_bytes(b'a,b\n"1,2\n')
+    with pytest.raises(ArtifactError):
+        read_saved_validation(tmp_path, "p1")
 
 
-def test_import_lightgbm_fast_skips_sklearn_until_needed():
+def test_import_lightgbm_skips_sklearn_until_needed():
     """A cold process: lightgbm without its scikit-learn wrappers (the first prediction's import path),
     predictions work, and scikit-learn still imports normally afterwards (training)."""
     import subprocess
     import sys
     from pathlib import Path
     code = ("import sys\n"
-            "from predictor_ui.adapters import import_lightgbm_fast\n"
-            "import_lightgbm_fast()\n"
+            "from predictor.lgb_import import import_lightgbm\n"
+            "import_lightgbm()\n"
             "assert 'lightgbm' in sys.modules and 'sklearn' not in sys.modules\n"
             "from predictor.predict import get_predictor\n"
             "from predictor.presets import get_preset\n"
@@ -337,7 +411,7 @@ def test_import_lightgbm_fast_skips_sklearn_until_needed():
             "assert get_predictor('perlmutter-a100').predict(get_preset('llama2-7b'), L).step_time_s > 0\n"
             "assert 'sklearn' not in sys.modules\n"
             "from sklearn.model_selection import KFold\n"
-            "import_lightgbm_fast()\n")
+            "import_lightgbm()\n")
     root = Path(__file__).resolve().parent.parent
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
                        check=False)

@@ -36,6 +36,8 @@ import pandas as pd
 from sklearn.model_selection import train_test_split
 
 from predictor import ops, store
+from predictor.extrapolation import EXTRAP_AXES
+from predictor.extrapolation import extrapolation_table as _extrapolation_table
 from predictor.ingest_formats import paper_stage_params
 from predictor.platforms import get_platform
 from predictor.regressors import MODELS_DIR, CollectiveRegressor, OpRegressor
@@ -43,11 +45,6 @@ from predictor.training import _PAPER_OPT_GROUP, _collective_group, _mape_over_g
 
 PAPER_SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "paper-samples"
 PLATFORMS = ("perlmutter-a100", "vista-gh200")
-EXTRAP_AXES = {  # axis -> (train mask, test mask) on a samples frame
-    "hidden": (lambda g: g["hidden"] <= 6144, lambda g: g["hidden"] >= 7168),
-    "seq": (lambda g: g["seq"] <= 4096, lambda g: g["seq"] == 5120),
-    "tp": (lambda g: g["tp"] < 16, lambda g: g["tp"] == 16),
-}
 
 
 def _pct(v) -> str:
@@ -278,39 +275,12 @@ def cached_table(pid: str, models_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame
 
 # --------------------------------------------------------------------------- (b)
 def extrapolation_table(pid: str, sp: str, only: set[str] | None) -> pd.DataFrame:
-    dev = get_platform(pid).device
-    d = store.read_op_samples(pid, store_path=sp)
-    rows = []
-    for (op, ps), g in d.groupby(["op", "pass"], sort=True):
-        if op not in ops.OPS or (only and op not in only):
-            continue
-        row = {"platform": pid, "op": op, "pass": ps}
-        axes = {}
-        for ax, (tr_f, te_f) in EXTRAP_AXES.items():
-            if g[ax].isna().all():
-                continue
-            tr, te = tr_f(g).fillna(False).to_numpy(bool), te_f(g).fillna(False).to_numpy(bool)
-            if tr.sum() >= 20 and te.sum() >= 5:
-                axes[ax] = (tr, te)
-        if len(axes) > 1:
-            tr_all = np.logical_and.reduce([t for t, _ in axes.values()])
-            te_all = np.logical_or.reduce([t for _, t in axes.values()])
-            if tr_all.sum() >= 20:
-                axes["all"] = (tr_all, te_all)
-        for ax, (tr, te) in axes.items():
-            gt, ge = g[tr], g[te]
-            r = OpRegressor(op, ps).fit(gt, gt["duration_s"].to_numpy(), dev)
-            pred = r.predict(ge, dev)
-            y = ge["duration_s"].to_numpy()
-            from predictor.features import roofline_s
-            ok = y >= r.physical_bound * roofline_s(op, ps, ge, dev)
-            ape = np.abs(pred[ok] - y[ok]) / y[ok]
-            row[ax] = float(ape.mean()) if len(ape) else None
-            row[f"n_{ax}"] = int(ok.sum())
-        rows.append(row)
-        print(f"  {pid} {op}.{ps}: " + ", ".join(f"{a} {_pct(row.get(a))}" for a in axes), file=sys.stderr,
-              flush=True)
-    return pd.DataFrame(rows)
+    """predictor.extrapolation.extrapolation_table, each row reported on stderr as it is done."""
+    def say(row: dict) -> None:
+        cols = [a for a in (*EXTRAP_AXES, "all") if f"n_{a}" in row]
+        print(f"  {pid} {row['op']}.{row['pass']}: " + ", ".join(f"{a} {_pct(row.get(a))}" for a in cols),
+              file=sys.stderr, flush=True)
+    return _extrapolation_table(pid, sp, only, progress=say)
 
 
 # --------------------------------------------------------------------------- main
