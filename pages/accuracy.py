@@ -129,8 +129,13 @@ if t_e2e.open:
                     "own under **Your runs**.", icon=":material/database:")
         else:
             c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
-            plat = c1.selectbox("Platform", plats, key="acc_platform", bind="query-params",
-                                help="Platforms with measured runs in the store or a saved validation")
+            # opens on the platform with the most measured runs (a saved validation breaks ties), not the
+            # alphabetically first one; the address bar's ?acc_platform= wins
+            first = max(plats, key=lambda p: (int(counts.get(p, 0)), p in saved_plats))
+            plat = c1.selectbox("Platform", plats, index=plats.index(first), key="acc_platform",
+                                bind="query-params",
+                                help="Platforms with measured runs in the store or a saved validation; opens on the "
+                                     "one with the most")
             n_store = int(counts.get(plat, 0))
             try:
                 saved = data.saved_validation(plat)
