@@ -1,0 +1,112 @@
+"""The independent check: published end-to-end runs on GPUs the project never sampled, never fitted to.
+
+`catalog/independent_runs.json` holds them as facts from the cited documents (today: MosaicML's llm-foundry
+H100 80GB BF16 table, 52 runs). The store never ingests them and no term is fitted on them; this module
+predicts each with the product as shipped and scores it: per run, per group (one node / several nodes,
+model size) and overall, with the mean *signed* error and the predicted vs published MFU.
+
+Each row is checked before it is used: gradient accumulation x micro-batch x GPUs must be its global batch, and
+the published MFU must follow from its throughput with the README's own FLOP formula within 3 % (a typo in
+a transcribed row would break one of the two); a row that fails is dropped and counted, never predicted.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+CATALOG = Path(__file__).resolve().parent / "catalog" / "independent_runs.json"
+MFU_TOLERANCE = 0.03
+H100_BF16_PEAK_FLOPS = 989e12  # dense BF16 tensor-core peak of H100 SXM (the README's GPU_AVAILABLE_FLOPS)
+
+
+@dataclass(frozen=True)
+class IndependentCheck:
+    """Per-run table (`runs`), summaries, and what the rows rest on."""
+    source_id: str
+    source: dict[str, Any]
+    runs: pd.DataFrame
+    dropped: dict[str, int]
+
+    def summary(self, by: str | None = None) -> pd.DataFrame:
+        """MAPE, median, worst, mean signed error, published vs predicted MFU; one row per group."""
+        d = self.runs
+        groups = [("all runs", d)] if by is None else list(d.groupby(by, sort=False))
+        rows = []
+        for name, g in groups:
+            ok = g[g["predicted_s"].notna()]
+            rows.append({"group": str(name), "runs": len(g), "mape": ok["ape"].mean(),
+                         "median_ape": ok["ape"].median(), "worst_ape": ok["ape"].max(),
+                         "mean_signed": ok["signed_error"].mean(), "published_mfu": ok["published_mfu"].mean(),
+                         "predicted_mfu": ok["predicted_mfu"].mean(),
+                         "not_fitting": int((~ok["fits"].astype(bool)).sum())})
+        return pd.DataFrame(rows)
+
+
+def load_sources(path: Path = CATALOG) -> dict[str, dict[str, Any]]:
+    return dict(json.loads(Path(path).read_text())["sources"])
+
+
+def _mpt_flops_per_token(m: dict[str, int], seq_len: int) -> float:
+    """The README's MFU numerator per token: 3 x (2 N + attention), N counted as the README's NumParams would be
+    (12 L d^2 + vocab x d for these GPT blocks without biases), attention 2 x 2 L d seq per token."""
+    L, d, v = m["layers"], m["hidden"], m["vocab"]
+    n_params = 12 * L * d * d + v * d
+    return 3 * (2 * n_params + 4 * L * d * seq_len)
+
+
+def published_runs(src: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, int]]:
+    d = pd.DataFrame(src["rows"], columns=src["columns"])
+    dropped: dict[str, int] = {}
+    ok = d["grad_accum"] * d["micro_batch"] * d["gpus"] == d["global_batch"]
+    dropped["batch arithmetic does not close"] = int((~ok).sum())
+    d = d[ok].reset_index(drop=True)
+    flops = np.array([_mpt_flops_per_token(src["models"][r.model], r.seq_len) for r in d.itertuples()])
+    mfu_from_tput = flops * d["tokens_per_s"] / (d["gpus"] * H100_BF16_PEAK_FLOPS)
+    agree = (mfu_from_tput / (d["mfu_pct"] / 100) - 1).abs() <= MFU_TOLERANCE
+    dropped[f"published MFU does not follow from the throughput (> {MFU_TOLERANCE:.0%})"] = int((~agree).sum())
+    d = d[agree].reset_index(drop=True)
+    d["measured_s"] = d["global_batch"] * d["seq_len"] / d["tokens_per_s"]
+    d["published_mfu"] = d["mfu_pct"] / 100
+    return d, {k: v for k, v in dropped.items() if v}
+
+
+def batch_rows(d: pd.DataFrame, src: dict[str, Any], platform: str) -> list[dict[str, str]]:
+    rows = []
+    for r in d.itertuples():
+        m = src["models"][r.model]
+        fields: dict[str, Any] = {
+            "case_id": f"{r.model}/seq{r.seq_len}/gpus{r.gpus}/mb{r.micro_batch}", "platform": platform,
+            "arch": "gpt", "layers": m["layers"], "hidden": m["hidden"], "heads": m["heads"], "kv_heads": m["heads"],
+            "ffn_hidden": m["ffn_hidden"], "vocab": m["vocab"], "seq_len": r.seq_len, "num_gpus": r.gpus, "tp": 1,
+            "pp": 1, "dp": r.gpus, "micro_batch": r.micro_batch, "global_batch": r.global_batch, "vpp": 1,
+            "schedule": "1f1b", "recompute": "full" if r.activation_checkpointing else "none",
+            "sequence_parallel": "false", "zero_stage": src["zero_stage"], "precision": src["precision"],
+            "framework": src["framework"], "attention": src["attention"]}
+        rows.append({k: str(v) for k, v in fields.items()})
+    return rows
+
+
+def run_check(source_id: str = "llm-foundry-h100", *, platform: str | None = None, models_dir: str | None = None,
+              path: Path = CATALOG) -> IndependentCheck:
+    """Predict every usable run of `source_id` on its platform (or `platform`) with the shipped models."""
+    from .batch import predict_records
+    src = load_sources(path)[source_id]
+    d, dropped = published_runs(src)
+    plat = platform or src["platform"]
+    out = pd.DataFrame(predict_records(batch_rows(d, src, plat), models_dir, allow_oom=True))
+    d["platform"] = plat
+    d["predicted_s"] = pd.to_numeric(out["step_time_s"], errors="coerce")
+    d["memory_gib"] = pd.to_numeric(out["memory_gib"], errors="coerce")
+    d["fits"] = out["fits"].fillna(False).astype(bool)
+    d["provenance"] = out["provenance"]
+    d["error"] = out["error"]
+    d["signed_error"] = d["predicted_s"] / d["measured_s"] - 1
+    d["ape"] = d["signed_error"].abs()
+    d["predicted_mfu"] = d["published_mfu"] * d["measured_s"] / d["predicted_s"]  # same FLOP count as published
+    d["nodes"] = np.where(d["gpus"] > 8, "several nodes (network not stated)", "one node")
+    return IndependentCheck(source_id, src, d, dropped)

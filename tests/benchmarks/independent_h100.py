@@ -1,0 +1,46 @@
+"""The independent check on a GPU nobody sampled: published H100 runs, never fitted to. Prints tables.
+
+    python -m tests.benchmarks.independent_h100 [--platform dgx-h100] [--csv OUT]
+
+The runs and their provenance live in predictor/catalog/independent_runs.json (MosaicML llm-foundry's
+'H100 80GB BF16' table: MPT 760M-70B, PyTorch FSDP FULL_SHARD, 8-64 GPUs); `predictor.independent` checks
+each row (batch arithmetic; published MFU recomputed from the throughput) and predicts it with the product
+as shipped. No H100 operator was sampled (dgx-h100's operators are transferred from GH200 samples) and no
+H100 run is in the store or in any fit, so this is how far the planner holds on a GPU it has not measured.
+The section does not state the network between nodes: rows on 16-64 GPUs are shown apart.
+"""
+from __future__ import annotations
+
+import argparse
+
+from predictor.independent import run_check
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--source", default="llm-foundry-h100")
+    ap.add_argument("--platform", help="predict on this cluster instead of the source's")
+    ap.add_argument("--csv", help="write the per-run table here")
+    a = ap.parse_args(argv)
+    c = run_check(a.source, platform=a.platform)
+    d = c.runs
+    fmt = {**dict.fromkeys(("mape", "median_ape", "worst_ape", "published_mfu", "predicted_mfu"), "{:.1%}".format),
+           "mean_signed": "{:+.1%}".format}
+    print(f"== Independent check: {c.source['description']} ==\nsource: {c.source['document']} "
+          f"({c.source['licence']}); predicted on {d['platform'].iloc[0]}; {len(d)} runs; dropped: "
+          f"{c.dropped or 'none'}")
+    for by in (None, "nodes", "model"):
+        print(c.summary(by).to_string(index=False, formatters=fmt))
+        print()
+    print("worst runs:")
+    print(d.sort_values("ape", ascending=False).head(8)[
+        ["model", "seq_len", "gpus", "micro_batch", "activation_checkpointing", "measured_s", "predicted_s",
+         "signed_error", "published_mfu", "predicted_mfu", "memory_gib"]].to_string(
+        index=False, float_format=lambda v: f"{v:.3g}"))
+    print(f"\nrests on (first run): {d['provenance'].iloc[0]}")
+    if a.csv:
+        d.to_csv(a.csv, index=False)
+
+
+if __name__ == "__main__":
+    main()
