@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from predictor.machine import cpu_caches
+
 QUIET_LOAD = 0.5
 MAX_WAIT_S = 1200.0
 
@@ -73,20 +75,6 @@ def _ram_gib() -> float | None:
     return None
 
 
-def _cpu_caches() -> dict[str, str]:
-    out = {}
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    for idx in sorted(base.glob("index*")) if base.exists() else []:
-        try:
-            level = (idx / "level").read_text().strip()
-            kind = (idx / "type").read_text().strip()
-            size = (idx / "size").read_text().strip()
-            out[f"L{level}{'d' if kind == 'Data' else 'i' if kind == 'Instruction' else ''}"] = size
-        except OSError:
-            continue
-    return out
-
-
 def _nvidia_smi() -> dict[str, str]:
     try:
         r = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
@@ -127,7 +115,7 @@ def facts(device: str = "cpu") -> dict[str, Any]:
         "host": socket.gethostname(), "os": _platform.platform(), "python": sys.version.split()[0],
         "torch": torch.__version__, "device_type": device.split(":")[0],
         "torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
-        "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "ram_gib": _ram_gib(), "cpu_caches": _cpu_caches(),
+        "cpu_count": os.cpu_count(), "cpu_model": _cpu_model(), "ram_gib": _ram_gib(), "cpu_caches": cpu_caches(),
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "mkldnn": bool(torch.backends.mkldnn.is_available()),
         "loadavg": list(loadavg()), "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "repo_commit": _git_commit(),

@@ -15,6 +15,7 @@ import json
 import sys
 
 from .compose import CATEGORIES
+from .paths import json_default
 from .specs import InfeasibleConfig
 
 TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "vpp", "schedule",
@@ -111,7 +112,7 @@ def cmd_search(a: argparse.Namespace) -> int:
     if a.json:
         d = rep.to_dict(all_rows=False)
         d["layouts"] = table[cols].to_dict(orient="records")
-        print(json.dumps(d, indent=2, default=_json_default))
+        print(json.dumps(d, indent=2, default=json_default))
         return 0 if rep.n_feasible else 3
     _print_report(rep, table, cols, a)
     return 0 if rep.n_feasible else 3
@@ -157,17 +158,6 @@ def _print_none_fit(rep, gpus, a) -> None:
         c.print(f"  {r['reason']}: {n}{r['example']}")
 
 
-def _json_default(o):
-    import numpy as np
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (np.bool_,)):
-        return bool(o)
-    return str(o)
 
 
 def _print_report(rep, table, cols, a) -> None:

@@ -210,7 +210,8 @@ def _read(path: str) -> str:
         return ""
 
 
-def _caches() -> dict[str, str]:
+def cpu_caches() -> dict[str, str]:
+    """This CPU's caches from sysfs, e.g. {'L1d': '32K', 'L2': '1024K', 'L3': '32768K'} (empty elsewhere)."""
     out = {}
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     for idx in sorted(base.glob("index*")) if base.exists() else []:
@@ -247,7 +248,7 @@ def read_machine(cpuinfo: str | None = None, meminfo: str | None = None, cpu_cou
     if info.get("model_name") in (None, "unknown"):
         info["model_name"] = _platform.processor() or _platform.machine() or "unknown"
     tv = _torch_version() if torch_version is None else torch_version
-    caches = _caches()
+    caches = cpu_caches()
     try:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -140,8 +140,9 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     return data
 
 
-def json_default(o: Any) -> Any:
-    """JSON for numpy scalars / arrays, paths and dataclass-like objects (anything else: its str)."""
+def json_default_strict(o: Any) -> Any:
+    """JSON for numpy scalars / arrays (non-finite floats as null), paths and objects with `to_dict`;
+    TypeError for anything else (artifacts: model sidecars never hold a value's str by accident)."""
     import numpy as np
     if isinstance(o, np.integer):
         return int(o)
@@ -156,7 +157,15 @@ def json_default(o: Any) -> Any:
         return str(o)
     if hasattr(o, "to_dict"):
         return o.to_dict()
-    return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def json_default(o: Any) -> Any:
+    """`json_default_strict`, and the str of anything else (reports and machine-readable CLI output)."""
+    try:
+        return json_default_strict(o)
+    except TypeError:
+        return str(o)
 
 
 # --------------------------------------------------------------------------- checked reading

@@ -57,6 +57,7 @@ from . import ops, paths
 from .paths import (
     ArtifactError,
     check_number,
+    json_default_strict,
     read_bytes_checked,
     read_json_checked,
     write_bytes_atomic,
@@ -182,16 +183,6 @@ def _data_hash(X: np.ndarray, y: np.ndarray) -> str:
     return h.hexdigest()[:16]
 
 
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (np.bool_,)):
-        return bool(o)
-    raise TypeError(f"not JSON serialisable: {type(o)}")
 
 
 def _clean_json(o: Any) -> Any:
@@ -428,7 +419,7 @@ class _LogEfficiencyRegressor:
         # what is on disk is what predicts from now on (the compaction rounds leaf values to 7 digits)
         booster = lgb.Booster(model_str=text)
         md = {**self._metadata(), **extra, MODEL_FILE_KEY: model_file_record(stem, data, num_trees)}
-        sidecar = (json.dumps(_clean_json(md), indent=1, default=_json_default, sort_keys=False) + "\n").encode()
+        sidecar = (json.dumps(_clean_json(md), indent=1, default=json_default_strict, sort_keys=False) + "\n").encode()
         write_model_pair(txt, data, meta, sidecar)
         self.booster_ = booster
         self.extra_metadata_ = {**getattr(self, "extra_metadata_", {}), **extra}
