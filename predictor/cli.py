@@ -9,6 +9,7 @@ from typing import Any
 
 from .batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
 from .layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
+from .paths import clusters_file_arg
 from .specs import InfeasibleConfig
 
 
@@ -85,7 +86,7 @@ def cmd_platforms(a: argparse.Namespace) -> int:
     from .platforms import load_platforms
     from .predict import Predictor
     rows: list[tuple[dict[str, Any], dict[str, str]]] = []
-    for pid, p in sorted(load_platforms(a.clusters).items()):
+    for pid, p in sorted(load_platforms(clusters_file_arg(a.clusters)).items()):
         b = describe_backing(Predictor(p))
         rows.append(({"platform": pid, "device": p.device.name, "gpus_per_node": p.gpus_per_node,
                       "intra": f"{p.intra_node.kind} {p.intra_node.bandwidth_gbps:g} GB/s",
@@ -180,7 +181,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     model = model_from_fields(f)
     layout = layout_from_fields(f)
     t0 = time.perf_counter()
-    pred = get_predictor(a.platform, a.models_dir).predict(model, layout)
+    pred = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters)).predict(model, layout)
     elapsed = time.perf_counter() - t0
     if not pred.fits_memory and not a.allow_oom:
         from .memory_verdict import oom_error
@@ -208,7 +209,8 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
         ok = bad = oom = 0
         with AtomicCsvWriter(out, columns) as w:
             for records, errors in chunks(inp, a.chunk_rows):
-                rows = predict_records(records, a.models_dir, allow_oom=a.allow_oom, errors=errors)
+                rows = predict_records(records, a.models_dir, allow_oom=a.allow_oom, errors=errors,
+                                       clusters=clusters_file_arg(a.clusters))
                 w.write(rows)
                 ok += sum(r["error"] == "" for r in rows)
                 bad += sum(r["error"] != "" for r in rows)
@@ -270,6 +272,8 @@ def cmd_calibrate_host(a: argparse.Namespace) -> int:
 
 # ---- parser ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    from .cli_search import clusters_arg
+
     p = argparse.ArgumentParser(prog="python -m predictor",
                                 description="Predict LLM training step time from measured operator samples.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -300,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(func=cmd_train)
 
     sp = sub.add_parser("platforms", help="list platforms and what backs each")
-    sp.add_argument("--clusters", help="extra cluster definitions (JSON or YAML)")
+    clusters_arg(sp)
     common(sp, store=False, models=False)
     sp.set_defaults(func=cmd_platforms)
 
@@ -332,6 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--allow-oom", action="store_true",
                     help="print the time of a layout that does not fit in memory (with a loud warning) instead of "
                          "exiting with status 2")
+    clusters_arg(sp)
     common(sp, store=False)
     sp.set_defaults(func=cmd_predict)
 
@@ -343,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fill the time of rows that do not fit in memory (fits=False, a DOES NOT FIT warning); "
                          "without it such a row's time columns stay empty and `error` says why and what to change")
     sp.add_argument("--chunk-rows", type=int, default=5000, help=argparse.SUPPRESS)
+    clusters_arg(sp)
     common(sp, store=False)
     sp.set_defaults(func=cmd_predict_batch)
 

@@ -15,7 +15,7 @@ import json
 import sys
 
 from .compose import CATEGORIES
-from .paths import json_default
+from .paths import clusters_file_arg, json_default
 from .specs import InfeasibleConfig
 
 TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "vpp", "schedule",
@@ -68,7 +68,7 @@ def cmd_search(a: argparse.Namespace) -> int:
     fields = {k: getattr(a, k, None) for k in ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
                                                "vocab", "attention")}
     model = model_from_fields(fields)
-    P = get_predictor(a.platform, a.models_dir)
+    P = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters))
     gpus = parse_gpus(a.num_gpus, P.platform.gpus_per_node)
     rc = tuple(x.strip() for x in a.recompute.split(",")) if a.recompute else RC
     bad = [x for x in rc if x not in RC]
@@ -253,6 +253,14 @@ def _print_report(rep, table, cols, a) -> None:
             c.print(f"  {desc}{r['reason']}")
 
 
+def clusters_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--clusters", metavar="FILE",
+                    help="your cluster definitions (JSON or YAML, the format of predictor/catalog/clusters.json; "
+                         "`platforms --clusters FILE` lists and checks them); their ids work as --platform / the "
+                         "platform column. Default: $PREDICTOR_CLUSTERS, else data/clusters.local.json (the "
+                         "clusters saved on the dashboard) when it exists")
+
+
 def add_search_parser(subparsers) -> None:
     """Register `search` on the CLI's subparsers."""
     sp = subparsers.add_parser("search", help="rank every layout that fits by step time, tokens/s, MFU or cost",
@@ -295,6 +303,7 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--explain", help="why layouts with these values are absent, e.g. tp=8,pp=1,zero_stage=0")
     sp.add_argument("--csv", action="store_true", help="one header line, one row per layout")
     sp.add_argument("--models-dir", help="trained models (default: models_store/)")
+    clusters_arg(sp)
     sp.add_argument("--json", action="store_true", help="machine-readable output")
     sp.add_argument("--quiet", action="store_true", help="no progress messages")
     sp.set_defaults(func=cmd_search)

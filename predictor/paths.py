@@ -32,6 +32,7 @@ from .specs import InfeasibleConfig
 
 ENV_MODELS_DIR = "PREDICTOR_MODELS_DIR"
 ENV_STORE = "PREDICTOR_STORE"
+ENV_CLUSTERS = "PREDICTOR_CLUSTERS"
 REPO_DIR = Path(__file__).resolve().parent.parent
 PACKAGED_MODELS_DIR = REPO_DIR / "models_store"
 DEFAULT_STORE = REPO_DIR / "data" / "samples.duckdb"
@@ -99,6 +100,24 @@ def store_path(override: str | os.PathLike[str] | None = None) -> Path:
         return Path(override).expanduser()
     env = os.environ.get(ENV_STORE)
     return Path(env).expanduser() if env else DEFAULT_STORE
+
+
+def clusters_file(override: str | os.PathLike[str] | None = None) -> Path:
+    """The user's cluster definitions: `override`, else $PREDICTOR_CLUSTERS, else clusters.local.json next
+    to the store (where the dashboard saves the clusters entered on its pages). May not exist."""
+    if override:
+        return Path(override).expanduser()
+    env = os.environ.get(ENV_CLUSTERS)
+    return Path(env).expanduser() if env else store_path().parent / "clusters.local.json"
+
+
+def clusters_file_arg(override: str | os.PathLike[str] | None = None) -> str | None:
+    """What to pass as a clusters file: an explicit `override` always (a missing one is then an error naming
+    it), the default only when it exists."""
+    if override:
+        return str(Path(override).expanduser())
+    p = clusters_file()
+    return str(p) if p.is_file() else None
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:

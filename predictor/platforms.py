@@ -530,5 +530,6 @@ def get_platform(platform_id: str, extra_file: str | None = None) -> Platform:
     if platform_id not in platforms:
         raise InfeasibleConfig("platform", f"unknown platform '{platform_id}'.",
                                f"use one of {', '.join(sorted(platforms))} (see `python -m predictor platforms`), "
-                               "or generic:<device>:<gpus_per_node>[:<intra GB/s>[:<inter GB/s>]].")
+                               "generic:<device>:<gpus_per_node>[:<intra GB/s>[:<inter GB/s>]], or define it in a "
+                               "clusters file (--clusters FILE).")
     return platforms[platform_id]

@@ -604,8 +604,12 @@ def chunk_times_of(det: dict[str, Any]) -> list[ChunkTimes]:
 
 
 @lru_cache(maxsize=16)
-def get_predictor(platform_id: str, models_dir: str | None = None) -> Predictor:
-    """A cached Predictor per platform (the CLI, the dashboard and search share it)."""
+def get_predictor(platform_id: str, models_dir: str | None = None, clusters: str | None = None) -> Predictor:
+    """A cached Predictor per platform (the CLI, the dashboard and search share it). `clusters`: a user's
+    cluster definitions file (JSON / YAML, the catalog's format) where `platform_id` may also be defined."""
+    if clusters:
+        from .platforms import get_platform
+        return Predictor(get_platform(platform_id, clusters), models_dir)
     return Predictor(platform_id, models_dir)
 
 

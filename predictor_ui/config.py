@@ -49,16 +49,14 @@ def models_dir_arg() -> str | None:
 
 
 def clusters_file() -> Path:
-    """The user cluster file (may not exist yet)."""
-    env = os.environ.get(ENV_CLUSTERS)
-    if env:
-        return Path(env).expanduser()
-    return store_path().parent / "clusters.local.json"
+    """The user cluster file (may not exist yet): predictor.paths.clusters_file, shared with the CLI."""
+    from predictor.paths import clusters_file as path
+    return path()
 
 
 def clusters_file_arg() -> str | None:
-    p = clusters_file()
-    return str(p) if p.is_file() else None
+    from predictor.paths import clusters_file_arg as arg
+    return arg()
 
 
 def _stat_stamp(p: Path) -> str:

@@ -126,3 +126,54 @@ def test_train_without_platform_trains_every_platform_in_the_store(monkeypatch, 
     monkeypatch.setattr(training, "train_platform", lambda pid, **kw: seen.append(pid) or pd.DataFrame())
     assert main(["train", "--models-dir", str(tmp_path), "--quiet"]) == 0
     assert seen == ["p1", "p2"]
+
+
+CLUSTER = """{"my-h100": {"description": "8x H100 per node, 4x400 Gb/s per node", "device": "h100-sxm5-80gb",
+ "gpus_per_node": 8, "intra_node": {"kind": "nvswitch", "bandwidth_gbps": 450, "latency_us": 6},
+ "inter_node": {"kind": "infiniband", "bandwidth_gbps": RATE, "latency_us": 10}}}"""
+
+
+def test_predict_predict_batch_and_search_take_a_users_cluster_file(tmp_path, capsys):
+    good = tmp_path / "clusters.json"
+    good.write_text(CLUSTER.replace("RATE", "25"))
+    args = ["--platform", "my-h100", "--model", "llama2-7b", "--num-gpus", "16", "--tp", "2", "--global-batch", "64"]
+    assert main(["predict", "--clusters", str(good), *args, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["platform"] == "my-h100" and d["step_time_s"] > 0
+    # the file's network is the one used: half the inter-node rate, more data-parallel time
+    fast = tmp_path / "fast.json"
+    fast.write_text(CLUSTER.replace("RATE", "50"))
+    assert main(["predict", "--clusters", str(fast), *args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["breakdown_s"]["dp_comm"] < d["breakdown_s"]["dp_comm"]
+    rows = pd.DataFrame([dict.fromkeys(BATCH_COLUMNS, "") | {"case_id": "a", "platform": "my-h100", "arch": "llama",
+                          "layers": "4", "hidden": "1024", "heads": "8", "num_gpus": "16", "tp": "2"}])
+    rows.to_csv(tmp_path / "in.csv", index=False)
+    assert main(["predict-batch", "--clusters", str(good), "--input", str(tmp_path / "in.csv"),
+                 "--output", str(tmp_path / "out.csv")]) == 0
+    out = pd.read_csv(tmp_path / "out.csv", keep_default_na=False)
+    assert out.loc[0, "error"] == "" and float(out.loc[0, "step_time_s"]) > 0
+    assert main(["search", "--clusters", str(good), "--platform", "my-h100", "--model", "llama2-7b",
+                 "--num-gpus", "16", "--global-batch", "64", "--seq-len", "2048", "--top", "2", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["layouts"]
+
+
+def test_a_bad_cluster_file_or_an_unknown_platform_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "clusters.json"
+    bad.write_text(CLUSTER.replace("RATE", "-5"))
+    args = ["--platform", "my-h100", "--model", "llama2-7b", "--num-gpus", "16"]
+    assert main(["predict", "--clusters", str(bad), *args]) == 2
+    err = capsys.readouterr().err
+    assert "inter_node.bandwidth_gbps" in err and "Traceback" not in err
+    assert main(["predict", *args]) == 2
+    assert "--clusters FILE" in capsys.readouterr().err
+
+
+def test_the_dashboards_saved_clusters_are_the_clis_default(tmp_path, monkeypatch, capsys):
+    """One user clusters file for the app and the CLI: $PREDICTOR_CLUSTERS (else clusters.local.json by the store)."""
+    f = tmp_path / "clusters.local.json"
+    f.write_text(CLUSTER.replace("RATE", "25"))
+    monkeypatch.setenv("PREDICTOR_CLUSTERS", str(f))
+    assert main(["predict", "--platform", "my-h100", "--model", "llama2-7b", "--num-gpus", "16", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["platform"] == "my-h100"
+    from predictor_ui import config
+    assert config.clusters_file() == f
