@@ -173,7 +173,8 @@ def test_the_dashboards_saved_clusters_are_the_clis_default(tmp_path, monkeypatc
     f = tmp_path / "clusters.local.json"
     f.write_text(CLUSTER.replace("RATE", "25"))
     monkeypatch.setenv("PREDICTOR_CLUSTERS", str(f))
-    assert main(["predict", "--platform", "my-h100", "--model", "llama2-7b", "--num-gpus", "16", "--json"]) == 0
+    assert main(["predict", "--platform", "my-h100", "--model", "llama2-7b", "--num-gpus", "16", "--tp", "2",
+                 "--global-batch", "64", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["platform"] == "my-h100"
     from predictor_ui import config
     assert config.clusters_file() == f
