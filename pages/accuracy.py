@@ -287,9 +287,9 @@ def network_tab() -> None:
     plats = chk.platform_ids()  # the one with the most measured timings first
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
     plat = c1.selectbox("Platform", sorted(plats), index=sorted(plats).index(plats[0]), key="acc_net_platform",
-                        help="Platforms with a saved network calibration and measured sweeps; opens on the one "
-                             "with the most timings")
-    y = c2.segmented_control("Show", ["busbw", "time"], default="busbw", key="acc_net_y",
+                        bind="query-params", help="Platforms with a saved network calibration and measured "
+                                                  "sweeps; opens on the one with the most timings")
+    y = c2.segmented_control("Show", ["busbw", "time"], default="busbw", key="acc_net_y", bind="query-params",
                              format_func=lambda v: {"busbw": "Bus bandwidth", "time": "Time"}[v]) or "busbw"
     row = chk.platforms.set_index("platform").loc[plat]
     pts = chk.points[chk.points["platform"] == plat]

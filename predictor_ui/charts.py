@@ -572,16 +572,19 @@ def network_fit_chart(points: pd.DataFrame, curves: pd.DataFrame, y: str = "busb
                       max_points: int = NETWORK_MAX_POINTS) -> alt.Chart:
     """Measured collective timings (dots) and the saved network calibration's curve (line) per group
     ('allreduce 4x8': nodes x GPUs per node, with the algorithm when the sweep forced one), against the
-    message size on a log axis. `y`: "busbw" (nccl-tests bus bandwidth, GB/s, linear) or "time" (seconds,
-    log). `points` / `curves` as predictor.network_check.network_check returns them (one platform)."""
+    message size, both axes log (inter-node groups run 10-100x below the NVLink ones). `y`: "busbw"
+    (nccl-tests bus bandwidth, GB/s) or "time" (seconds). `points` / `curves` as
+    predictor.network_check.network_check returns them (one platform)."""
     _, pred, title = NETWORK_Y[y]
     dots = network_points_frame(points, y, max_points)
     line = curves[["group", "message_bytes", pred, "chosen"]].rename(columns={pred: "predicted"})
     line = line[line["predicted"].notna() & (line["message_bytes"] > 0)]
     groups = sorted(set(dots["group"]) | set(line["group"]))
     color = alt.Color("group:N", scale=alt.Scale(domain=groups, scheme="tableau20"),
-                      title="group (nodes x GPUs per node)", legend=alt.Legend(orient="right"))
-    ys = alt.Scale(type="log", nice=False) if y == "time" else alt.Scale(zero=True)
+                      title="group (collective, nodes x GPUs per node)",
+                      legend=alt.Legend(orient="bottom", columns=min(6, max(1, len(groups))), labelLimit=200,
+                                         titleLimit=400))
+    ys = alt.Scale(type="log", nice=False)
     x = alt.X("message_bytes:Q", scale=alt.Scale(type="log", nice=False), title="message size (bytes, full buffer)",
               axis=alt.Axis(format="~s"))
     fmt_y = ".4g"

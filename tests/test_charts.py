@@ -199,7 +199,7 @@ def test_network_fit_chart():
         assert enc["x"]["field"] == "message_bytes" and enc["x"]["scale"]["type"] == "log"
         assert enc["color"]["field"] == "group"
         assert enc["color"]["scale"]["domain"] == ["allreduce 1x8", "allreduce 4x8"]  # the same colours
-    assert "bus bandwidth" in dots["encoding"]["y"]["title"] and dots["encoding"]["y"]["scale"].get("type") != "log"
+    assert "bus bandwidth" in dots["encoding"]["y"]["title"] and dots["encoding"]["y"]["scale"]["type"] == "log"
     data = {len(v): v for v in d["datasets"].values()}
     assert set(data) == {60, 80}   # every measured timing is a dot; 40 curve points per group
     assert max(r["measured"] for r in data[60] if r["group"] == "allreduce 4x8") == pytest.approx(
