@@ -278,11 +278,14 @@ def network_tab() -> None:
     for w in chk.warnings:
         st.warning(w, icon=":material/warning:")
     if chk.empty:
-        st.info(f"The network calibrations (`models_store/<platform>/network.json`) are fitted on measured NCCL "
-                f"sweeps: {SWEEPS}. They are read from `{chk.shared}`, which is not on this machine"
-                + ("" if not chk.shared.is_dir() else " with sweeps of a calibrated platform")
-                + ". Put the published datasets there (`../shared/datasets` next to the checkout) or point "
-                  "`PREDICTOR_SHARED_DATASETS` at them.", icon=":material/lan:")
+        if not chk.shared.is_dir():
+            where = (f"They are read from `{chk.shared}`, which is not on this machine. Put the published datasets "
+                     "there (`../shared/datasets` next to the checkout) or point `PREDICTOR_SHARED_DATASETS` at them.")
+        else:
+            where = (f"`{chk.shared}` holds no sweeps of a platform with a saved calibration under "
+                     f"`{config.models_dir()}` (`python -m predictor.calibrate_network` writes them).")
+        st.info(f"The network calibrations (`<models>/<platform>/network.json`) are fitted on measured NCCL "
+                f"sweeps: {SWEEPS}. {where}", icon=":material/lan:")
         return
     plats = chk.platform_ids()  # the one with the most measured timings first
     c1, c2 = st.columns([3, 2], vertical_alignment="bottom")

@@ -431,6 +431,11 @@ def test_accuracy_network_without_the_datasets(tmp_path, monkeypatch):
     msg = next(i.value for i in at.info if "NCCL sweeps" in i.value)
     assert str(tmp_path / "no-shared") in msg and "not on this machine" in msg and "ml-engineering" in msg
     assert not at.get("vega_lite_chart") and not at.dataframe
+    # the datasets are there but no platform has a saved calibration
+    monkeypatch.setenv("PREDICTOR_SHARED_DATASETS", str(tmp_path))
+    monkeypatch.setenv("PREDICTOR_MODELS_DIR", str(tmp_path / "no-models"))
+    at = run("pages/accuracy.py", {"acc_view": "Network"})
+    assert any("holds no sweeps of a platform with a saved calibration" in i.value for i in at.info)
 
 
 def metric_int(at: AppTest, label: str) -> int:
