@@ -13,10 +13,11 @@ views.page_setup()
 
 st.title("Accuracy")
 st.caption("How far to trust each platform: the operator regressors' cross-validated error, every measured "
-           "training run in the store predicted against its measured step time, and your own runs.")
+           "training run in the store predicted against its measured step time, the network calibration "
+           "against measured NCCL sweeps, and your own runs.")
 
-t_e2e, t_ops, t_mine = st.tabs(["End to end (measured runs)", "Operators", "Your runs"], key="acc_view",
-                               on_change="rerun", bind="query-params")
+t_e2e, t_ops, t_net, t_mine = st.tabs(["End to end (measured runs)", "Operators", "Network", "Your runs"],
+                                      key="acc_view", on_change="rerun", bind="query-params")
 
 COLS_CFG = {"mape": st.column_config.NumberColumn("MAPE", format="percent"),
             "median_ape": st.column_config.NumberColumn("median error", format="percent"),
@@ -259,6 +260,67 @@ if t_ops.open:
                         views.table(ext, f"extrapolation_{ext_plat}_{ext_op}", "ext_table",
                                     column_config={c: st.column_config.NumberColumn(c, format="percent")
                                                    for c in ("hidden", "seq", "tp", "all") if c in ext})
+
+NET_COLS_CFG = {"rows": st.column_config.NumberColumn("timings"),
+                "dropped": st.column_config.NumberColumn("dropped", help="Rows the calibration drops as physically "
+                                                         "impossible or interference (clean_paper)"),
+                "median_ape": st.column_config.NumberColumn("median error", format="percent"),
+                "mape": st.column_config.NumberColumn("MAPE", format="percent"),
+                "mean_signed": st.column_config.NumberColumn("mean signed", format="percent",
+                                                             help="(predicted − measured) / measured, averaged: "
+                                                                  "below zero the model is faster than measured")}
+SWEEPS = ("vTrain's all-reduce lookup table (DGX A100, 2-8 GPUs), the paper's NCCL samples (Perlmutter, Vista) "
+          "and stas00/ml-engineering's sweeps (A100 8 GPUs; H200 and B200, incl. B200 on 1 node vs 4 nodes)")
+
+
+def network_tab() -> None:
+    chk = data.network_check()
+    for w in chk.warnings:
+        st.warning(w, icon=":material/warning:")
+    if chk.empty:
+        if not chk.shared.is_dir():
+            where = (f"They are read from `{chk.shared}`, which is not on this machine. Put the published datasets "
+                     "there (`../shared/datasets` next to the checkout) or point `PREDICTOR_SHARED_DATASETS` at them.")
+        else:
+            where = (f"`{chk.shared}` holds no sweeps of a platform with a saved calibration under "
+                     f"`{config.models_dir()}` (`python -m predictor.calibrate_network` writes them).")
+        st.info(f"The network calibrations (`<models>/<platform>/network.json`) are fitted on measured NCCL "
+                f"sweeps: {SWEEPS}. {where}", icon=":material/lan:")
+        return
+    plats = chk.platform_ids()  # the one with the most measured timings first
+    c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
+    plat = c1.selectbox("Platform", sorted(plats), index=sorted(plats).index(plats[0]), key="acc_net_platform",
+                        bind="query-params", help="Platforms with a saved network calibration and measured "
+                                                  "sweeps; opens on the one with the most timings")
+    y = c2.segmented_control("Show", ["busbw", "time"], default="busbw", key="acc_net_y", bind="query-params",
+                             format_func=lambda v: {"busbw": "Bus bandwidth", "time": "Time"}[v]) or "busbw"
+    row = chk.platforms.set_index("platform").loc[plat]
+    pts = chk.points[chk.points["platform"] == plat]
+    m = st.columns(4)
+    m[0].metric("Measured timings", f"{int(row['points']):,}", border=True)
+    m[1].metric("Median error", fmt.pct(row["median_ape"], 1), border=True)
+    m[2].metric("MAPE", fmt.pct(row["mape"], 1), border=True)
+    m[3].metric("Mean signed error", fmt.pct(row["mean_signed"], 1), border=True,
+                help="Positive: the model predicts slower collectives than measured")
+    st.altair_chart(charts.network_fit_chart(pts, chk.curves[chk.curves["platform"] == plat], y), width="stretch")
+    binned = len(pts) > charts.NETWORK_MAX_POINTS
+    st.caption(f"Dots: measured timings of {row['datasets']}"
+               + (" (each dot the median of its data set's timings within 1/16 octave of message size)" if binned
+                  else "") + f". Lines: the saved calibration `{row['network_file']}` (what predictions use), "
+               "NCCL's fastest algorithm/protocol unless the sweep forced one, over each group's measured message "
+               "sizes. Colour: collective and nodes x GPUs per node. Bus bandwidth as nccl-tests reports it "
+               "(p2p: bytes / time).")
+    from predictor.network_check import fabric_note
+    note = fabric_note(chk, data.resolve_platform(plat))
+    if note:
+        st.markdown(f":material/lightbulb: {note}")
+    views.table(chk.summary[chk.summary["platform"] == plat].drop(columns="platform"), f"network_fit_{plat}",
+                "net_summary", column_config=NET_COLS_CFG)
+
+
+if t_net.open:
+    with t_net:
+        network_tab()
 
 if t_mine.open:
     with t_mine:

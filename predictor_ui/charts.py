@@ -540,3 +540,64 @@ def sweep(lo: float, hi: float, n: int = 60, integer: bool = True) -> np.ndarray
     if integer:
         xs = np.unique(np.round(xs).astype(np.int64))
     return xs
+
+
+# --------------------------------------------------------------------------- network fits
+NETWORK_Y = {"busbw": ("busbw_measured", "busbw_predicted", "bus bandwidth (GB/s)"),
+             "time": ("duration_s", "predicted_s", "time (s)")}
+NETWORK_MAX_POINTS = 2500   # more measured timings than this are drawn as medians per 1/16 octave
+NETWORK_BINS_PER_OCTAVE = 16
+
+
+def network_points_frame(points: pd.DataFrame, y: str = "busbw", max_points: int = NETWORK_MAX_POINTS
+                         ) -> pd.DataFrame:
+    """The measured dots of `network_fit_chart`: columns group, dataset, message_bytes, measured, predicted,
+    ape, n (timings behind the dot). Up to `max_points` rows every timing is a dot (n = 1); above, each
+    (group, dataset, 1/16 octave of message size) is one dot at the medians of its timings."""
+    meas, pred, _ = NETWORK_Y[y]
+    d = points[(points["message_bytes"] > 0) & points[meas].notna()]
+    out = pd.DataFrame({"group": d["group"].astype(str), "dataset": d["dataset"].astype(str),
+                        "message_bytes": d["message_bytes"].astype(float), "measured": d[meas].astype(float),
+                        "predicted": d[pred].astype(float), "ape": d["ape"].astype(float), "n": 1})
+    if len(out) <= max_points:
+        return out.reset_index(drop=True)
+    out["bin"] = np.floor(np.log2(out["message_bytes"]) * NETWORK_BINS_PER_OCTAVE)
+    g = out.groupby(["group", "dataset", "bin"], sort=True)
+    agg = g.agg(message_bytes=("message_bytes", "median"), measured=("measured", "median"),
+                predicted=("predicted", "median"), ape=("ape", "median"), n=("n", "size"))
+    return agg.reset_index().drop(columns="bin")
+
+
+def network_fit_chart(points: pd.DataFrame, curves: pd.DataFrame, y: str = "busbw",
+                      max_points: int = NETWORK_MAX_POINTS) -> alt.Chart:
+    """Measured collective timings (dots) and the saved network calibration's curve (line) per group
+    ('allreduce 4x8': nodes x GPUs per node, with the algorithm when the sweep forced one), against the
+    message size, both axes log (inter-node groups run 10-100x below the NVLink ones). `y`: "busbw"
+    (nccl-tests bus bandwidth, GB/s) or "time" (seconds). `points` / `curves` as
+    predictor.network_check.network_check returns them (one platform)."""
+    _, pred, title = NETWORK_Y[y]
+    dots = network_points_frame(points, y, max_points)
+    line = curves[["group", "message_bytes", pred, "chosen"]].rename(columns={pred: "predicted"})
+    line = line[line["predicted"].notna() & (line["message_bytes"] > 0)]
+    groups = sorted(set(dots["group"]) | set(line["group"]))
+    color = alt.Color("group:N", scale=alt.Scale(domain=groups, scheme="tableau20"),
+                      title="group (collective, nodes x GPUs per node)",
+                      legend=alt.Legend(orient="bottom", columns=min(6, max(1, len(groups))), labelLimit=200,
+                                         titleLimit=400))
+    ys = alt.Scale(type="log", nice=False)
+    x = alt.X("message_bytes:Q", scale=alt.Scale(type="log", nice=False), title="message size (bytes, full buffer)",
+              axis=alt.Axis(format="~s"))
+    fmt_y = ".4g"
+    tips = [alt.Tooltip("group:N"), alt.Tooltip("dataset:N"), alt.Tooltip("message_bytes:Q", format="~s",
+                                                                          title="message bytes"),
+            alt.Tooltip("measured:Q", format=fmt_y, title=f"measured {title}"),
+            alt.Tooltip("predicted:Q", format=fmt_y, title=f"fitted {title}"),
+            alt.Tooltip("ape:Q", format=".1%", title="error"), alt.Tooltip("n:Q", title="timings")]
+    pts = alt.Chart(dots).mark_circle(size=30, opacity=0.55).encode(
+        x=x, y=alt.Y("measured:Q", scale=ys, title=title), color=color, tooltip=tips)
+    lines = alt.Chart(line).mark_line(strokeWidth=2.2).encode(
+        x=x, y=alt.Y("predicted:Q", scale=ys, title=title), color=color, detail="group:N",
+        tooltip=[alt.Tooltip("group:N"), alt.Tooltip("message_bytes:Q", format="~s", title="message bytes"),
+                 alt.Tooltip("predicted:Q", format=fmt_y, title=f"fitted {title}"),
+                 alt.Tooltip("chosen:N", title="algorithm/protocol")])
+    return alt.layer(pts, lines).properties(height=440)

@@ -5,6 +5,8 @@ Environment:
   PREDICTOR_MODELS_DIR   trained regressors (default: the predictor's models_store/)
   PREDICTOR_CLUSTERS     a JSON/YAML file of extra cluster definitions (default: data/clusters.local.json
                          when it exists); the Predict page's custom clusters and Calibrate write here
+  PREDICTOR_SHARED_DATASETS  the published datasets folder (default ../shared/datasets next to the
+                         checkout); Accuracy's Network tab reads the measured NCCL sweeps there
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ TRAIN_HINT = ".venv/bin/python -m predictor train --platform {platform}"
 
 
 ENV_STORE = "PREDICTOR_STORE"
+ENV_SHARED = "PREDICTOR_SHARED_DATASETS"
 
 
 def store_path() -> Path:
@@ -32,6 +35,22 @@ def store_path() -> Path:
     if env:
         return Path(env).expanduser()
     return ROOT / "data" / "samples.duckdb"
+
+
+def shared_datasets() -> Path:
+    """The published datasets folder: $PREDICTOR_SHARED_DATASETS, else predictor.calibrate_network.SHARED's
+    rule (<checkout>/../shared/datasets), here so that the path is known without importing the predictor.
+    tests/test_charts.py checks that the two rules agree."""
+    env = os.environ.get(ENV_SHARED)
+    if env:
+        return Path(env).expanduser()
+    return ROOT.parent / "shared" / "datasets"
+
+
+def shared_version() -> str:
+    """Changes when the datasets folder appears, disappears or changes at its top level."""
+    p = shared_datasets()
+    return f"{p}:{_stat_stamp(p)}"
 
 
 def models_dir() -> Path:

@@ -277,6 +277,18 @@ def extrapolation(platform: str, op: str) -> pd.DataFrame:
     return _extrapolation(platform, op, config.store_version())
 
 
+@st.cache_data(show_spinner=False, max_entries=4)
+def _network_check(shared: str, shared_version: str, models_version: str):
+    from predictor.network_check import network_check as check
+    return check(shared, config.models_dir_arg())
+
+
+def network_check():
+    """predictor.network_check.network_check: the saved network calibrations against the measured NCCL
+    sweeps of config.shared_datasets(); refreshed when the datasets folder or the models change."""
+    return _network_check(str(config.shared_datasets()), config.shared_version(), config.models_version())
+
+
 def bank(platform: str):
     """The ModelBank behind a platform's own regressors (None when untrained)."""
     _refresh_model_caches(config.models_version())

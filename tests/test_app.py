@@ -398,6 +398,50 @@ def test_accuracy_opens_on_the_platform_with_the_most_measured_runs():
     assert at.selectbox(key="acc_platform").value == sorted(counts.index)[0]
 
 
+SHARED = ROOT.parent / "shared" / "datasets"
+
+
+@pytest.mark.skipif(not (SHARED / "ml-engineering").exists(), reason="shared datasets absent")
+def test_accuracy_network_fits_against_the_sweeps(monkeypatch):
+    """The Network tab: the saved network.json of the platform with the most measured timings against its
+    NCCL sweeps (chart and per-dataset table); another platform from the selector; time instead of bus bw."""
+    monkeypatch.delenv("PREDICTOR_SHARED_DATASETS", raising=False)
+    monkeypatch.delenv("PREDICTOR_MODELS_DIR", raising=False)
+    from predictor.network_check import network_check
+    chk = network_check(SHARED)
+    at = run("pages/accuracy.py", {"acc_view": "Network"})
+    assert at.selectbox(key="acc_net_platform").value == chk.platform_ids()[0]
+    assert len(at.get("vega_lite_chart")) == 1
+    table = at.dataframe[0].value
+    assert {"dataset", "collective", "rows", "median_ape", "mape", "mean_signed"} <= set(table.columns)
+    assert table["rows"].sum() == metric_int(at, "Measured timings")
+    assert "what predictions use" in text(at)
+    at.selectbox(key="acc_net_platform").set_value("dgx-b200").run()
+    assert not at.exception
+    table = at.dataframe[0].value
+    assert "ml-eng B200 all_reduce_bench 4 nodes" in set(table["dataset"])
+    assert "of the node's aggregate NIC bandwidth (8 × 50 GB/s = 400 GB/s)" in text(at)
+    at.segmented_control(key="acc_net_y").set_value("time").run()
+    assert not at.exception and len(at.get("vega_lite_chart")) == 1
+
+
+def test_accuracy_network_without_the_datasets(tmp_path, monkeypatch):
+    monkeypatch.setenv("PREDICTOR_SHARED_DATASETS", str(tmp_path / "no-shared"))
+    at = run("pages/accuracy.py", {"acc_view": "Network"})
+    msg = next(i.value for i in at.info if "NCCL sweeps" in i.value)
+    assert str(tmp_path / "no-shared") in msg and "not on this machine" in msg and "ml-engineering" in msg
+    assert not at.get("vega_lite_chart") and not at.dataframe
+    # the datasets are there but no platform has a saved calibration
+    monkeypatch.setenv("PREDICTOR_SHARED_DATASETS", str(tmp_path))
+    monkeypatch.setenv("PREDICTOR_MODELS_DIR", str(tmp_path / "no-models"))
+    at = run("pages/accuracy.py", {"acc_view": "Network"})
+    assert any("holds no sweeps of a platform with a saved calibration" in i.value for i in at.info)
+
+
+def metric_int(at: AppTest, label: str) -> int:
+    return int(metric(at, label).replace(",", ""))
+
+
 def test_accuracy_upload_your_runs():
     at = run("pages/accuracy.py", {"acc_view": "Your runs"})
     runs = runs_frame()

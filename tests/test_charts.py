@@ -169,6 +169,64 @@ def test_op_error_chart():
     spec(charts.op_error_chart(pd.DataFrame()))
 
 
+def network_frames(n_small: int = 30):
+    """Points and curves as predictor.network_check returns them: a 1x8 and a 4x8 all-reduce sweep."""
+    rows, curves = [], []
+    for group, nodes, bw in (("allreduce 1x8", 1, 800.0), ("allreduce 4x8", 4, 380.0)):
+        n = nodes * 8
+        for S in 2.0 ** np.arange(15, 15 + n_small):
+            t = 2 * (n - 1) / n * S / (bw * 1e9) + 3e-5
+            busbw = 2 * (n - 1) / n * S / t / 1e9
+            rows.append({"platform": "p", "group": group, "dataset": f"sweep {nodes} nodes", "collective": "allreduce",
+                         "nodes": nodes, "gpus_per_node": 8, "algorithm": None, "message_bytes": S,
+                         "duration_s": t * 1.05, "predicted_s": t, "ape": 0.05 / 1.05, "busbw_measured": busbw / 1.05,
+                         "busbw_predicted": busbw})
+        for S in np.geomspace(2.0**15, 2.0 ** (14 + n_small), 40):
+            t = 2 * (n - 1) / n * S / (bw * 1e9) + 3e-5
+            curves.append({"platform": "p", "group": group, "message_bytes": S, "predicted_s": t,
+                           "busbw_predicted": 2 * (n - 1) / n * S / t / 1e9, "chosen": "ring/simple"})
+    return pd.DataFrame(rows), pd.DataFrame(curves)
+
+
+def test_network_fit_chart():
+    pts, curves = network_frames()
+    d = spec(charts.network_fit_chart(pts, curves))
+    assert len(d["layer"]) == 2  # measured dots, fitted lines
+    dots, lines = d["layer"]
+    assert dots["mark"]["type"] == "circle" and lines["mark"]["type"] == "line"
+    for layer in (dots, lines):
+        enc = layer["encoding"]
+        assert enc["x"]["field"] == "message_bytes" and enc["x"]["scale"]["type"] == "log"
+        assert enc["color"]["field"] == "group"
+        assert enc["color"]["scale"]["domain"] == ["allreduce 1x8", "allreduce 4x8"]  # the same colours
+    assert "bus bandwidth" in dots["encoding"]["y"]["title"] and dots["encoding"]["y"]["scale"]["type"] == "log"
+    data = {len(v): v for v in d["datasets"].values()}
+    assert set(data) == {60, 80}   # every measured timing is a dot; 40 curve points per group
+    assert max(r["measured"] for r in data[60] if r["group"] == "allreduce 4x8") == pytest.approx(
+        pts.loc[pts["group"] == "allreduce 4x8", "busbw_measured"].max())
+    # time: both axes log, the measured seconds
+    t = spec(charts.network_fit_chart(pts, curves, y="time"))
+    assert t["layer"][0]["encoding"]["y"]["scale"]["type"] == "log"
+    tdots = next(v for v in t["datasets"].values() if len(v) == 60)
+    assert sorted(r["measured"] for r in tdots) == pytest.approx(sorted(pts["duration_s"]))
+    # many timings: medians per 1/16 octave of message size, each dot saying how many it stands for
+    many = pd.concat([pts] * 50, ignore_index=True)
+    f = charts.network_points_frame(many, max_points=1000)
+    assert len(f) == 60 and set(f["n"]) == {50}
+    assert len(charts.network_points_frame(many, max_points=10_000)) == 3000
+    spec(charts.network_fit_chart(pts.iloc[0:0], curves.iloc[0:0]))  # empty: still a chart
+
+
+def test_shared_datasets_follow_the_predictor(monkeypatch, tmp_path):
+    from predictor.calibrate_network import SHARED
+    from predictor_ui import config
+    monkeypatch.delenv(config.ENV_SHARED, raising=False)
+    assert config.shared_datasets() == SHARED
+    monkeypatch.setenv(config.ENV_SHARED, str(tmp_path / "elsewhere"))
+    assert config.shared_datasets() == tmp_path / "elsewhere"
+    assert config.shared_version().endswith(":missing")
+
+
 def test_sweep():
     xs = charts.sweep(1, 1000, 20)
     assert xs[0] == 1 and xs[-1] == 1000 and np.all(np.diff(xs) > 0)

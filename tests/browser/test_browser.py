@@ -304,3 +304,21 @@ def test_other_pages_render(server, page, path, heading):
         # read from models_store/<platform>/validation_runs.csv, not predicted again on load
         assert page.locator('[data-testid="stMetric"]').filter(has_text="Runs predicted").count() == 1
     shot(page, path)
+    if path == "accuracy":
+        # the Network tab: the saved network calibration against the measured NCCL sweeps (B200: 1 vs 4 nodes)
+        page.goto(f"{server.url}/accuracy?acc_view=Network")
+        page.get_by_role("heading", name=heading).first.wait_for()
+        harness.wait_idle(page, 180_000)
+        no_errors(page)
+        body = page.inner_text("body")
+        if "not on this machine" not in body:  # the datasets folder is there: chart and table
+            page.locator('[data-testid="stVegaLiteChart"]').first.wait_for()
+            assert page.locator('[data-testid="stDataFrame"]').count() >= 1
+        shot(page, "accuracy_network")
+        if "not on this machine" not in body:  # B200: one node against four
+            page.goto(f"{server.url}/accuracy?acc_view=Network&acc_net_platform=dgx-b200")
+            page.locator('[data-testid="stVegaLiteChart"]').first.wait_for()
+            harness.wait_idle(page, 60_000)
+            no_errors(page)
+            assert "aggregate NIC bandwidth" in page.inner_text("body")
+            shot(page, "accuracy_network_b200")
