@@ -88,6 +88,40 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
     views.table(table, "end_to_end_per_source", "e2e_sources", column_config=SOURCE_COLS_CFG)
 
 
+IND_COLS_CFG = {
+    **{k: st.column_config.NumberColumn(label, format="percent") for k, label in (
+        ("mape", "MAPE"), ("median_ape", "median"), ("worst_ape", "worst"), ("mean_signed", "mean signed"),
+        ("published_mfu", "published MFU"), ("predicted_mfu", "predicted MFU"))},
+    "not_fitting": st.column_config.NumberColumn("our memory model: does not fit"),
+    "signed_error": st.column_config.NumberColumn("signed", format="percent"),
+    "measured_s": st.column_config.NumberColumn("published s", format="%.4g"),
+    "predicted_s": st.column_config.NumberColumn("predicted s", format="%.4g"),
+    "memory_gib": st.column_config.NumberColumn("memory GiB", format="%.1f"),
+}
+
+
+def independent_check() -> None:
+    """Published runs on a GPU nobody sampled (predictor/catalog/independent_runs.json), never fitted to."""
+    try:
+        runs, overall, by_nodes, src = data.independent_check()
+    except Exception as e:  # noqa: BLE001 - a bad catalog or models: the rest of the page stays up
+        views.failed(e, "The independent check", "dgx-h100")
+        return
+    st.subheader("Independent check: published runs on a GPU nobody sampled")
+    dropped = "; ".join(f"{n} dropped: {why}" for why, n in src["dropped"].items()) or "none dropped"
+    st.markdown(f"{src['description']} ({len(runs)} runs; {dropped}), predicted on **{runs['platform'].iloc[0]}**, "
+                "whose operators were never sampled (transferred from GH200). These runs are never ingested and "
+                "no term is fitted on them: this is how far the planner holds on hardware it has not measured. "
+                f"Source: {src['document']} ({src['licence']}). *Signed*: below zero, the prediction is faster "
+                "than the published step.")
+    table = pd.concat([overall, by_nodes], ignore_index=True)
+    views.table(table, "independent_check_summary", "ind_summary", column_config=IND_COLS_CFG)
+    with st.expander("Every run"):
+        cols = ["model", "seq_len", "gpus", "micro_batch", "global_batch", "activation_checkpointing",
+                "measured_s", "predicted_s", "signed_error", "published_mfu", "predicted_mfu", "memory_gib", "fits"]
+        views.table(runs[cols], "independent_check_runs", "ind_runs", height=320, column_config=IND_COLS_CFG)
+
+
 AUTO_PREDICT_MAX = 150  # measured runs predicted on load when nothing is saved (about 1 s); more on request
 SECONDS_PER_RUN = 0.008  # rough, for the button's estimate
 
@@ -198,6 +232,7 @@ if t_e2e.open:
                     m[3].metric("Within 10 %", fmt.pct((ok_res["ape"] <= 0.10).mean()), border=True)
                 show_results(res, f"validation_{plat}", "e2e")
         terms_by_source(*data.terms_by_source())
+        independent_check()
 
 if t_ops.open:
     with t_ops:

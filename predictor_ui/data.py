@@ -289,6 +289,19 @@ def network_check():
     return _network_check(str(config.shared_datasets()), config.shared_version(), config.models_version())
 
 
+@st.cache_data(show_spinner=False, max_entries=4)
+def _independent_check(models_version: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    from predictor.independent import run_check
+    c = run_check(models_dir=config.models_dir_arg())
+    return c.runs, c.summary(), c.summary("nodes"), {**c.source, "dropped": c.dropped}
+
+
+def independent_check() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """predictor.independent.run_check: published H100 runs never fitted to, predicted with the current models
+    (per run, overall, by node count, and the source's description)."""
+    return _independent_check(config.models_version())
+
+
 def bank(platform: str):
     """The ModelBank behind a platform's own regressors (None when untrained)."""
     _refresh_model_caches(config.models_version())

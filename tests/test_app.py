@@ -385,6 +385,20 @@ def test_accuracy_end_to_end_per_source_in_sample_vs_held_out():
     assert row["runs"] == rec["runs"]
 
 
+def test_accuracy_shows_the_independent_check_on_a_gpu_nobody_sampled():
+    """The published H100 runs (never fitted): overall and per node count, signed error beside MAPE."""
+    from predictor.independent import run_check
+    c = run_check()
+    at = run("pages/accuracy.py")
+    assert any(s.value == "Independent check: published runs on a GPU nobody sampled" for s in at.subheader)
+    assert "never ingested" in text(at) and "dgx-h100" in text(at)
+    table = next(d.value for d in at.dataframe if "published_mfu" in d.value and "group" in d.value)
+    assert list(table["group"]) == ["all runs", *c.summary("nodes")["group"]]
+    assert table["mean_signed"].iloc[0] == pytest.approx(c.summary()["mean_signed"].iloc[0])
+    runs = next(d.value for d in at.dataframe if "signed_error" in d.value and "gpus" in d.value)
+    assert len(runs) == len(c.runs)
+
+
 def test_accuracy_opens_on_the_platform_with_the_most_measured_runs():
     """Not on the alphabetically first platform (cpu-1t, 8 runs) for everyone; the address bar still wins."""
     from predictor import store
@@ -486,3 +500,11 @@ def test_calibrate_upload_validate_ingest_retrain(tmp_path, monkeypatch):
     report = at.dataframe[-1].value if "operators" in at.dataframe[-1].value else at.dataframe[1].value
     assert "measured" in report.to_string()
     assert any(p.label == f"Predict on {PLATFORM}" for p in at.get("page_link"))
+
+
+def test_the_projects_streamlit_config_turns_the_file_watcher_off():
+    """`streamlit run app.py` must not watch the tree (.venv, data/): its inotify queue overflowed and flooded
+    the log. Read as Streamlit reads it when started in the project folder."""
+    import tomllib
+    cfg = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text())
+    assert cfg["server"]["fileWatcherType"] == "none" and cfg["server"]["runOnSave"] is False

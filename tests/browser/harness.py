@@ -75,8 +75,8 @@ def streamlit_server(env: dict[str, str] | None = None, timeout_s: float = 60.0,
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "streamlit.log"
     cmd = [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
-           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-           "--server.fileWatcherType", "none", "--server.runOnSave", "false"]
+           "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"]
+    # the file watcher is off by the project's .streamlit/config.toml (tested), not by a flag here
     started = time.perf_counter()
     fh = open(log, "w")
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
