@@ -195,14 +195,17 @@ def save_runs(rows: list[dict], platform: str, dp: int, quiet: dict, models_dir:
     save_validation_record(rows, platform, models_dir, summary, src)
 
 
-def speed_probe(platform: str) -> dict | None:
+def speed_probe(platform: str, models_dir: str | None = None) -> dict | None:
     """`python -m bench speed-check` for the platform (in its own process(es), as it was sampled):
-    how fast this machine is now compared with its operator samples (predictor.speed)."""
+    how fast this machine is now compared with its operator samples (predictor.speed). With `models_dir`
+    the samples are the set those models were trained on (their sampled_on.json), e.g. a bench loop's."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "speed.json"
         cmd = [sys.executable, "-m", "bench", "speed-check", "--platform", platform, "--json-out", str(out)]
         if platform == "cpu-1t":
             cmd += ["--ranks", "2"]
+        if models_dir:
+            cmd += ["--models-dir", str(models_dir)]
         r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
         if r.returncode != 0 or not out.exists():
@@ -363,9 +366,9 @@ def main(argv=None) -> int:
     if "single" in kinds:
         q = wait()
         log(f"single process, 2 threads (load {os.getloadavg()[0]:.2f}, quiet check {q})")
-        before, sc0 = probe(), speed_probe("cpu-2t")
+        before, sc0 = probe(), speed_probe("cpu-2t", a.models_dir)
         meas = run_single(configs, a.steps, a.warmup)
-        cond = {"before": before, "speed_check_before": sc0, "speed_check_after": speed_probe("cpu-2t"),
+        cond = {"before": before, "speed_check_before": sc0, "speed_check_after": speed_probe("cpu-2t", a.models_dir),
                 "after": probe()}
         log(f"memory bandwidth before / after: {cond['before']['stream_copy_gbps']} / "
             f"{cond['after']['stream_copy_gbps']} GB/s")
@@ -391,9 +394,9 @@ def main(argv=None) -> int:
         q = wait()
         ddp_names = [n for n in names if a.names or a.quick or n in DDP_NAMES]
         log(f"DDP 2 ranks x 1 thread (load {os.getloadavg()[0]:.2f}, quiet check {q})")
-        before, sc0 = probe(), speed_probe("cpu-1t")
+        before, sc0 = probe(), speed_probe("cpu-1t", a.models_dir)
         meas = run_ddp(ddp_names, a.steps, a.warmup)
-        cond = {"before": before, "speed_check_before": sc0, "speed_check_after": speed_probe("cpu-1t"),
+        cond = {"before": before, "speed_check_before": sc0, "speed_check_after": speed_probe("cpu-1t", a.models_dir),
                 "after": probe()}
         log(f"memory bandwidth before / after: {cond['before']['stream_copy_gbps']} / "
             f"{cond['after']['stream_copy_gbps']} GB/s")
