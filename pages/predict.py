@@ -39,31 +39,41 @@ cost = training_estimate(pred.step_time_s, layout.num_gpus, layout.tokens_per_st
 wall_lo, wall_hi = cost.seconds * (1 - pred.expected_error), cost.seconds * (1 + pred.expected_error)
 usable_gib, capacity_gib = mem.usable_bytes / GIB, mem.capacity_bytes / GIB
 
-c = st.columns(4)
-c[0].metric("Step time", fmt.seconds(pred.step_time_s), views.step_band(pred), delta_color="off",
-            delta_arrow="off", border=True, help=f"Expected range: {pred.error_basis}")
-c[1].metric("Tokens / s", fmt.count(pred.tokens_per_s), f"{fmt.count(pred.tokens_per_s / layout.num_gpus)} per GPU",
-            delta_color="off", delta_arrow="off", border=True)
-c[2].metric("MFU", fmt.pct(pred.mfu, 1), f"{pred.model_tflops_per_gpu:.0f} TFLOP/s per GPU", delta_color="off",
-            delta_arrow="off", border=True, help="Model FLOPs utilisation: model FLOPs (no recomputation) / time / "
-                                                  "dense peak of the device at this precision")
-c[3].metric("Memory / GPU", f"{mem.peak_gib:.3g} GiB",
-            f"{'fits' if mem.fits else 'does NOT fit'} in {usable_gib:.3g} GiB",
-            delta_color="normal" if mem.fits else "inverse", delta_arrow="off", border=True,
-            help=f"Fullest pipeline stage (stage {mem.peak.stage}) against the usable device memory")
 tokens_lbl = fmt.count(target["tokens"]).replace(" ", "")
-c = st.columns(4)
-c[0].metric(f"Time to {tokens_lbl} tokens", fmt.duration(cost.seconds),
-            f"{fmt.duration(wall_lo)} – {fmt.duration(wall_hi)}", delta_color="off", delta_arrow="off", border=True,
-            help=f"{fmt.count(cost.steps)} steps × step time, with the step time's expected range")
-c[1].metric("GPU-hours", fmt.count(cost.gpu_hours), f"{layout.num_gpus} GPUs", delta_color="off",
-            delta_arrow="off", border=True)
-c[2].metric("Cost", fmt.money(cost.cost),
-            f"at ${target['price']:.2f}/GPU-h" if target["price"] is not None else "enter $/GPU-hour in the sidebar",
-            delta_color="off", delta_arrow="off", border=True)
-top_prov = max(pred.provenance_share.items(), key=lambda kv: kv[1]) if pred.provenance_share else ("-", 0.0)
-c[3].metric("Data behind it", top_prov[0].split(" (")[0], views.short_prov(pred.provenance_share) or "-",
-            delta_color="off", delta_arrow="off", border=True, help=views.PROVENANCE_HELP)
+if not mem.fits:
+    # A layout that cannot run gets no headline numbers in full size: the verdict first, the times small
+    st.error(f"**Does not fit:** this layout needs {mem.peak_gib:.3g} GiB per GPU (stage {mem.peak.stage}, the "
+             f"fullest) but only {usable_gib:.3g} of the device's {capacity_gib:.3g} GiB are usable. Try more "
+             "pipeline or tensor parallelism, a smaller micro-batch, recomputation or a higher ZeRO stage "
+             "(the Memory tab shows where the bytes go).", icon=":material/memory:")
+    st.caption(f"If it fitted: step time {fmt.seconds(pred.step_time_s)} ({views.step_band(pred)}), "
+               f"{fmt.count(pred.tokens_per_s)} tokens/s, MFU {fmt.pct(pred.mfu, 1)}, "
+               f"{fmt.duration(cost.seconds)} to {tokens_lbl} tokens. Not a plan: it cannot run as set.")
+if mem.fits:
+    c = st.columns(4)
+    c[0].metric("Step time", fmt.seconds(pred.step_time_s), views.step_band(pred), delta_color="off",
+                delta_arrow="off", border=True, help=f"Expected range: {pred.error_basis}")
+    c[1].metric("Tokens / s", fmt.count(pred.tokens_per_s),
+                f"{fmt.count(pred.tokens_per_s / layout.num_gpus)} per GPU", delta_color="off", delta_arrow="off",
+                border=True)
+    c[2].metric("MFU", fmt.pct(pred.mfu, 1), f"{pred.model_tflops_per_gpu:.0f} TFLOP/s per GPU", delta_color="off",
+                delta_arrow="off", border=True, help="Model FLOPs utilisation: model FLOPs (no recomputation) / "
+                                                      "time / dense peak of the device at this precision")
+    c[3].metric("Memory / GPU", f"{mem.peak_gib:.3g} GiB", f"fits in {usable_gib:.3g} GiB", delta_color="normal",
+                delta_arrow="off", border=True,
+                help=f"Fullest pipeline stage (stage {mem.peak.stage}) against the usable device memory")
+    c = st.columns(4)
+    c[0].metric(f"Time to {tokens_lbl} tokens", fmt.duration(cost.seconds),
+                f"{fmt.duration(wall_lo)} – {fmt.duration(wall_hi)}", delta_color="off", delta_arrow="off",
+                border=True, help=f"{fmt.count(cost.steps)} steps × step time, with the step time's expected range")
+    c[1].metric("GPU-hours", fmt.count(cost.gpu_hours), f"{layout.num_gpus} GPUs", delta_color="off",
+                delta_arrow="off", border=True)
+    c[2].metric("Cost", fmt.money(cost.cost),
+                f"at ${target['price']:.2f}/GPU-h" if target["price"] is not None
+                else "enter $/GPU-hour in the sidebar", delta_color="off", delta_arrow="off", border=True)
+    top_prov = max(pred.provenance_share.items(), key=lambda kv: kv[1]) if pred.provenance_share else ("-", 0.0)
+    c[3].metric("Data behind it", top_prov[0].split(" (")[0], views.short_prov(pred.provenance_share) or "-",
+                delta_color="off", delta_arrow="off", border=True, help=views.PROVENANCE_HELP)
 # Charts only now: on a cold start the numbers above reach the browser first. Above the fold
 # and on the first tab the bars are plain HTML, so the first paint needs no chart library.
 from predictor_ui import charts  # noqa: E402
@@ -74,10 +84,6 @@ with p1:
 p2.caption(f"**Expected error** ± {fmt.pct(pred.expected_error)}: {pred.error_basis}.")
 for w in pred.warnings:
     st.warning(w, icon=":material/info:")
-if not mem.fits:
-    st.error(f"This layout needs {mem.peak_gib:.3g} GiB per GPU but only {usable_gib:.3g} of the device's "
-             f"{capacity_gib:.3g} GiB are usable. Try more pipeline or tensor parallelism, a smaller micro-batch, "
-             "recomputation or a higher ZeRO stage.", icon=":material/memory:")
 
 # Lazy tabs: only the open one runs (light first paint); the open tab is part of the URL.
 t_break, t_ops, t_time, t_mem, t_data, t_export = st.tabs(

@@ -136,6 +136,20 @@ def test_predict_default_page():
     assert any(m.label == "Data behind it" for m in at.metric)
 
 
+def test_predict_a_layout_that_does_not_fit_shows_the_verdict_not_headline_numbers():
+    """llama3-70b on 8 GPUs without sharding cannot run: the red verdict first, no full-size step time / time to
+    train; the times stay readable in small print, and the tabs still work."""
+    q = {"model": "llama3-70b", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "seq_len": 2048,
+         "sequence_parallel": "false", "zero_stage": 0}
+    at = run(query=q)
+    assert any(e.value.startswith("**Does not fit:**") and "GiB per GPU" in e.value for e in at.error)
+    labels = [m.label for m in at.metric]
+    assert "Step time" not in labels and not any(lbl.startswith("Time to") for lbl in labels)
+    assert "If it fitted: step time" in text(at) and "Not a plan" in text(at)
+    at = run(query={**q, "view": "Memory"})
+    assert not at.exception
+
+
 def test_predict_from_query_params_and_every_tab():
     q = {"model": "llama3-8b", "num_gpus": 16, "tp": 2, "pp": 2, "global_batch": 64, "seq_len": 2048,
          "price": 2.5, "tokens_b": 100}
