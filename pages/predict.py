@@ -71,9 +71,9 @@ if mem.fits:
     c[2].metric("Cost", fmt.money(cost.cost),
                 f"at ${target['price']:.2f}/GPU-h" if target["price"] is not None
                 else "enter $/GPU-hour in the sidebar", delta_color="off", delta_arrow="off", border=True)
-    top_prov = max(pred.provenance_share.items(), key=lambda kv: kv[1]) if pred.provenance_share else ("-", 0.0)
-    c[3].metric("Data behind it", top_prov[0].split(" (")[0], views.short_prov(pred.provenance_share) or "-",
-                delta_color="off", delta_arrow="off", border=True, help=views.PROVENANCE_HELP)
+    c[3].metric("Data behind it", views.prov_word(pred.provenance_share),
+                views.short_prov(pred.provenance_share) or "-", delta_color="off", delta_arrow="off", border=True,
+                help=views.PROVENANCE_HELP)
 # Charts only now: on a cold start the numbers above reach the browser first. Above the fold
 # and on the first tab the bars are plain HTML, so the first paint needs no chart library.
 from predictor_ui import charts  # noqa: E402

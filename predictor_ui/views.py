@@ -108,6 +108,20 @@ def step_band(pred) -> str:
     return f"± {fmt.pct(pred.expected_error)} ({fmt.seconds(lo)} – {fmt.seconds(hi)})"
 
 
+# The headline card has room for about nine characters at its font size: the kind of the largest share in one
+# short word (the full text sits in the card's caption and in the provenance bar below).
+PROV_WORDS = (("measured", "Measured"), ("transferred", "Transfer"), ("analytical", "Analytic"),
+              ("stand-in", "Stand-in"), ("end-to-end", "E2E terms"), ("framework host", "Host fit"))
+
+
+def prov_word(share: dict[str, float]) -> str:
+    """One short word for the kind of data the largest share of a prediction rests on."""
+    if not share:
+        return "-"
+    top = max(share.items(), key=lambda kv: kv[1])[0]
+    return next((w for prefix, w in PROV_WORDS if top.startswith(prefix)), top.split(" ")[0][:9].capitalize())
+
+
 def short_prov(share: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v >= 0.005)
 

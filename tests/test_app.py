@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from predictor import features
 from predictor.platforms import get_platform
+from predictor_ui import views
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = str(ROOT / "app.py")
@@ -134,6 +135,9 @@ def test_predict_default_page():
     mem = metric(at, "Memory / GPU")
     assert mem.endswith("GiB") or mem == "–"
     assert any(m.label == "Data behind it" for m in at.metric)
+    # the card's value is one word that fits it (it used to read "transferre..."); the caption has the detail
+    data = metric(at, "Data behind it")
+    assert data in {w for _, w in views.PROV_WORDS} and len(data) <= 9
 
 
 def test_predict_a_layout_that_does_not_fit_shows_the_verdict_not_headline_numbers():
@@ -190,7 +194,7 @@ def test_predict_custom_model_and_custom_cluster(tmp_path, monkeypatch):
     at.number_input(key="c_inter_bw").set_value(40.0).run()
     assert STEP_RE.match(metric(at, "Step time"))
     at.selectbox(key="c_models").set_value("none").run()
-    assert metric(at, "Data behind it").startswith("analytical")
+    assert metric(at, "Data behind it") == "Analytic"
     # saved, the cluster becomes a platform of its own
     at.text_input(key="c_name").set_value("my-a100-cluster").run()
     at.button(key="c_save").click().run()
