@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from . import memory as mem
+from .fp8 import mfu_peak_precision
 from .bounds import check_bound
 from .compose import CATEGORIES
 from .costing import TrainingEstimate, training_estimate
@@ -413,7 +414,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
     step = ev.step_time_s
     tokens = float(global_batch) * seq_len
     flops = model_flops_per_step(model, Layout(num_gpus=1, global_batch=global_batch, seq_len=seq_len))
-    peak = P.platform.device.peak_flops(precision)
+    peak = P.platform.device.peak_flops(mfu_peak_precision(precision))  # fp8 runs: against the BF16 peak
     with np.errstate(divide="ignore", invalid="ignore"):
         df["step_time_s"] = step
         df["tokens_per_s"] = tokens / step
@@ -520,7 +521,7 @@ def _top_results(model, P, table, top_k, objective, refine, mopt, tokens_to_trai
             mem.estimate_memory(model, L, P.platform, mopt)
         res.append(SearchResult(rank=int(row["rank"]), layout=L, step_time_s=step,
                                 tokens_per_s=L.tokens_per_step / step,
-                                tflops_per_gpu=tfl, mfu=tfl * 1e12 / P.platform.device.peak_flops(L.precision),
+                                tflops_per_gpu=tfl, mfu=tfl * 1e12 / P.platform.device.peak_flops(mfu_peak_precision(L.precision)),
                                 breakdown_s={c: float(row[f"{c}_s"]) for c in CATEGORIES}, memory=memory,
                                 training=te.scalar(), prediction=pred, fast_step_time_s=step, table_index=int(i)))
     return res
