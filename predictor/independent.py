@@ -1,10 +1,11 @@
 """The independent check: published end-to-end runs on GPUs the project never sampled, never fitted to.
 
-`catalog/independent_runs.json` holds them as facts from the cited documents (today: MosaicML's llm-foundry
-H100 80GB BF16 table, 52 runs, source `llm-foundry-h100`, and its H100 80GB FP8 table, 10 runs, source
-`llm-foundry-h100-fp8`, predicted with precision fp8). The store never ingests them and no term is fitted on them; this module
-predicts each with the product as shipped and scores it: per run, per group (one node / several nodes,
-model size) and overall, with the mean *signed* error and the predicted vs published MFU.
+`catalog/independent_runs.json` holds them as facts from the cited documents (today: MosaicML's
+llm-foundry H100 80GB BF16 table, 52 runs, source `llm-foundry-h100`, and its H100 80GB FP8 table,
+10 runs, source `llm-foundry-h100-fp8`, predicted with precision fp8). The store never ingests them
+and no term is fitted on them; this module predicts each with the product as shipped and scores it:
+per run, per group (one node / several nodes, model size) and overall, with the mean *signed* error and
+the predicted vs published MFU.
 
 Each row is checked before it is used: gradient accumulation x micro-batch x GPUs must be its global batch, and
 the published MFU must follow from its throughput with the README's own FLOP formula over the source's

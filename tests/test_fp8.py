@@ -90,7 +90,7 @@ def test_fp8_gemms_are_faster_by_less_than_the_mamf_ratio_and_the_rest_is_unchan
 
 
 def test_fp8_mfu_is_against_the_bf16_peak_and_under_the_fp8_matmul_ceiling():
-    P, m, b, f = _pair()
+    P, _, b, f = _pair()
     dev = P.platform.device
     assert f.mfu / b.mfu == pytest.approx(b.step_time_s / f.step_time_s, rel=1e-9)  # same FLOPs, same peak
     rep = search(get_preset("llama3-8b"), P, 64, 512, 4096, top_k=1, refine=False,
