@@ -286,3 +286,61 @@ def _adamw(shape: dict[str, int | None], dev) -> Pass:
         p.grad = torch.randn_like(p) * 1e-3
     opt = torch.optim.AdamW(params, lr=1e-4)
     return (lambda: None, lambda _: opt.step())
+
+
+# --------------------------------------------------------------------------- FP8 GEMMs
+FP8_MIN_CAPABILITY = (8, 9)  # Ada (sm_89) and Hopper (sm_90) onward have FP8 tensor cores
+
+
+class Fp8Unsupported(RuntimeError):
+    """FP8 GEMM sampling asked for on a device without FP8 tensor cores (a CPU, A100, V100)."""
+
+
+def fp8_supported(device: str = "cuda") -> tuple[bool, str]:
+    """(whether `torch._scaled_mm` FP8 GEMMs can be timed on `device`, why not)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return False, f"FP8 GEMM sampling needs a CUDA GPU with compute capability >= 8.9; {device} is not one"
+    if not torch.cuda.is_available():
+        return False, "FP8 GEMM sampling needs CUDA; torch.cuda.is_available() is False"
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return False, f"this torch ({torch.__version__}) has no torch._scaled_mm / float8 dtypes"
+    cap = torch.cuda.get_device_capability(dev)
+    if cap < FP8_MIN_CAPABILITY:
+        return False, (f"{torch.cuda.get_device_name(dev)} has compute capability {cap[0]}.{cap[1]} < 8.9: no FP8 "
+                       "tensor cores (use an Ada / Hopper / Blackwell GPU)")
+    return True, ""
+
+
+def build_fp8_gemm(op: str, shape: dict[str, int | None], device: str = "cuda") -> dict[str, Pass]:
+    """{pass: (setup, run)} timing the FP8 GEMMs of projection `op` as Transformer Engine runs them, with
+    `torch._scaled_mm` (per-tensor scales, BF16 output): fwd Y = X W^T (e4m3 x e4m3); bwd dgrad dX = dY W
+    (e5m2 x e4m3) + wgrad dW = dY^T X (e5m2 x e4m3). The FP8 cast / transpose kernels are not in these times
+    (predictor.fp8 models them as memory-bound work). Raises Fp8Unsupported (with the reason) where the device
+    has no FP8 tensor cores, e.g. on a CPU: nothing is timed then."""
+    ok, why = fp8_supported(device)
+    if not ok:
+        raise Fp8Unsupported(why)
+    if op not in ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down"):
+        raise ValueError(f"{op} does not run in FP8 (predictor.fp8.FP8_GEMM_OPS)")
+    M, N, K = gemm_mnk(op, shape)
+    if any(v % 16 for v in (M, N, K)):
+        raise ValueError(f"FP8 GEMMs need M, N, K multiples of 16, got {(M, N, K)}")
+    dev = torch.device(device)
+    e4, e5, bf = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
+    one = torch.ones((), dtype=torch.float32, device=dev)
+    x = torch.randn(M, K, device=dev, dtype=bf).to(e4)
+    x_t = x.t().contiguous()                           # TE's cast-transpose output, for wgrad
+    w = (torch.randn(N, K, device=dev, dtype=bf) / math.sqrt(K)).to(e4)
+    w_t = w.t().contiguous()
+    dy = torch.randn(M, N, device=dev, dtype=bf).to(e5)
+    dy_t = dy.t().contiguous()
+
+    def fwd(_):
+        return torch._scaled_mm(x, w.t(), scale_a=one, scale_b=one, out_dtype=bf)
+
+    def bwd(_):
+        dx = torch._scaled_mm(dy, w_t.t(), scale_a=one, scale_b=one, out_dtype=bf)
+        dw = torch._scaled_mm(dy_t, x_t.t(), scale_a=one, scale_b=one, out_dtype=bf)
+        return dx, dw
+    return {"fwd": (lambda: None, fwd), "bwd": (lambda: None, bwd)}

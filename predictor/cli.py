@@ -10,7 +10,7 @@ from typing import Any
 from .batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
 from .layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
 from .paths import clusters_file_arg
-from .specs import InfeasibleConfig
+from .specs import PRECISIONS, InfeasibleConfig
 
 
 def _console():
@@ -323,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     sp.add_argument("--recompute", choices=["none", "selective", "full"])
     sp.add_argument("--sequence-parallel", action="store_true", default=None)
-    sp.add_argument("--precision", choices=["fp16", "bf16", "fp32"])
+    sp.add_argument("--precision", choices=list(PRECISIONS))
     sp.add_argument("--attention", choices=["flash", "unfused"], help="attention kernels (default flash)")
     sp.add_argument("--framework", help="megatron (default), megatron-deepspeed, deepspeed, fsdp or ddp: when the "
                                         "data-parallel traffic runs and whether it overlaps compute")

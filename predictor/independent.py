@@ -1,12 +1,15 @@
 """The independent check: published end-to-end runs on GPUs the project never sampled, never fitted to.
 
-`catalog/independent_runs.json` holds them as facts from the cited documents (today: MosaicML's llm-foundry
-H100 80GB BF16 table, 52 runs). The store never ingests them and no term is fitted on them; this module
-predicts each with the product as shipped and scores it: per run, per group (one node / several nodes,
-model size) and overall, with the mean *signed* error and the predicted vs published MFU.
+`catalog/independent_runs.json` holds them as facts from the cited documents (today: MosaicML's
+llm-foundry H100 80GB BF16 table, 52 runs, source `llm-foundry-h100`, and its H100 80GB FP8 table,
+10 runs, source `llm-foundry-h100-fp8`, predicted with precision fp8). The store never ingests them
+and no term is fitted on them; this module predicts each with the product as shipped and scores it:
+per run, per group (one node / several nodes, model size) and overall, with the mean *signed* error and
+the predicted vs published MFU.
 
 Each row is checked before it is used: gradient accumulation x micro-batch x GPUs must be its global batch, and
-the published MFU must follow from its throughput with the README's own FLOP formula within 3 % (a typo in
+the published MFU must follow from its throughput with the README's own FLOP formula over the source's
+`peak_flops_basis` (bf16: 989 TFLOP/s; fp8: 1978.9 TFLOP/s) within 3 % (a typo in
 a transcribed row would break one of the two); a row that fails is dropped and counted, never predicted.
 """
 from __future__ import annotations
@@ -22,6 +25,11 @@ import pandas as pd
 CATALOG = Path(__file__).resolve().parent / "catalog" / "independent_runs.json"
 MFU_TOLERANCE = 0.03
 H100_BF16_PEAK_FLOPS = 989e12  # dense BF16 tensor-core peak of H100 SXM (the README's GPU_AVAILABLE_FLOPS)
+H100_FP8_PEAK_FLOPS = 1978.9e12  # dense FP8 tensor-core peak of H100 SXM (the FP8 table's MFU denominator)
+# The peak each source's published MFU is computed against (its `peak_flops_basis`): the BF16 table against the BF16
+# peak, the FP8 table against the FP8 peak (its MFU follows from its throughput only over 1978.9 TFLOP/s).
+PEAK_FLOPS = {"bf16": H100_BF16_PEAK_FLOPS, "fp8": H100_FP8_PEAK_FLOPS}
+SOURCES = ("llm-foundry-h100", "llm-foundry-h100-fp8")
 
 
 @dataclass(frozen=True)
@@ -66,7 +74,8 @@ def published_runs(src: dict[str, Any]) -> tuple[pd.DataFrame, dict[str, int]]:
     dropped["batch arithmetic does not close"] = int((~ok).sum())
     d = d[ok].reset_index(drop=True)
     flops = np.array([_mpt_flops_per_token(src["models"][r.model], r.seq_len) for r in d.itertuples()])
-    mfu_from_tput = flops * d["tokens_per_s"] / (d["gpus"] * H100_BF16_PEAK_FLOPS)
+    peak = PEAK_FLOPS[src.get("peak_flops_basis", "bf16")]
+    mfu_from_tput = flops * d["tokens_per_s"] / (d["gpus"] * peak)
     agree = (mfu_from_tput / (d["mfu_pct"] / 100) - 1).abs() <= MFU_TOLERANCE
     dropped[f"published MFU does not follow from the throughput (> {MFU_TOLERANCE:.0%})"] = int((~agree).sum())
     d = d[agree].reset_index(drop=True)
@@ -107,6 +116,7 @@ def run_check(source_id: str = "llm-foundry-h100", *, platform: str | None = Non
     d["error"] = out["error"]
     d["signed_error"] = d["predicted_s"] / d["measured_s"] - 1
     d["ape"] = d["signed_error"].abs()
-    d["predicted_mfu"] = d["published_mfu"] * d["measured_s"] / d["predicted_s"]  # same FLOP count as published
+    # same FLOP count and peak as published (the FP8 table: against the FP8 peak, not the predictor's BF16-peak MFU)
+    d["predicted_mfu"] = d["published_mfu"] * d["measured_s"] / d["predicted_s"]
     d["nodes"] = np.where(d["gpus"] > 8, "several nodes (network not stated)", "one node")
     return IndependentCheck(source_id, src, d, dropped)

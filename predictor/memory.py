@@ -44,6 +44,12 @@ a heads, t tensor parallel; 16-bit activations, 1-byte dropout masks), GPT with 
   full recompute                 2*s*b*h (the layer input; /t with SP) + one layer rematerialised
 The same terms are derived tensor by tensor for Llama-style layers (RMSNorm, GQA, SwiGLU, no dropout).
 
+fp8 (predictor.fp8, Transformer Engine FP8 training): weights are BF16 plus an FP8 copy of every transformer-layer
+GEMM weight (+1 byte per GEMM parameter; TE's modules keep the FP8 weight between steps / micro-batches), the GEMM
+inputs saved for backward are their FP8 casts (1 byte: the QKV and MLP inputs, the out-proj input and the fc2 input),
+everything else as bf16 (Transformer Engine docs, "Using FP8 with Transformer Engine": master weights and
+activations outside the FP8 GEMMs keep the higher precision).
+
 Micro-batches in flight on stage s of p (m micro-batches): 1F1B min(p - s, m); GPipe m; interleaved
 with v chunks per GPU min(2(p-s-1) + (v-1)p + 1, m v) chunk activations (Narayanan et al. 2021;
 stage 0 holds L(1 + (p-1)/(p v)) layers' worth, Korthikanti eq. 5).
@@ -55,7 +61,7 @@ from typing import Any
 
 import numpy as np
 
-from . import params
+from . import fp8, params
 from .arrayops import unique_rows
 from .params import chunk_params, edge_params, layer_params_per_gpu  # noqa: F401  (re-exported)
 from .specs import (  # noqa: F401
@@ -201,16 +207,20 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     sbh = s * b * h
     drop = _dropout(model, options)
     mask = 1.0 if drop else 0.0
+    # fp8 (predictor.fp8): the inputs of the FP8 GEMMs are kept as their FP8 casts, 1 byte (Transformer Engine's
+    # Linear / LayerNormLinear / LayerNormMLP save the FP8 input, `inputmat` / `ln_out` / `fc2` input, for the
+    # wgrad GEMM); everything else stays BF16
+    g = 1 if precision == "fp8" else e
     # replicated: both norm inputs, the QKV input, the MLP input, the two residual dropout masks
-    replicated = sbh * (2 * e + e + e) + sbh * 2 * mask
+    replicated = sbh * (2 * e + g + g) + sbh * 2 * mask
     # sharded: Q, K, V (GQA: kv heads per rank), attention output (out-proj input), MLP intermediates
     q = s * b * (a / t) * hd * e
     kv = 2 * s * b * kv_r * hd * e
-    o = s * b * (a / t) * hd * e
+    o = s * b * (a / t) * hd * g
     if model.arch == "llama":
-        mlp = s * b * (ffn / t) * e * 3   # fc1 output (gate and up, 2*ffn) + SwiGLU output (fc2 input)
+        mlp = s * b * (ffn / t) * (2 * e + g)   # fc1 output (gate and up, 2*ffn) + SwiGLU output (fc2 input)
     else:
-        mlp = s * b * (ffn / t) * e * 2   # GeLU input + GeLU output (fc2 input)
+        mlp = s * b * (ffn / t) * (e + g)       # GeLU input + GeLU output (fc2 input)
     sharded = q + kv + o + mlp
     if model.attention_impl in FLASH_IMPLS:
         quadratic = 0.0
@@ -368,7 +378,13 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     sharded = ((zero >= 2) & (dp > 1)).astype(float)[:, None]
     z3 = ((zero == 3) & (dp > 1)).astype(float)[:, None]
     buffers += sharded * unit * g_full + z3 * options.zero3_live_units * unit * e
-    return {"weights": stage_params * bpp[:, 0:1], "grads": stage_params * bpp[:, 1:2],
+    weights = stage_params * bpp[:, 0:1]
+    if precision == "fp8":
+        # + the FP8 copy of every transformer-layer GEMM weight (1 byte per GEMM parameter, sharded like the weights)
+        gemm = np.array([fp8.layer_gemm_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
+        w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
+        weights = weights + (gemm * w_share)[:, None] * (counts @ onehot)[None, :]
+    return {"weights": weights, "grads": stage_params * bpp[:, 1:2],
             "optimizer": stage_params * bpp[:, 2:3], "activations": acts, "buffers": buffers,
             "framework": np.full((n, pp), options.framework_gib * GIB), "params": stage_params, "in_flight": k_in}
 

@@ -84,8 +84,13 @@ class DeviceSpec:
         return self.hbm_bandwidth_gbps * 1e9
 
     def check_precision(self, precision: str) -> None:
-        """Raise InfeasibleConfig if the device cannot run `precision` (e.g. bf16 on V100)."""
+        """Raise InfeasibleConfig if the device cannot run `precision` (e.g. bf16 on V100, fp8 on A100: FP8 needs
+        the device's fp8 tensor-core peak in devices.json; never a silent BF16 fallback)."""
         why = self.unsupported_precisions.get(precision)
+        if precision == "fp8" and not why and not self.peak_tflops.get("fp8"):
+            raise InfeasibleConfig("precision", f"{self.name} has no FP8 tensor cores (no fp8 peak in devices.json).",
+                                   "use bf16, or a Hopper/Blackwell/MI300 device (FP8 training needs FP8 tensor "
+                                   "cores: H100/H200/GH200, B200/GB200, Ada L40S/L4, MI300X/MI325X).")
         if why:
             raise InfeasibleConfig("precision", f"{self.name} does not support {precision}: {why}",
                                    "pick a precision the device supports (see devices.json) or another platform.")

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import features, paths
+from . import features, fp8, paths
 from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
 from .decompose import CommCall, OpCall
 from .engine import (
@@ -223,6 +223,9 @@ class Predictor:
         (operator, pass) for every shape not cached yet."""
         todo: dict[tuple[str, str, str | None], dict] = {}
         cache = self._op_cache
+        base = fp8.base_precision(precision)  # fp8: every regressor is asked for bf16 (predictor.fp8)
+        if precision == "fp8":
+            self.platform.device.check_precision("fp8")
         for c in calls:
             if (*c.key, precision) not in cache:
                 todo.setdefault((c.op, c.pass_, c.variant), {})[c.shape] = None
@@ -230,15 +233,19 @@ class Predictor:
             shapes = list(shp)
             arrays = features.arrays_from_shapes(shapes, variant)
             try:
-                secs, prov, err = self._predict_op_group(op, pass_, arrays, precision)
+                secs, prov, err = self._predict_op_group(op, pass_, arrays, base)
             except ArtifactError as e:  # a model file changed on disk after it was checked: fall back, say so
                 self._note(f"Model {op}.{pass_} was not used: {e}")
-                secs, prov, err = self._predict_op_group(op, pass_, arrays, precision)
+                secs, prov, err = self._predict_op_group(op, pass_, arrays, base)
             secs = np.asarray(secs, dtype="float64")
             if self.speed is not None and prov == "measured":
                 secs = secs * self.speed.speed_factor
-            ideal = self._achievable_floor_s(op, pass_, arrays, precision)
+            ideal = self._achievable_floor_s(op, pass_, arrays, base)
             secs = np.maximum(secs, ideal)
+            if fp8.is_fp8_gemm(op, precision):  # the BF16 GEMM time x the MAMF ratio + the FP8 casts
+                secs, ideal, how = fp8.gemm_times(op, pass_, arrays, secs, self.platform.device,
+                                                  self.achievable_flops(base))
+                prov, err = f"{prov} ({how})", max(err or 0.0, fp8.FP8_ASSUMED_ERROR)
             if op == "flash_attn" and not self._flash_samples_causal(pass_):
                 # samples (or the roofline) of the non-causal kernel; a decoder's causal kernel computes only the
                 # blocks on and below the diagonal
@@ -438,7 +445,7 @@ class Predictor:
         step = float(ev.step_time_s[r])
         flops = model_flops_per_step(model, layout)
         tflops_gpu = flops / step / layout.num_gpus / 1e12
-        peak = self.platform.device.peak_flops(layout.precision) / 1e12
+        peak = self.platform.device.peak_flops(fp8.mfu_peak_precision(layout.precision)) / 1e12  # fp8: BF16 peak
         share, err, basis = self.confidence(ev.provenance_s[r])
         det = ev.details.get(r)
         memory = None

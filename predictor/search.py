@@ -38,6 +38,7 @@ from .compose import CATEGORIES
 from .costing import TrainingEstimate, training_estimate
 from .decompose import split_layers
 from .engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  # noqa: F401  (_unique_rows re-exported)
+from .fp8 import mfu_peak_precision
 from .frameworks import get_framework
 from .platforms import Platform
 from .predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
@@ -413,7 +414,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
     step = ev.step_time_s
     tokens = float(global_batch) * seq_len
     flops = model_flops_per_step(model, Layout(num_gpus=1, global_batch=global_batch, seq_len=seq_len))
-    peak = P.platform.device.peak_flops(precision)
+    peak = P.platform.device.peak_flops(mfu_peak_precision(precision))  # fp8 runs: against the BF16 peak
     with np.errstate(divide="ignore", invalid="ignore"):
         df["step_time_s"] = step
         df["tokens_per_s"] = tokens / step
@@ -518,9 +519,10 @@ def _top_results(model, P, table, top_k, objective, refine, mopt, tokens_to_trai
         te = training_estimate(step, L.num_gpus, L.tokens_per_step, tokens_to_train, price)
         memory = pred.memory if pred is not None and pred.memory is not None else \
             mem.estimate_memory(model, L, P.platform, mopt)
+        mfu_peak_flops = P.platform.device.peak_flops(mfu_peak_precision(L.precision))
         res.append(SearchResult(rank=int(row["rank"]), layout=L, step_time_s=step,
                                 tokens_per_s=L.tokens_per_step / step,
-                                tflops_per_gpu=tfl, mfu=tfl * 1e12 / P.platform.device.peak_flops(L.precision),
+                                tflops_per_gpu=tfl, mfu=tfl * 1e12 / mfu_peak_flops,
                                 breakdown_s={c: float(row[f"{c}_s"]) for c in CATEGORIES}, memory=memory,
                                 training=te.scalar(), prediction=pred, fast_step_time_s=step, table_index=int(i)))
     return res

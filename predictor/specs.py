@@ -16,18 +16,20 @@ from .params import padded_vocab
 ARCHS = ("gpt", "llama")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTES = ("none", "selective", "full")
-PRECISIONS = ("fp16", "bf16", "fp32")
+PRECISIONS = ("fp16", "bf16", "fp32", "fp8")
+# fp8: Transformer-Engine-style FP8 training (predictor.fp8): FP8 GEMMs in the transformer layers' linear layers,
+# BF16 master weights and BF16 everything else, so a tensor outside those GEMMs is 2 bytes as in bf16.
 ATTENTION_IMPLS = ("flash", "triton", "unfused")
 # FlashAttention kernels (no s^2 score matrix kept): FlashAttention-2/3 CUDA ("flash") or the Triton implementation
 # ("triton", as MPT / llm-foundry ran it); "unfused" is Megatron's QK^T + fused scale-mask-softmax + AV.
 FLASH_IMPLS = ("flash", "triton")
 FRAMEWORKS = ("megatron", "megatron-deepspeed", "deepspeed", "fsdp", "ddp")  # see predictor.frameworks
 DEFAULT_FRAMEWORK = "megatron"
-BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4}
+BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 2}
 # Gradient element size held between backward and the optimizer, and reduced over data parallel:
 # Megatron-LM forces fp32 gradient accumulation and reduction for bf16, torchtitan / llm-foundry
 # FSDP reduce in fp32 by default; fp16 (DeepSpeed, Megatron fp16) keeps fp16 gradients.
-GRAD_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4}
+GRAD_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4, "fp8": 4}
 
 
 def grad_comm_bytes(precision: str) -> int:

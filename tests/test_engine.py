@@ -8,6 +8,7 @@ import pytest
 from predictor.compose import CATEGORIES
 from predictor.frameworks import FRAMEWORK_SPECS
 from predictor.memory import estimate_memory
+from predictor.platforms import get_platform
 from predictor.predict import get_predictor
 from predictor.presets import get_preset
 from predictor.search import SearchSpace, layout_of, search
@@ -28,17 +29,28 @@ SEARCHES = [
 def test_search_and_predict_are_one_engine(name, platform, n, gb, seq, fw):
     """Random layouts of every search (a few hundred in all, fitting or not): the search table's step time,
     breakdown and memory equal Predictor.predict's to float rounding."""
+    _search_and_predict_agree(name, platform, n, gb, seq, fw, "bf16")
+
+
+@pytest.mark.parametrize("name,platform,n,gb,seq,fw", [s for s in SEARCHES
+                                                       if get_platform(s[1]).device.peak_tflops.get("fp8")])
+def test_search_and_predict_are_one_engine_in_fp8(name, platform, n, gb, seq, fw):
+    """The same agreement for fp8 layouts, on every platform of SEARCHES whose device has FP8 tensor cores."""
+    _search_and_predict_agree(name, platform, n, gb, seq, fw, "fp8")
+
+
+def _search_and_predict_agree(name, platform, n, gb, seq, fw, precision):
     P = get_predictor(platform)
     model = get_preset(name)
     rep = search(model, P, n, gb, seq, top_k=1, refine=False,
-                 space=SearchSpace(framework=fw, schedules=("1f1b", "interleaved", "gpipe")))
+                 space=SearchSpace(framework=fw, schedules=("1f1b", "interleaved", "gpipe"), precision=precision))
     t = rep.table
     assert len(t) >= 50
     rng = np.random.default_rng(7)
     for i in rng.choice(len(t), size=50, replace=False):
         row = t.iloc[int(i)]
         L = layout_of(row)
-        assert L.framework == fw
+        assert L.framework == fw and L.precision == precision
         p = P.predict(model, L, timeline=False)
         assert row["step_time_s"] == pytest.approx(p.step_time_s, rel=1e-9)
         for c in CATEGORIES:

@@ -1,11 +1,14 @@
 """The independent check on a GPU nobody sampled: published H100 runs, never fitted to. Prints tables.
 
-    python -m tests.benchmarks.independent_h100 [--platform dgx-h100] [--csv OUT]
+    python -m tests.benchmarks.independent_h100 [--source llm-foundry-h100 | llm-foundry-h100-fp8]
+                                                [--platform dgx-h100] [--csv OUT]
 
 The runs and their provenance live in predictor/catalog/independent_runs.json (MosaicML llm-foundry's
 'H100 80GB BF16' table: MPT 760M-70B, PyTorch FSDP FULL_SHARD, 8-64 GPUs); `predictor.independent` checks
 each row (batch arithmetic; published MFU recomputed from the throughput) and predicts it with the product
-as shipped. No H100 operator was sampled (dgx-h100's operators are transferred from GH200 samples) and no
+as shipped. `--source llm-foundry-h100-fp8` runs the same README's 'H100 80GB FP8' table (MPT 350M-3B,
+8 GPUs) with precision fp8: its FP8 GEMM times are BF16 samples x the MAMF ratio (predictor.fp8), never
+FP8 measurements. No H100 operator was sampled (dgx-h100's operators are transferred from GH200 samples) and no
 H100 run is in the store or in any fit, so this is how far the planner holds on a GPU it has not measured.
 The section does not state the network between nodes: rows on 16-64 GPUs are shown apart.
 """
@@ -13,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 
-from predictor.independent import run_check
+from predictor.independent import SOURCES, run_check
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--source", default="llm-foundry-h100")
+    ap.add_argument("--source", default="llm-foundry-h100", choices=SOURCES)
     ap.add_argument("--platform", help="predict on this cluster instead of the source's")
     ap.add_argument("--csv", help="write the per-run table here")
     a = ap.parse_args(argv)
