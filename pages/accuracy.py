@@ -102,24 +102,37 @@ IND_COLS_CFG = {
 
 def independent_check() -> None:
     """Published runs on a GPU nobody sampled (predictor/catalog/independent_runs.json), never fitted to."""
+    st.subheader("Independent check: published runs on a GPU nobody sampled")
     try:
-        runs, overall, by_nodes, src = data.independent_check()
-    except Exception as e:  # noqa: BLE001 - a bad catalog or models: the rest of the page stays up
+        sources = data.independent_sources()
+    except Exception as e:  # noqa: BLE001 - a bad catalog: the rest of the page stays up
         views.failed(e, "The independent check", "dgx-h100")
         return
-    st.subheader("Independent check: published runs on a GPU nobody sampled")
+    for source_id in sources:
+        independent_source(source_id)
+
+
+def independent_source(source_id: str) -> None:
+    try:
+        runs, overall, by_nodes, src = data.independent_check(source_id)
+    except Exception as e:  # noqa: BLE001 - a bad catalog or models: the rest of the page stays up
+        views.failed(e, f"The independent check {source_id}", "dgx-h100")
+        return
+    mfu_basis = {"fp8": " MFU here is against the FP8 peak, as the source computes it."}.get(
+        str(src.get("peak_flops_basis", "")), "")
     dropped = "; ".join(f"{n} dropped: {why}" for why, n in src["dropped"].items()) or "none dropped"
     st.markdown(f"{src['description']} ({len(runs)} runs; {dropped}), predicted on **{runs['platform'].iloc[0]}**, "
                 "whose operators were never sampled (transferred from GH200). These runs are never ingested and "
                 "no term is fitted on them: this is how far the planner holds on hardware it has not measured. "
                 f"Source: {src['document']} ({src['licence']}). *Signed*: below zero, the prediction is faster "
-                "than the published step.")
+                f"than the published step.{mfu_basis}")
     table = pd.concat([overall, by_nodes], ignore_index=True)
-    views.table(table, "independent_check_summary", "ind_summary", column_config=IND_COLS_CFG)
-    with st.expander("Every run"):
+    views.table(table, f"independent_{source_id}_summary", f"ind_summary_{source_id}", column_config=IND_COLS_CFG)
+    with st.expander(f"Every run ({source_id})"):
         cols = ["model", "seq_len", "gpus", "micro_batch", "global_batch", "activation_checkpointing",
                 "measured_s", "predicted_s", "signed_error", "published_mfu", "predicted_mfu", "memory_gib", "fits"]
-        views.table(runs[cols], "independent_check_runs", "ind_runs", height=320, column_config=IND_COLS_CFG)
+        views.table(runs[cols], f"independent_{source_id}_runs", f"ind_runs_{source_id}", height=320,
+                    column_config=IND_COLS_CFG)
 
 
 AUTO_PREDICT_MAX = 150  # measured runs predicted on load when nothing is saved (about 1 s); more on request

@@ -289,17 +289,24 @@ def network_check():
     return _network_check(str(config.shared_datasets()), config.shared_version(), config.models_version())
 
 
-@st.cache_data(show_spinner=False, max_entries=4)
-def _independent_check(models_version: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+def independent_sources() -> list[str]:
+    """The source ids of predictor/catalog/independent_runs.json, in file order."""
+    from predictor.independent import load_sources
+    return list(load_sources())
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def _independent_check(source_id: str, models_version: str
+                       ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
     from predictor.independent import run_check
-    c = run_check(models_dir=config.models_dir_arg())
+    c = run_check(source_id, models_dir=config.models_dir_arg())
     return c.runs, c.summary(), c.summary("nodes"), {**c.source, "dropped": c.dropped}
 
 
-def independent_check() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """predictor.independent.run_check: published H100 runs never fitted to, predicted with the current models
+def independent_check(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
+    """predictor.independent.run_check: published runs never fitted to, predicted with the current models
     (per run, overall, by node count, and the source's description)."""
-    return _independent_check(config.models_version())
+    return _independent_check(source_id, config.models_version())
 
 
 def bank(platform: str):

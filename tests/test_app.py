@@ -415,6 +415,11 @@ def test_accuracy_shows_the_independent_check_on_a_gpu_nobody_sampled():
     assert table["mean_signed"].iloc[0] == pytest.approx(c.summary()["mean_signed"].iloc[0])
     runs = next(d.value for d in at.dataframe if "signed_error" in d.value and "gpus" in d.value)
     assert len(runs) == len(c.runs)
+    # every source of the catalog gets its table (BF16 and FP8 today), the FP8 one says its MFU basis
+    from predictor.independent import load_sources
+    summaries = [d.value for d in at.dataframe if "published_mfu" in d.value and "group" in d.value]
+    assert len(summaries) == len(load_sources()) >= 2
+    assert "against the FP8 peak" in text(at)
 
 
 def test_accuracy_opens_on_the_platform_with_the_most_measured_runs():
