@@ -24,6 +24,7 @@ BOUNDS: dict[str, tuple[int, str]] = {
     "tp": (2 ** 20, "tensor parallelism cannot exceed the number of GPUs (at most 1,048,576)"),
     "pp": (2 ** 12, "pipeline stages cannot exceed the layers (at most 4,096)"),
     "dp": (2 ** 20, "data parallelism cannot exceed the number of GPUs (at most 1,048,576)"),
+    "cp": (2 ** 20, "context parallelism cannot exceed the number of GPUs (at most 1,048,576)"),
     "vpp": (2 ** 12, "virtual pipeline stages cannot exceed the layers (at most 4,096)"),
     "micro_batch": (2 ** 16, "a micro-batch of more than 65,536 sequences per GPU has never fitted in any memory"),
     "global_batch": (2 ** 24, "published global batches hold at most a few thousand sequences; "

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-CATEGORIES = ("compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+# cp_comm: the context-parallel ring's exposed KV exchange (what the attention blocks do not hide)
+CATEGORIES = ("compute", "host_overhead", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
 
 
 @dataclass

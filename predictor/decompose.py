@@ -61,7 +61,7 @@ class OpCall:
 class CommCall:
     collective: str     # allreduce | allgather | reducescatter | p2p
     message_bytes: int  # the full buffer: all-gather output, reduce-scatter input, all-reduce buffer
-    group: str          # tp | pp | dp | embedding
+    group: str          # tp | pp | dp | embedding | cp
     phase: str          # fwd | bwd | recompute | step
     count: float        # calls per micro-batch (per step for dp / embedding)
     ranks: int
@@ -79,6 +79,7 @@ class Unit:
     """The calls of one unit for one micro-batch (counts are per micro-batch)."""
     ops: tuple[OpCall, ...] = ()
     comms: tuple[CommCall, ...] = ()
+    cp: int = 1   # context-parallel degree (the ring's "cp" comms overlap the attention blocks)
 
 
 @dataclass(frozen=True)
@@ -124,15 +125,21 @@ def chunk_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
 def group_topology(platform: Platform, layout: Layout, group: str) -> Topology:
     """(ranks, nodes, gpus_per_node) of a communication group under Megatron's rank order
     (tp fastest, then dp, then pp), with ranks packed onto nodes of `platform.gpus_per_node`."""
-    return topology(platform.gpus_per_node, layout.tp, layout.dp, layout.pp, group)
+    if group == "cp":
+        return topology(platform.gpus_per_node, layout.tp, layout.cp, layout.pp, "cp")
+    return topology(platform.gpus_per_node, layout.tp, layout.dp * layout.cp, layout.pp, group)
 
 
 def topology(gpus_per_node: int, tp: int, dp: int, pp: int, group: str) -> Topology:
-    """`group_topology` from the degrees (what the engine calls for many layouts)."""
+    """`group_topology` from the degrees (what the engine calls for many layouts).
+
+    Context parallelism (Megatron-Core rank order tp, cp, dp, pp): the engine passes dp * cp as `dp` for the
+    data-parallel-with-CP group (gradients) and for the pipeline group's stride; the CP ring itself is group
+    "cp" with `dp` = cp (size cp, stride tp: within a node while tp * cp <= gpus_per_node)."""
     g = gpus_per_node
     if group == "tp":
         size, stride = tp, 1
-    elif group == "dp":
+    elif group in ("dp", "cp"):
         size, stride = dp, tp
     elif group in ("pp", "embedding"):
         size, stride = (pp if group == "pp" else 2), tp * dp
@@ -157,14 +164,25 @@ def _tp_comms(kind: str, phase: str, count: float, act_bytes: int, tp_topo: Topo
     return [CommCall(kind, act_bytes, "tp", phase, count, *tp_topo)]
 
 
-def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str) -> list[OpCall]:
+ATTENTION_CORE_OPS = ("flash_attn", "attn_scores", "fused_masked_softmax", "attn_context")
+
+
+def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: int = 1) -> list[OpCall]:
+    """The attention kernel(s) of one layer on `s` tokens per rank.
+
+    Context parallelism (cp > 1, `s` = seq_len / cp): each rank holds seq_len / cp queries and sees all
+    seq_len keys / values over the ring, in cp steps. Megatron's load balancing gives each rank two chunks
+    (i and 2cp-1-i), so every step is half a full (s x s) block's work: the diagonal step is a causal s x s
+    block, the others a non-masked half block; per rank 1/cp of the full causal attention. The sampled
+    attention features have one sequence length (queries = keys), so the step is timed as `cp` calls of the
+    causal kernel at s tokens (the same FLOPs as a half block), not at the per-rank query / full KV length."""
     h = model.hidden_size
     if model.attention_impl in FLASH_IMPLS:
         # a decoder's attention is causal (Predictor.op_times discounts non-causal samples); the Triton kernel
         # runs TRITON_ATTENTION_FACTOR times longer than FlashAttention-2
         k = TRITON_ATTENTION_FACTOR if model.attention_impl == "triton" else 1.0
         return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
-                                                        kv_heads=model.kv_heads), 1, phase, "layer", scale=k)]
+                                                        kv_heads=model.kv_heads), cp, phase, "layer", scale=k)]
     shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads)
     # the fused softmax kernel was sampled per rank (tp = 1, heads already divided)
     shp_sm = make_shape(tp=1, batch=b, seq=s, heads=model.num_heads // tp)
@@ -174,7 +192,7 @@ def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str) -> li
 
 
 def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
-                   phase: str) -> tuple[list[OpCall], list[CommCall]]:
+                   phase: str, cp: int = 1) -> tuple[list[OpCall], list[CommCall]]:
     h = model.hidden_size
     s_sp = s // tp if sp else s
     shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
@@ -184,7 +202,7 @@ def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_byte
     if model.arch == "llama":
         ops.append(OpCall("rope", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads), 1,
                           phase, "layer"))
-    ops += _attention_core(model, tp, b, s, phase)
+    ops += _attention_core(model, tp, b, s, phase, cp)
     ops.append(OpCall("attn_out_proj", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h), 1, phase, "layer"))
     ops.append(OpCall("res_add", "fwd", shp_norm, 2, phase, "layer"))
     mlp = make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=model.ffn)
@@ -215,27 +233,53 @@ def _as_phase(calls: list, phase: str, pass_: str | None = None) -> list:
     return out
 
 
+def cp_kv_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precision: str, cp: int) -> int:
+    """Bytes of one context-parallel ring step: this rank's K and V block, 2 x [b, seq_len/cp, kv heads per
+    tp rank x head_dim] (kv heads replicated where tp > kv_heads)."""
+    kv_r = max(model.kv_heads // tp, 1)
+    return 2 * micro_batch * (seq_len // cp) * kv_r * model.head_dim * BYTES_PER_ELEMENT[precision]
+
+
+def cp_comms(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precision: str, cp: int,
+             cp_topo: Topology, recompute: str) -> list[CommCall]:
+    """The context-parallel ring of one layer (Megatron-Core's p2p ring attention): cp - 1 KV sends in the
+    forward, twice that in the backward (KV and dKV), and the forward's again under full recomputation.
+    Each overlaps one attention block; the engine counts what the block does not cover (`cp_comm`)."""
+    if cp <= 1:
+        return []
+    n = cp_kv_bytes(model, tp, micro_batch, seq_len, precision, cp)
+    out = [CommCall("p2p", n, "cp", "fwd", cp - 1, *cp_topo), CommCall("p2p", n, "cp", "bwd", 2 * (cp - 1), *cp_topo)]
+    if recompute == "full":
+        out.append(CommCall("p2p", n, "cp", "recompute", cp - 1, *cp_topo))
+    return out
+
+
 def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
-               recompute: str, precision: str, tp_topo: Topology) -> Unit:
+               recompute: str, precision: str, tp_topo: Topology, cp: int = 1,
+               cp_topo: Topology = (1, 1, 1)) -> Unit:
     """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
-    tensor-parallel exchanges) and what recomputation re-runs."""
-    act_bytes = micro_batch * seq_len * model.hidden_size * BYTES_PER_ELEMENT[precision]
-    f_ops, f_comms = _layer_forward(model, tp, micro_batch, seq_len, sequence_parallel, act_bytes, tp_topo, "fwd")
+    tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
+    sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added."""
+    s = seq_len // cp
+    act_bytes = micro_batch * s * model.hidden_size * BYTES_PER_ELEMENT[precision]
+    f_ops, f_comms = _layer_forward(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo, "fwd", cp)
     b_ops = _as_phase(f_ops, "bwd", "bwd")
     b_comms = _as_phase(f_comms, "bwd")
     if recompute == "full":
         r_ops, r_comms = _as_phase(f_ops, "recompute"), _as_phase(f_comms, "recompute")
     elif recompute == "selective" and model.attention_impl not in FLASH_IMPLS:
-        r_ops, r_comms = _attention_core(model, tp, micro_batch, seq_len, "recompute"), []
+        r_ops, r_comms = _attention_core(model, tp, micro_batch, s, "recompute", cp), []
     else:  # none, or selective with flash attention (which recomputes inside its own kernel)
         r_ops, r_comms = [], []
-    return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms))
+    ring = cp_comms(model, tp, micro_batch, seq_len, precision, cp, cp_topo, recompute)
+    return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms + ring), cp)
 
 
 def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
-               precision: str, tp_topo: Topology) -> Unit:
-    """What the first chunk adds: the vocab-parallel embedding (and GPT's position add) and its reduction."""
-    b, s, h = micro_batch, seq_len, model.hidden_size
+               precision: str, tp_topo: Topology, cp: int = 1) -> Unit:
+    """What the first chunk adds: the vocab-parallel embedding (and GPT's position add) and its reduction
+    (on seq_len / cp tokens per rank)."""
+    b, s, h = micro_batch, seq_len // cp, model.hidden_size
     act_bytes = b * s * h * BYTES_PER_ELEMENT[precision]
     shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, vocab=model.vocab_size)
     ops = [OpCall("embedding", "fwd", shp, 1, "fwd", "embedding"),
@@ -249,9 +293,9 @@ def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
 
 
 def last_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
-              precision: str, tp_topo: Topology) -> Unit:
-    """What the last chunk adds: final norm, vocab-parallel LM head and cross-entropy."""
-    b, s, h = micro_batch, seq_len, model.hidden_size
+              precision: str, tp_topo: Topology, cp: int = 1) -> Unit:
+    """What the last chunk adds: final norm, vocab-parallel LM head and cross-entropy (seq_len / cp tokens)."""
+    b, s, h = micro_batch, seq_len // cp, model.hidden_size
     act_bytes = b * s * h * BYTES_PER_ELEMENT[precision]
     shp_norm = make_shape(batch=b, seq=s // tp if sequence_parallel else s, hidden=h)
     shp_head = make_shape(tp=tp, batch=b, seq=s, hidden=h, vocab=model.vocab_size)
@@ -272,10 +316,10 @@ def last_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequenc
 
 
 def p2p_message_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
-                      precision: str) -> int:
-    """Bytes of one pipeline send/recv: one [b, s, h] activation (the scatter-gather optimisation splits it
-    over tp with sequence parallelism)."""
-    act = micro_batch * seq_len * model.hidden_size * BYTES_PER_ELEMENT[precision]
+                      precision: str, cp: int = 1) -> int:
+    """Bytes of one pipeline send/recv: one [b, s, h] activation, s = seq_len / cp (the scatter-gather
+    optimisation splits it over tp with sequence parallelism)."""
+    act = micro_batch * (seq_len // cp) * model.hidden_size * BYTES_PER_ELEMENT[precision]
     return act // tp if sequence_parallel else act
 
 
@@ -367,15 +411,18 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     chunks = layout.pp * layout.vpp
     counts = chunk_layer_counts(model, layout)
     tp, b, s, sp, prec = layout.tp, layout.micro_batch, layout.seq_len, layout.sequence_parallel, layout.precision
+    cp = layout.cp
+    dpc = layout.dp * cp   # the data-parallel-with-CP group: gradients and ZeRO shards
     g = platform.gpus_per_node
-    tp_topo = topology(g, tp, layout.dp, layout.pp, "tp")
-    pp_topo = topology(g, tp, layout.dp, layout.pp, "pp")
-    dp_topo = topology(g, tp, layout.dp, layout.pp, "dp")
-    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo)
-    fst = first_unit(model, tp, b, s, sp, prec, tp_topo)
-    lst = last_unit(model, tp, b, s, sp, prec, tp_topo)
-    p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec)
-    emb = embedding_sync(model, tp, layout.pp, prec, topology(g, tp, layout.dp, layout.pp, "embedding"))
+    tp_topo = topology(g, tp, dpc, layout.pp, "tp")
+    pp_topo = topology(g, tp, dpc, layout.pp, "pp")
+    dp_topo = topology(g, tp, dpc, layout.pp, "dp")
+    cp_topo = topology(g, tp, cp, layout.pp, "cp")
+    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo)
+    fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp)
+    lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp)
+    p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec, cp)
+    emb = embedding_sync(model, tp, layout.pp, prec, topology(g, tp, dpc, layout.pp, "embedding"))
     plans: list[StagePlan] = []
     for idx, n_layers in enumerate(counts):
         first, last = idx == 0, idx == chunks - 1
@@ -394,7 +441,7 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
         if n_p2p:
             plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "fwd", n_p2p, *pp_topo))
             plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "bwd", n_p2p, *pp_topo))
-        work = step_work(model, tp=tp, pp=layout.pp, dp=layout.dp, zero_stage=layout.zero_stage, precision=prec,
+        work = step_work(model, tp=tp, pp=layout.pp, dp=dpc, zero_stage=layout.zero_stage, precision=prec,
                          seq_len=s, layers=n_layers, first=first, last=last, dp_topo=dp_topo,
                          zero2_gather=get_framework(layout.framework).zero2_gather)
         plan.step_ops += list(work.step_ops)

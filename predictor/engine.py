@@ -39,10 +39,10 @@ if TYPE_CHECKING:
     from .predict import Predictor
 
 COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "structure", "recompute",
-           "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce", "overlap_param_gather")
-(I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG) = range(len(COLUMNS))
+           "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce", "overlap_param_gather", "cp")
+(I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
-PHASE_CATS = ("compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm")  # per micro-batch categories
+PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "pp_comm", "dp_comm")  # per micro-batch categories
 MEMORY_PARTS = mem.MEMORY_PARTS
 # Expected error of parts without a measured error of their own
 ASSUMED_ERROR = {"measured": 0.10, "transferred": 0.15, "host": 0.15, "stand-in": 0.20, "analytical": 0.30}
@@ -79,7 +79,7 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
         opg = fw.overlap_param_gather if L.overlap_param_gather is None else L.overlap_param_gather
         rows.append((L.num_gpus, L.tp, L.pp, L.dp, L.micro_batch, L.num_micro_batches, index[st],
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
-                     FRAMEWORKS.index(fw.name), int(ogr), int(opg)))
+                     FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -91,7 +91,14 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   sequence_parallel=bool(row[I_SP]), zero_stage=int(row[I_ZERO]), precision=precision,
                   stage_layers=structure.stage_layers, framework=fw.name,
                   overlap_grad_reduce=None if bool(row[I_OGR]) == fw.overlap_grad_reduce else bool(row[I_OGR]),
-                  overlap_param_gather=None if bool(row[I_OPG]) == fw.overlap_param_gather else bool(row[I_OPG]))
+                  overlap_param_gather=None if bool(row[I_OPG]) == fw.overlap_param_gather else bool(row[I_OPG]),
+                  cp=int(row[I_CP]))
+
+
+def dp_cp(rows: np.ndarray) -> np.ndarray:
+    """Per row: ranks of the data-parallel-with-CP group (dp * cp), over which Megatron-Core reduces the
+    gradients and shards the distributed optimizer."""
+    return rows[:, I_DP] * rows[:, I_CP]
 
 
 # ------------------------------------------------------------------------------------ timed units
@@ -113,6 +120,8 @@ class UnitTimes:
     rc: float = 0.0      # recomputation
     ft: float = 0.0      # tensor-parallel communication in the forward
     bt: float = 0.0      # ... in the backward (and recomputation)
+    fcp: float = 0.0     # context-parallel ring communication the attention blocks do not hide, forward
+    bcp: float = 0.0     # ... backward and recomputation
     fi: float = 0.0      # forward tensor-core FLOPs at the achievable matmul throughput (seconds)
     bi: float = 0.0      # ... backward and recomputation
     ri: float = 0.0      # ... recomputation
@@ -206,24 +215,28 @@ class Engine:
             return self.P.network_error
         return ASSUMED_ERROR.get(base, 0.3)
 
-    def prepare(self, model: ModelSpec, seq_len: int, precision: str, keys: Iterable[tuple[int, int, int, int]]
+    def prepare(self, model: ModelSpec, seq_len: int, precision: str, keys: Iterable[tuple[int, ...]]
                 ) -> None:
-        """Time the units of every (tp, micro_batch, sp, recompute) in `keys` not cached yet."""
+        """Time the units of every (tp, micro_batch, sp, recompute, cp) in `keys` not cached yet (cp = 1
+        where a key has four entries)."""
         self.prepare_many([(model, seq_len, precision, k) for k in keys])
 
-    def prepare_many(self, requests: Iterable[tuple[ModelSpec, int, str, tuple[int, int, int, int]]]) -> None:
+    def prepare_many(self, requests: Iterable[tuple[ModelSpec, int, str, tuple[int, ...]]]) -> None:
         """`prepare` for several models at once: one regressor call per (operator, pass) for all of them."""
         g = self.platform.gpus_per_node
         todo: dict[tuple, tuple] = {}
-        for model, seq, prec, (tp, mb, sp, rc) in requests:
-            key = (model, seq, prec, tp, mb, sp, rc)
+        for model, seq, prec, k in requests:
+            tp, mb, sp, rc = k[:4]
+            cp = k[4] if len(k) > 4 else 1
+            key = (model, seq, prec, tp, mb, sp, rc, cp)
             if key in self._parts or key in todo:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
-            units = (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo),
-                     D.first_unit(model, tp, mb, seq, bool(sp), prec, topo),
-                     D.last_unit(model, tp, mb, seq, bool(sp), prec, topo))
-            todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec))
+            cp_topo = D.topology(g, tp, cp, 1, "cp")
+            units = (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo),
+                     D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp),
+                     D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp))
+            todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec, cp))
         if not todo:
             return
         by_prec: dict[str, list] = {}
@@ -247,9 +260,13 @@ class Engine:
         prov_d = u.prov
         op_e, comm_e = [], []
         fc = bc = rc = ft = bt = fi = bi = ri = 0.0
+        attn = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # attention kernels per phase (the CP ring's cover)
+        ring = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # CP ring sends per phase
         for c, (t, prov, err), ideal in zip(unit.ops, op_t, self.P.op_ideal_s(unit.ops, precision)):
             total = t * c.count * c.scale
             itot = ideal * c.count * c.scale
+            if c.op in D.ATTENTION_CORE_OPS and c.phase in attn:
+                attn[c.phase] += total
             if c.phase == "fwd":
                 fc += total
                 fi += itot
@@ -269,7 +286,9 @@ class Engine:
                 v[1] += total * e
         for cc, (t, prov) in zip(unit.comms, comm_t):
             total = t * cc.count
-            if cc.phase == "fwd":
+            if cc.group == "cp":
+                ring[cc.phase] += total
+            elif cc.phase == "fwd":
                 ft += total
             else:
                 bt += total
@@ -277,6 +296,13 @@ class Engine:
             comm_e.append(e)
             _add_prov(prov_d, prov, total, e)
         u.fc, u.bc, u.rc, u.ft, u.bt, u.fi, u.bi, u.ri = fc, bc, rc, ft, bt, fi, bi, ri
+        if unit.cp > 1:
+            # Megatron-Core's ring: cp attention blocks, the sends of the next block overlapping the current one
+            # (cp - 1 overlapped steps); exposed = what the ring's sends take beyond (cp - 1) / cp of the attention
+            # time of the phase (max(0, comm - compute) summed over the steps, the steps being equal)
+            k = (unit.cp - 1) / unit.cp
+            exposed = {p: max(0.0, ring[p] - k * attn[p]) for p in ring}
+            u.fcp, u.bcp = exposed["fwd"], exposed["bwd"] + exposed["recompute"]
         u.raw = (unit, op_t, comm_t, op_e, comm_e)
         return u
 
@@ -398,21 +424,23 @@ class Engine:
         rows = np.asarray(rows, dtype=np.int64)
         tp_a, pp_a, dp_a, mb_a, _m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
         st_a, rc_a, sp_a, _z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
-        ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a]))
-        klist = [(int(k[0]), int(k[1]), int(k[2]), int(k[3])) for k in ukeys]
+        cp_a = rows[:, I_CP]
+        dpc_a = dp_cp(rows)   # the data-parallel(-with-CP) group: gradients, ZeRO, pipeline stride
+        ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a]))
+        klist = [(int(k[0]), int(k[1]), int(k[2]), int(k[3]), int(k[4])) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
         parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
 
         def kvec(get) -> np.ndarray:
             return np.array([get(p) for p in parts], float)[kinv]
         unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name), f))
-                       for f in ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri")}
+                       for f in ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp")}
                 for name in ("layer", "first", "last")}
         p2p_bytes = kvec(lambda p: p.p2p_bytes).astype(np.int64)
-        u, inv = _unique_rows(np.column_stack([p2p_bytes, tp_a, pp_a, dp_a]))
+        u, inv = _unique_rows(np.column_stack([p2p_bytes, tp_a, pp_a, dpc_a]))
         p2p = [self._p2p_time(int(b), int(t), int(p), int(d)) for b, t, p, d in u]
         p2p_t = np.array([x[0] for x in p2p])[inv]
-        u2, inv2 = _unique_rows(np.column_stack([tp_a, pp_a, dp_a]))
+        u2, inv2 = _unique_rows(np.column_stack([tp_a, pp_a, dpc_a]))
         emb = [self._emb_sync(model, int(t), int(p), int(d), precision) for t, p, d in u2]
         emb_t = np.array([x[0] for x in emb])[inv2]
         # chunk classes of every (row, chunk)
@@ -444,7 +472,7 @@ class Engine:
         cstage = np.arange(nch) % pp
         n_p2p = np.array([D.p2p_calls_per_pass(i, nch, pp) for i in range(nch)], float)
         cls_of = np.array([classes.index((S.counts[i], int(i == 0), int(i == nch - 1))) for i in range(nch)])
-        combo, cinv = _unique_rows(np.column_stack([sub[:, [I_TP, I_DP, I_ZERO]], gather_mode(sub)]))
+        combo, cinv = _unique_rows(np.column_stack([sub[:, I_TP], dp_cp(sub), sub[:, I_ZERO], gather_mode(sub)]))
         work = np.zeros((len(combo), len(classes), 7))
         for ci, (tp, dp, z, gm) in enumerate(combo):
             for j, (n_l, f, l_) in enumerate(classes):
@@ -456,7 +484,7 @@ class Engine:
         def chunks_of(f: str) -> np.ndarray:   # [R, chunks]
             return (cn * unit["layer"][f][idx][:, None] + cf * unit["first"][f][idx][:, None]
                     + cl * unit["last"][f][idx][:, None])
-        fc, bc, rcp, ft, bt = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt"))
+        fc, bc, rcp, ft, bt, fcp, bcp = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt", "fcp", "bcp"))
         sampled = fc + bc
         alpha = e2e.compute_factor if e2e is not None else 1.0
         beta = e2e.power_factor if e2e is not None else 0.0
@@ -484,8 +512,8 @@ class Engine:
         else:
             fh = bh = np.zeros_like(fc)
         onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
-        fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "pp_comm": ppc, "dp_comm": fdp}
-        bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "pp_comm": ppc, "dp_comm": bdp}
+        fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "cp_comm": fcp, "pp_comm": ppc, "dp_comm": fdp}
+        bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "cp_comm": bcp, "pp_comm": ppc, "dp_comm": bdp}
         emb_s = ((cf + cl) > 0).astype(float) @ onehot * emb_t[:, None]
         ov_grad = sub[:, I_OGR].astype(bool) & opts.overlap_grad_reduce        # the platform may forbid it
         ov_gather = sub[:, I_OPG].astype(bool) & opts.overlap_param_gather
@@ -505,7 +533,7 @@ class Engine:
             out.detail_s[k][idx] = v
         # memory per stage
         arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
-                                      tp=sub[:, I_TP], dp=sub[:, I_DP], zero_stage=sub[:, I_ZERO],
+                                      tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
                                       micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
                                       recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt)
         total = np.sum([arr[k] for k in MEMORY_PARTS], axis=0)
@@ -581,7 +609,8 @@ class Engine:
                 add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
             gm = int(gather_mode(row[None, :])[0])
             for i in range(nch):
-                c = self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP]), int(row[I_ZERO]),
+                c = self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP] * row[I_CP]),
+                                   int(row[I_ZERO]),
                                    gm, S.counts[i], int(i == 0), int(i == nch - 1))]
                 add(c.prov_step, 1.0)
                 add(c.prov_mb, m)
@@ -613,10 +642,10 @@ def structure_classes(s: Structure) -> list[tuple[int, int, int]]:
     return sorted({(s.counts[i], int(i == 0), int(i == nch - 1)) for i in range(nch)})
 
 
-def unit_keys(rows: np.ndarray) -> set[tuple[int, int, int, int]]:
-    """The (tp, micro_batch, sp, recompute) units `rows` need."""
-    u, _ = _unique_rows(rows[:, [I_TP, I_MB, I_SP, I_RC]])
-    return {(int(k[0]), int(k[1]), int(k[2]), int(k[3])) for k in u}
+def unit_keys(rows: np.ndarray) -> set[tuple[int, int, int, int, int]]:
+    """The (tp, micro_batch, sp, recompute, cp) units `rows` need."""
+    u, _ = _unique_rows(rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP]])
+    return {(int(k[0]), int(k[1]), int(k[2]), int(k[3]), int(k[4])) for k in u}
 
 
 ZERO2_GATHER = ("per_micro_batch", "per_step")
@@ -632,8 +661,8 @@ def class_keys(rows: np.ndarray, struct_classes: list[list[tuple[int, int, int]]
     """The (tp, pp, dp, zero, gather mode, layers, first, last) chunk classes `rows` need."""
     out: set[tuple] = set()
     g = gather_mode(rows)
-    for tp, pp, dp, z, gm, st in _unique_rows(np.column_stack([rows[:, [I_TP, I_PP, I_DP, I_ZERO]], g,
-                                                               rows[:, I_STRUCT]]))[0]:
+    for tp, pp, dp, z, gm, st in _unique_rows(np.column_stack([rows[:, I_TP], rows[:, I_PP], dp_cp(rows),
+                                                               rows[:, I_ZERO], g, rows[:, I_STRUCT]]))[0]:
         for (cn, cf, cl) in struct_classes[st]:
             out.add((int(tp), int(pp), int(dp), int(z), int(gm), cn, cf, cl))
     return out

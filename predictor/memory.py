@@ -285,6 +285,16 @@ def edge_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: 
     return first, last, transient
 
 
+# ------------------------------------------------------------------------- context parallelism
+def cp_ring_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str, cp: int) -> float:
+    """The context-parallel ring's transient receive buffer: one K/V block pair, 2 x [b, seq_len/cp, kv heads
+    per tp rank x head_dim] x e (0 without context parallelism)."""
+    if cp <= 1:
+        return 0.0
+    kv_r = max(model.kv_heads / tp, 1.0)
+    return 2.0 * micro_batch * (seq_len // cp) * kv_r * model.head_dim * BYTES_PER_ELEMENT[precision]
+
+
 # ------------------------------------------------------------------------------------ pipelines
 def in_flight(schedule: str, pp: int, vpp: int, m: int, stage: int) -> int:
     """Micro-batches (interleaved: chunk activations) whose activations stage `stage` holds at its peak."""
@@ -324,16 +334,24 @@ RECOMPUTE_ORDER = ("none", "selective", "full")
 def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_layers: list[int] | tuple[int, ...],
                         pp: int, vpp: int, schedule: str, *, tp: np.ndarray, dp: np.ndarray, zero_stage: np.ndarray,
                         micro_batch: np.ndarray, num_micro_batches: np.ndarray, recompute: np.ndarray,
-                        sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions()
-                        ) -> dict[str, np.ndarray]:
+                        sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions(),
+                        cp: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
     'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
-    `estimate_memory` and the step-time engine."""
+    `estimate_memory` and the step-time engine.
+
+    Context parallelism (`cp`, default 1; Megatron-Core): every per-layer and edge activation term above is
+    taken at seq_len / cp tokens (each CP rank keeps the activations of its own tokens: Korthikanti et al.'s
+    sbh terms with s -> s/cp), plus one transient K/V block pair of the ring, 2 x [b, s/cp, kv heads per rank x
+    head_dim] x e, in `buffers`. Weights, gradients and optimizer states per rank do not change with cp; the
+    caller passes dp * cp as `dp`, since the ZeRO / distributed-optimizer shards spread over the
+    data-parallel-with-CP group."""
     tp, dp, zero = (np.asarray(x, dtype=np.int64) for x in (tp, dp, zero_stage))
     mb, rc = np.asarray(micro_batch, dtype=np.int64), np.asarray(recompute, dtype=np.int64)
     sp = np.asarray(sequence_parallel, dtype=np.int64)
     n = len(tp)
+    cpa = np.ones(n, dtype=np.int64) if cp is None else np.asarray(cp, dtype=np.int64)
     nch = pp * vpp
     counts = np.asarray(chunk_layers, dtype=float)
     cstage = np.arange(nch) % pp
@@ -341,14 +359,16 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     mean_layers = (counts @ onehot) / np.bincount(cstage, minlength=pp)
     e = BYTES_PER_ELEMENT[precision]
     g_full = resolved(options, precision)[0]
-    # activations per (tp, micro-batch, SP, recompute)
-    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc]))
-    acts_k = np.array([(activation_bytes_per_layer(model, seq_len, int(b), int(t), bool(s), RECOMPUTE_ORDER[int(r)],
-                                                   precision, options),
-                        full_layer_activation_bytes(model, seq_len, int(b), int(t), bool(s), precision, options),
-                        *edge_activation_bytes(model, seq_len, int(b), int(t), bool(s), precision, options))
-                       for t, b, s, r in keys], dtype=float).reshape(-1, 5)[kinv]
-    act_layer, act_full, act_first, act_last, act_last_tr = (acts_k[:, j] for j in range(5))
+    # activations per (tp, micro-batch, SP, recompute, cp), on the seq_len / cp tokens of a CP rank
+    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa]))
+    acts_k = np.array([(activation_bytes_per_layer(model, seq_len // int(c), int(b), int(t), bool(s),
+                                                   RECOMPUTE_ORDER[int(r)], precision, options),
+                        full_layer_activation_bytes(model, seq_len // int(c), int(b), int(t), bool(s), precision,
+                                                    options),
+                        *edge_activation_bytes(model, seq_len // int(c), int(b), int(t), bool(s), precision, options),
+                        cp_ring_buffer_bytes(model, seq_len, int(b), int(t), precision, int(c)))
+                       for t, b, s, r, c in keys], dtype=float).reshape(-1, 6)[kinv]
+    act_layer, act_full, act_first, act_last, act_last_tr, ring = (acts_k[:, j] for j in range(6))
     # parameters per (tp): every chunk, the largest ZeRO unit of the edge stages
     tps2, tinv = unique_rows(tp[:, None])
     tps = tps2[:, 0]
@@ -370,6 +390,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     acts[:, -1] += act_last
     buffers = np.zeros((n, pp))
     buffers[:, -1] += act_last_tr
+    if cp is not None:
+        buffers += ring[:, None]
     full = (rc == RECOMPUTE_ORDER.index("full")).astype(float)[:, None]
     buffers += full * np.maximum(0.0, act_full - act_layer)[:, None]
     unit = np.repeat(lp[:, None], pp, axis=1)
@@ -401,7 +423,8 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
     capacity = (hbm_gib or float("inf")) * GIB
     one = lambda v: np.array([v])  # noqa: E731
     arr = stage_memory_arrays(model, layout.seq_len, layout.precision, chunk_layer_counts(model, layout),
-                              layout.pp, layout.vpp, layout.schedule, tp=one(layout.tp), dp=one(layout.dp),
+                              layout.pp, layout.vpp, layout.schedule, tp=one(layout.tp),
+                              dp=one(layout.dp * layout.cp), cp=one(layout.cp),
                               zero_stage=one(layout.zero_stage), micro_batch=one(layout.micro_batch),
                               num_micro_batches=one(layout.num_micro_batches),
                               recompute=one(RECOMPUTE_ORDER.index(layout.recompute)),

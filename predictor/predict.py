@@ -429,7 +429,12 @@ class Predictor:
         return self.host is not None or bool(self.terms is not None and self.terms.host)
 
     def check_runs(self, layout: Layout) -> None:
-        """Raise InfeasibleConfig when the platform cannot run this many ranks (see `check_ranks`)."""
+        """Raise InfeasibleConfig when the platform cannot run this many ranks (see `check_ranks`), or
+        context parallelism where its ranks have no GPU collectives (CPU platforms)."""
+        if layout.cp > 1 and self.platform.device.vendor == "cpu":
+            raise InfeasibleConfig("cp", f"context parallelism needs peer-to-peer GPU collectives; "
+                                         f"{self.platform.platform_id} is a CPU platform without them.",
+                                   "set cp = 1 on this platform, or use a GPU platform.")
         self.check_ranks(layout.num_gpus)
 
     def check_ranks(self, ranks: int) -> None:
@@ -491,11 +496,11 @@ class Predictor:
     def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:
         """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step)."""
         key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
-               int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute))
+               int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp)
         parts = self.engine._parts[key]
         S: Structure = det["structure"]
         nch = S.pp * S.vpp
-        cats = {"tp": "tp_comm", "pp": "pp_comm", "dp": "dp_comm", "embedding": "dp_comm"}
+        cats = {"tp": "tp_comm", "cp": "cp_comm", "pp": "pp_comm", "dp": "dp_comm", "embedding": "dp_comm"}
         rows: list[tuple] = []
 
         def add_unit(stage: int, chunk: int, unit, k: float) -> None:
@@ -525,8 +530,8 @@ class Predictor:
                     rows.append((stage, chunk, "layer", ph, "host overhead", ph, "host_overhead", 1, h, h,
                                  HOST_PROVENANCE, self.host.cv_mape if self.host else None))
             gm = ZERO2_GATHER.index(get_framework(layout.framework).zero2_gather)
-            cls = self.engine._classes[(model, layout.seq_len, layout.precision, layout.tp, S.pp, layout.dp,
-                                        layout.zero_stage, gm, *det["classes"][i])]
+            cls = self.engine._classes[(model, layout.seq_len, layout.precision, layout.tp, S.pp,
+                                        layout.dp * layout.cp, layout.zero_stage, gm, *det["classes"][i])]
             for tc in cls.calls:
                 c, t, prov = tc.call, tc.seconds, tc.provenance
                 if isinstance(c, CommCall):
@@ -536,13 +541,13 @@ class Predictor:
                     rows.append((stage, chunk, c.part, "step", c.op, c.pass_, "optimizer", c.count, t, t * c.count,
                                  prov, tc.raw_error))
             if (i == 0 or i == nch - 1) and det["tails"]["embedding_sync_s"][stage] > 0:
-                t_emb = self.engine._emb[(model, layout.tp, S.pp, layout.dp, layout.precision)]
+                t_emb = self.engine._emb[(model, layout.tp, S.pp, layout.dp * layout.cp, layout.precision)]
                 rows.append((stage, chunk, "embedding", "step", "allreduce[embedding]", "step", "dp_comm", 1,
                              t_emb[0], t_emb[0], t_emb[1], None))
         return rows
 
     def _p2p_prov(self, layout: Layout, nbytes: int) -> str:
-        return self.engine._p2p[(nbytes, layout.tp, layout.pp, layout.dp)][1]
+        return self.engine._p2p[(nbytes, layout.tp, layout.pp, layout.dp * layout.cp)][1]
 
     # ---- confidence -----------------------------------------------------------------------
     def end_to_end_error(self) -> tuple[float, int | str, str] | None:

@@ -129,8 +129,13 @@ class ModelSpec:
 class Layout:
     """How one training step is laid out over the GPUs.
 
-    num_gpus = tp * pp * dp (context parallelism is not modelled yet).
+    num_gpus = tp * pp * cp * dp.
     `vpp` is the number of virtual pipeline stages per GPU (interleaved schedule).
+    `cp` is the context-parallel degree (Megatron-Core style, `predictor.decompose`): the sequence of every
+    micro-batch is split over cp ranks (seq_len / cp tokens each, in 2*cp load-balanced chunks of
+    seq_len / (2*cp)); the ranks exchange key/value blocks in a ring inside attention. `dp` stays the pure
+    data-parallel degree (micro-batches per step = global_batch / (micro_batch * dp)); gradients and ZeRO
+    shards spread over the dp * cp ranks of the data-parallel-with-CP group.
     """
 
     num_gpus: int
@@ -154,6 +159,7 @@ class Layout:
     framework: str = DEFAULT_FRAMEWORK
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
+    cp: int = 1   # context-parallel degree (ranks one micro-batch's sequence is split over); 1 = none
 
     @property
     def num_micro_batches(self) -> int:
@@ -163,14 +169,40 @@ class Layout:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
+    @property
+    def seq_per_rank(self) -> int:
+        """Tokens of one micro-batch's sequence on one context-parallel rank (seq_len / cp)."""
+        return self.seq_len // self.cp
+
+    def _validate_cp(self) -> None:
+        """Context parallelism: the degrees multiply to num_gpus, cp divides seq_len, and each rank's
+        seq_len / cp tokens split into Megatron's two load-balancing chunks per rank (a multiple of 2*cp)."""
+        prod = self.tp * self.pp * self.cp * self.dp
+        if prod != self.num_gpus:
+            rest = self.tp * self.pp * self.cp
+            raise InfeasibleConfig(
+                "num_gpus", f"tp*pp*cp*dp = {self.tp}*{self.pp}*{self.cp}*{self.dp} = {prod} "
+                            f"but num_gpus = {self.num_gpus}.",
+                f"set dp = {self.num_gpus // rest} or change tp/pp/cp so the product is {self.num_gpus}."
+                if self.num_gpus % rest == 0 else "choose tp, pp and cp whose product divides num_gpus.")
+        if self.seq_len % self.cp:
+            raise InfeasibleConfig(
+                "seq_len", f"context parallelism cp = {self.cp} does not divide seq_len {self.seq_len}.",
+                f"use a seq_len that is a multiple of 2*cp*cp = {2 * self.cp * self.cp}, or a cp dividing it.")
+        if (self.seq_len // self.cp) % (2 * self.cp):
+            raise InfeasibleConfig(
+                "cp", f"the sequence per CP rank, seq_len / cp = {self.seq_len // self.cp}, is not a multiple of "
+                      f"2*cp = {2 * self.cp} (Megatron's causal load balancing splits it into 2*cp chunks).",
+                f"use a seq_len that is a multiple of 2*cp*cp = {2 * self.cp * self.cp}, or a smaller cp.")
+
     def validate(self, model: ModelSpec | None = None) -> None:
-        for name in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp"):
+        for name in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp", "cp"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
             check_bound(name, v)
         check_tokens_per_micro_batch(self.micro_batch, self.seq_len)
-        if self.tp * self.pp * self.dp != self.num_gpus:
+        if self.cp == 1 and self.tp * self.pp * self.dp != self.num_gpus:
             raise InfeasibleConfig(
                 "num_gpus",
                 f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.tp * self.pp * self.dp} "
@@ -178,6 +210,8 @@ class Layout:
                 f"set dp = {self.num_gpus // (self.tp * self.pp)} or change tp/pp so the product is {self.num_gpus}."
                 if self.num_gpus % (self.tp * self.pp) == 0 else
                 "choose tp and pp whose product divides num_gpus.")
+        if self.cp > 1:
+            self._validate_cp()
         if self.global_batch % (self.micro_batch * self.dp):
             raise InfeasibleConfig(
                 "global_batch",
@@ -236,7 +270,12 @@ class Layout:
             if model.ffn % self.tp:
                 raise InfeasibleConfig("tp", f"ffn_hidden {model.ffn} is not divisible by tp {self.tp}.",
                                        f"use a tp that divides {model.ffn}.")
-            if self.sequence_parallel and self.seq_len % self.tp:
+            if self.cp > 1 and model.attention_impl not in FLASH_IMPLS:
+                raise InfeasibleConfig("cp", f"context parallelism needs a fused attention kernel; this model uses "
+                                             f"'{model.attention_impl}' attention.",
+                                       "set cp = 1 or use flash attention (Megatron-Core runs CP inside "
+                                       "Transformer Engine's fused attention).")
+            if self.sequence_parallel and (self.seq_len // self.cp) % self.tp:
                 raise InfeasibleConfig("seq_len", f"sequence parallelism needs seq_len divisible by tp ({self.tp}).")
             chunks = self.pp * self.vpp
             if model.num_layers < chunks:
