@@ -127,7 +127,7 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
     keys = ["model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
-            "overlap_param_gather"]
+            "overlap_param_gather", "cp"]
     return {k: getattr(a, k, None) for k in keys}
 
 
@@ -135,7 +135,7 @@ def print_prediction(pred, console=None) -> None:
     from rich.table import Table
     c = console or _console()
     L, m = pred.layout, pred.model
-    c.print(f"[bold]{m.name}[/bold] on [bold]{pred.platform_id}[/bold]: {L.num_gpus} GPUs, tp{L.tp} pp{L.pp} dp{L.dp}"
+    c.print(f"[bold]{m.name}[/bold] on [bold]{pred.platform_id}[/bold]: {L.num_gpus} GPUs, tp{L.tp} pp{L.pp}{f' cp{L.cp}' if L.cp > 1 else ''} dp{L.dp}"
             f"{f' vpp{L.vpp}' if L.vpp > 1 else ''}, micro-batch {L.micro_batch}, global batch {L.global_batch} "
             f"({L.num_micro_batches} micro-batches), seq {L.seq_len}, {L.schedule}, recompute {L.recompute}"
             f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}")
@@ -320,6 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len", "num-gpus", "tp", "pp",
                  "dp", "micro-batch", "global-batch", "vpp", "zero-stage"):
         sp.add_argument(f"--{name}", type=int)
+    sp.add_argument("--cp", type=int, help="context-parallel degree: each micro-batch's sequence split over cp "
+                                           "ranks, Megatron-Core ring attention (default 1; num_gpus = tp*pp*cp*dp)")
     sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     sp.add_argument("--recompute", choices=["none", "selective", "full"])
     sp.add_argument("--sequence-parallel", action="store_true", default=None)

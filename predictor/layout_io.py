@@ -14,11 +14,11 @@ BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
 OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "attention", "stage_layers",
-                          "model", "name", "tied_embeddings")
+                          "model", "name", "tied_embeddings", "cp")
 
 DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
   kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
-  vocab = 50257; seq_len = 2048; tp = pp = 1; dp = num_gpus/(tp*pp); num_gpus = tp*pp*dp;
+  vocab = 50257; seq_len = 2048; tp = pp = cp = 1; dp = num_gpus/(tp*pp*cp); num_gpus = tp*pp*cp*dp;
   micro_batch = 1; global_batch = micro_batch*dp; vpp = 1; schedule = 1f1b (interleaved when vpp > 1);
   recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash;
   framework = megatron (megatron, megatron-deepspeed, deepspeed, fsdp, ddp: when the data-parallel traffic runs
@@ -122,7 +122,7 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
 def _given_ints_in_range(row: Mapping[str, Any]) -> None:
     """The integer fields the user gave, positive and within their bounds, checked before any is
     derived from another (so `--tp 0` is reported as tp, not as the num_gpus it would give)."""
-    for name in ("tp", "pp", "dp", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp"):
+    for name in ("tp", "pp", "dp", "cp", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp"):
         v = _int(row, name)
         if v is not None:
             if v <= 0:
@@ -134,18 +134,20 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
     _given_ints_in_range(row)
     tp = _int(row, "tp", 1)
     pp = _int(row, "pp", 1)
+    cp = _int(row, "cp", 1)   # context parallelism: num_gpus = tp * pp * cp * dp
     num_gpus = _int(row, "num_gpus")
     dp = _int(row, "dp")
     if dp is None:
         if num_gpus is None:
             dp = 1
-        elif num_gpus % (tp * pp):
-            raise InfeasibleConfig("num_gpus", f"{num_gpus} GPUs cannot be split into tp*pp = {tp * pp} groups.",
-                                   f"use a multiple of {tp * pp} GPUs or change tp/pp.")
+        elif num_gpus % (tp * pp * cp):
+            names, prod = ("tp*pp*cp", f"{tp * pp * cp}") if cp > 1 else ("tp*pp", f"{tp * pp}")
+            raise InfeasibleConfig("num_gpus", f"{num_gpus} GPUs cannot be split into {names} = {prod} groups.",
+                                   f"use a multiple of {prod} GPUs or change {names.replace('*', '/')}.")
         else:
-            dp = num_gpus // (tp * pp)
+            dp = num_gpus // (tp * pp * cp)
     if num_gpus is None:
-        num_gpus = tp * pp * dp
+        num_gpus = tp * pp * cp * dp
     mb = _int(row, "micro_batch", 1)
     vpp = _int(row, "vpp", 1)
     schedule = _str(row, "schedule", "interleaved" if vpp > 1 else "1f1b")
@@ -164,7 +166,7 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   precision=_str(row, "precision", "bf16"), stage_layers=stage_layers,
                   framework=_str(row, "framework", DEFAULT_FRAMEWORK),
                   overlap_grad_reduce=_opt_bool(row, "overlap_grad_reduce"),
-                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"))
+                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp)
 
 
 def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:

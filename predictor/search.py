@@ -64,6 +64,10 @@ class SearchSpace:
     """What to enumerate; None = everything valid."""
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
+    # context-parallel degrees; None = every power of two (1, 2, 4, ...) that divides the GPUs left by tp,
+    # divides seq_len with seq_len / cp a multiple of 2*cp (Megatron's causal load balancing), on GPUs with
+    # flash attention
+    cp: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
     max_micro_batch: int = 16
     vpp: tuple[int, ...] | None = None
@@ -178,7 +182,8 @@ class SearchReport:
 
 
 def _layout_dict(L: Layout) -> dict[str, Any]:
-    d = {k: getattr(L, k) for k in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp",
+    d = {k: getattr(L, k) for k in ("num_gpus", "tp", "pp", "cp", "dp", "micro_batch", "global_batch", "seq_len",
+                                    "vpp",
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
                                     "framework", "overlap_grad_reduce", "overlap_param_gather")}
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
@@ -227,6 +232,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
                      "reason": "with flash attention selective recomputation equals none (the kernel recomputes "
                                "the attention scores itself); ranked as recompute=none."})
     rows: list[tuple] = []
+    cps = _cp_choices(model, platform, num_gpus, seq_len, space, excl)
     tps = space.tp or tuple(_divisors(num_gpus))
     for tp in tps:
         why = None
@@ -245,58 +251,106 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
             if space.tp is not None or tp <= max(gpn, 8) * 2:
                 excl.append({"option": f"tp={tp}", "values": {"tp": tp}, "reason": why})
             continue
-        sps = [s for s in space.sequence_parallel if not s or (tp > 1 and seq_len % tp == 0)]
-        pps = space.pp or tuple(_divisors(num_gpus // tp))
-        for pp in pps:
-            if (num_gpus // tp) % pp:
+        for cp in cps:
+            if (num_gpus // tp) % cp:
                 continue
-            if pp > L:
-                if (space.pp is not None or pp <= 2 * L) and not any(e["option"] == f"pp={pp}" for e in excl):
-                    excl.append({"option": f"pp={pp}", "values": {"pp": pp},
-                                 "reason": f"pp={pp} exceeds the {L} layers (one layer per stage at least)."})
-                continue
-            dp = num_gpus // (tp * pp)
-            if global_batch % dp:
-                excl.append({"option": f"tp={tp}, pp={pp} (dp={dp})", "values": {"tp": tp, "pp": pp, "dp": dp},
-                             "reason": f"global batch {global_batch} is not a multiple of dp={dp}."})
-                continue
-            per_replica = global_batch // dp
-            mbs = [b for b in (space.micro_batch or _divisors(per_replica))
-                   if per_replica % b == 0 and b <= (space.max_micro_batch if space.micro_batch is None else b)]
-            zs = [z for z in space.zero_stage if (z == 0 or dp > 1) and z in fw.zero_stages
-                  and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
-            structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
-            if "1f1b" in space.schedules or pp == 1:
-                even = Structure(pp, 1, "1f1b", tuple(split_layers(L, pp)), None)
-                structures_pp.append((sid(even), 1))
-                if space.uneven_splits and pp >= 3:
-                    c = split_layers(L + 2, pp)
-                    c[0] -= 1
-                    c[-1] -= 1
-                    if min(c) >= 1 and tuple(c) != even.counts:
-                        structures_pp.append((sid(Structure(pp, 1, "1f1b", tuple(c), tuple(c))), 1))
-            if "gpipe" in space.schedules and pp > 1:
-                structures_pp.append((sid(Structure(pp, 1, "gpipe", tuple(split_layers(L, pp)), None)), 1))
-            inter: list[int] = []
-            if "interleaved" in space.schedules and pp >= 2:
-                cand_v = space.vpp or tuple(range(2, space.max_vpp + 1))
-                for v in cand_v:
-                    if v >= 2 and L % (pp * v) == 0:
-                        inter.append(v)
-            for mb in mbs:
-                m = per_replica // mb
-                plist = list(structures_pp) if pp > 1 else [structures_pp[0]]
-                for v in inter:
-                    if m % pp == 0:
-                        st = Structure(pp, v, "interleaved", tuple([L // (pp * v)] * (pp * v)), None)
-                        plist.append((sid(st), v))
-                for st_id, _v in plist:
-                    for rc in rcs:
-                        rci = RC.index(rc)
-                        for sp in sps:
-                            for z in zs:
-                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg))
+            _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg,
+                             rcs, rows)
     return rows, structs, excl
+
+
+def _cp_choices(model: ModelSpec, platform: Platform, num_gpus: int, seq_len: int, space: SearchSpace,
+                excl: list[dict[str, Any]]) -> list[int]:
+    """The context-parallel degrees to enumerate (see SearchSpace.cp), excluded ones with the reason."""
+    if space.cp is not None:
+        cand = list(space.cp)
+    else:
+        cand = [1]
+        while cand[-1] * 2 <= num_gpus:
+            cand.append(cand[-1] * 2)
+    out = []
+    for cp in cand:
+        why = None
+        if cp == 1:
+            out.append(cp)
+            continue
+        if num_gpus % cp:
+            why = f"does not divide {num_gpus} GPUs."
+        elif seq_len % cp or (seq_len // cp) % (2 * cp):
+            why = (f"seq_len {seq_len} / cp is not a multiple of 2*cp = {2 * cp} (Megatron's causal load "
+                   f"balancing).")
+        elif model.attention_impl not in FLASH_IMPLS:
+            why = "context parallelism needs flash attention."
+        elif platform.device.vendor == "cpu":
+            why = "context parallelism needs GPU peer-to-peer collectives."
+        if why:
+            excl.append({"option": f"cp={cp}" if space.cp is not None else f"cp>={cp}", "values": {"cp": cp},
+                         "reason": why})
+            if space.cp is None:
+                break   # every larger power of two fails the same rule
+            continue
+        out.append(cp)
+    return out
+
+
+def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg, rcs,
+                     rows) -> None:
+    """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
+    sps = [s for s in space.sequence_parallel if not s or (tp > 1 and (seq_len // cp) % tp == 0)]
+    rest = num_gpus // (tp * cp)
+    pps = space.pp or tuple(_divisors(rest))
+    for pp in pps:
+        if rest % pp:
+            continue
+        if pp > L:
+            if (space.pp is not None or pp <= 2 * L) and not any(e["option"] == f"pp={pp}" for e in excl):
+                excl.append({"option": f"pp={pp}", "values": {"pp": pp},
+                             "reason": f"pp={pp} exceeds the {L} layers (one layer per stage at least)."})
+            continue
+        dp = rest // pp
+        if global_batch % dp:
+            cps_ = f", cp={cp}" if cp > 1 else ""
+            vals = {"tp": tp, "pp": pp, "dp": dp, **({"cp": cp} if cp > 1 else {})}
+            excl.append({"option": f"tp={tp}, pp={pp}{cps_} (dp={dp})", "values": vals,
+                         "reason": f"global batch {global_batch} is not a multiple of dp={dp}."})
+            continue
+        per_replica = global_batch // dp
+        mbs = [b for b in (space.micro_batch or _divisors(per_replica))
+               if per_replica % b == 0 and b <= (space.max_micro_batch if space.micro_batch is None else b)]
+        zs = [z for z in space.zero_stage if (z == 0 or dp > 1) and z in fw.zero_stages
+              and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
+        structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
+        if "1f1b" in space.schedules or pp == 1:
+            even = Structure(pp, 1, "1f1b", tuple(split_layers(L, pp)), None)
+            structures_pp.append((sid(even), 1))
+            if space.uneven_splits and pp >= 3:
+                c = split_layers(L + 2, pp)
+                c[0] -= 1
+                c[-1] -= 1
+                if min(c) >= 1 and tuple(c) != even.counts:
+                    structures_pp.append((sid(Structure(pp, 1, "1f1b", tuple(c), tuple(c))), 1))
+        if "gpipe" in space.schedules and pp > 1:
+            structures_pp.append((sid(Structure(pp, 1, "gpipe", tuple(split_layers(L, pp)), None)), 1))
+        inter: list[int] = []
+        if "interleaved" in space.schedules and pp >= 2:
+            cand_v = space.vpp or tuple(range(2, space.max_vpp + 1))
+            for v in cand_v:
+                if v >= 2 and L % (pp * v) == 0:
+                    inter.append(v)
+        for mb in mbs:
+            m = per_replica // mb
+            plist = list(structures_pp) if pp > 1 else [structures_pp[0]]
+            for v in inter:
+                if m % pp == 0:
+                    st = Structure(pp, v, "interleaved", tuple([L // (pp * v)] * (pp * v)), None)
+                    plist.append((sid(st), v))
+            for st_id, _v in plist:
+                for rc in rcs:
+                    rci = RC.index(rc)
+                    for sp in sps:
+                        for z in zs:
+                            rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
+                                         cp))
 
 
 # ------------------------------------------------------------------------------ the search
@@ -406,6 +460,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "sequence_parallel": arr[:, 8].astype(bool), "zero_stage": arr[:, 9],
         "framework": pd.Series(np.array(FRAMEWORKS, dtype=object)[arr[:, 10]], dtype=object),
         "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
+        "cp": arr[:, 13],
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -491,7 +546,8 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   seq_len=int(row["seq_len"]), vpp=int(row["vpp"]), schedule=str(row["schedule"]),
                   recompute=str(row["recompute"]), sequence_parallel=bool(row["sequence_parallel"]),
                   zero_stage=int(row["zero_stage"]), precision=str(row["precision"]),
-                  stage_layers=tuple(int(x) for x in sl.split(",")) if sl else None, **_framework_fields(row))
+                  stage_layers=tuple(int(x) for x in sl.split(",")) if sl else None, **_framework_fields(row),
+                  cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1)
 
 
 def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:
