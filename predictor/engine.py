@@ -422,7 +422,7 @@ class Engine:
         if n == 0:
             return out
         rows = np.asarray(rows, dtype=np.int64)
-        tp_a, pp_a, dp_a, mb_a, _m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
+        tp_a, pp_a, _dp_a, mb_a, _m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
         st_a, rc_a, sp_a, _z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
         cp_a = rows[:, I_CP]
         dpc_a = dp_cp(rows)   # the data-parallel(-with-CP) group: gradients, ZeRO, pipeline stride
