@@ -136,7 +136,8 @@ def print_prediction(pred, console=None) -> None:
     c = console or _console()
     L, m = pred.layout, pred.model
     cps = f" cp{L.cp}" if L.cp > 1 else ""
-    c.print(f"[bold]{m.name}[/bold] on [bold]{pred.platform_id}[/bold]: {L.num_gpus} GPUs, tp{L.tp} pp{L.pp}{cps} dp{L.dp}"
+    c.print(f"[bold]{m.name}[/bold] on [bold]{pred.platform_id}[/bold]: {L.num_gpus} GPUs, "
+            f"tp{L.tp} pp{L.pp}{cps} dp{L.dp}"
             f"{f' vpp{L.vpp}' if L.vpp > 1 else ''}, micro-batch {L.micro_batch}, global batch {L.global_batch} "
             f"({L.num_micro_batches} micro-batches), seq {L.seq_len}, {L.schedule}, recompute {L.recompute}"
             f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}")
