@@ -18,9 +18,10 @@ from .compose import CATEGORIES
 from .paths import clusters_file_arg, json_default
 from .specs import InfeasibleConfig
 
-TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "vpp", "schedule",
+TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "cp", "dp", "micro_batch", "num_micro_batches", "vpp", "schedule",
                  "stage_layers", "recompute", "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s",
-                 "tflops_per_gpu", "mfu", "peak_mem_gib", "compute_s", "tp_comm_s", "pp_comm_s", "dp_comm_s",
+                 "tflops_per_gpu", "mfu", "peak_mem_gib", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s",
+                 "dp_comm_s",
                  "bubble_s", "optimizer_s", "gpu_hours_per_mtok"]
 COST_COLUMNS = ["steps", "days", "gpu_hours", "cost", "cost_per_mtok"]
 
@@ -76,7 +77,7 @@ def cmd_search(a: argparse.Namespace) -> int:
         raise InfeasibleConfig("recompute", f"unknown {bad}.", f"use a subset of {','.join(RC)}.")
     sp = {"both": (False, True), "on": (True,), "off": (False,)}[a.sequence_parallel]
     schedules = tuple(x.strip() for x in a.schedules.split(","))
-    space = SearchSpace(tp=_ints(a.tp, "tp"), pp=_ints(a.pp, "pp"), micro_batch=_ints(a.micro_batch, "micro_batch"),
+    space = SearchSpace(tp=_ints(a.tp, "tp"), pp=_ints(a.pp, "pp"), cp=_ints(a.cp, "cp"), micro_batch=_ints(a.micro_batch, "micro_batch"),
                         max_micro_batch=a.max_micro_batch, vpp=_ints(a.vpp, "vpp"), max_vpp=a.max_vpp,
                         recompute=rc, sequence_parallel=sp,
                         zero_stage=_ints(a.zero_stage, "zero_stage") or (0, 1, 2, 3), schedules=schedules,
@@ -170,13 +171,13 @@ def _print_report(rep, table, cols, a) -> None:
             f"{a.global_batch}, seq {a.seq_len}: {rep.n_enumerated} layouts enumerated, {rep.n_feasible} fit, "
             f"ranked by {rep.objective} in {rep.elapsed_s:.2f} s")
     t = Table(title=f"Top {len(table)} layouts")
-    show = [("rank", "#"), ("num_gpus", "GPUs"), ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("micro_batch", "mb"),
+    show = [("rank", "#"), ("num_gpus", "GPUs"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"), ("micro_batch", "mb"),
             ("vpp", "vpp"), ("stage_layers", "split"), ("recompute", "recomp"), ("sequence_parallel", "SP"),
             ("zero_stage", "ZeRO"), ("step_time_s", "step s"), ("tokens_per_s", "tok/s"),
             ("tflops_per_gpu", "TFLOP/s/GPU"), ("mfu", "MFU"), ("peak_mem_gib", "mem GiB")]
     extra = [(k, lbl) for k, lbl in (("days", "days"), ("gpu_hours", "GPU-h"), ("cost", "cost"),
                                      ("cost_per_mtok", "cost/Mtok")) if k in table.columns]
-    show += extra + [("_bd", "compute / host / tp / pp / dp / bubble / opt (%)")]
+    show += extra + [("_bd", "compute / host / tp / cp / pp / dp / bubble / opt (%)")]
     if a.all:
         show.append(("reason", "reason"))
     for _, lbl in show:
@@ -285,6 +286,8 @@ def add_search_parser(subparsers) -> None:
     g = sp.add_argument_group("search space (default: everything valid)")
     g.add_argument("--tp", help="tensor-parallel degrees to try, e.g. 4,8")
     g.add_argument("--pp", help="pipeline degrees, e.g. 1,2,4")
+    g.add_argument("--cp", help="context-parallel degrees, e.g. 1 (none) or 1,2,4 (default: every power of two that "
+                                "divides the GPUs with seq_len / cp a multiple of 2*cp)")
     g.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,2")
     g.add_argument("--max-micro-batch", type=int, default=16)
     g.add_argument("--vpp", help="virtual stages for the interleaved schedule, e.g. 2,4")

@@ -28,11 +28,12 @@ class _LazyAltair:
 
 alt: Any = _LazyAltair()
 
-CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
+CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
 CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework overhead", "tp_comm": "TP communication",
-                   "pp_comm": "PP communication", "dp_comm": "DP communication", "bubble": "pipeline bubble",
+                   "cp_comm": "CP communication (exposed ring)", "pp_comm": "PP communication", "dp_comm": "DP communication", "bubble": "pipeline bubble",
                    "optimizer": "optimizer step"}
-CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "pp_comm": "#e45756",
+CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "cp_comm": "#ff9da6",
+                   "pp_comm": "#e45756",
                    "dp_comm": "#72b7b2", "bubble": "#bab0ac", "optimizer": "#54a24b"}
 PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured runs)": "#6a1b9a",
                      "transferred": "#1e88e5", "stand-in": "#f9a825", "analytical (calibrated)": "#8d6e63",

@@ -24,7 +24,7 @@ BIND = "query-params"
 
 # The planner's canonical question: Llama-3 70B on 512 H100s.
 DEFAULT_SETUP: dict[str, Any] = {
-    "model": "llama3-70b", "platform": "dgx-h100", "num_gpus": 512, "tp": 8, "pp": 4, "dp": None,
+    "model": "llama3-70b", "platform": "dgx-h100", "num_gpus": 512, "tp": 8, "pp": 4, "cp": 1, "dp": None,
     "micro_batch": 1, "global_batch": 1024, "seq_len": 4096, "schedule": "1f1b", "vpp": 1,
     "recompute": "selective", "sequence_parallel": True, "zero_stage": 1, "precision": "bf16",
     "attention": "flash",
@@ -178,20 +178,23 @@ def platform_key(fields: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- layout
 def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | None = None,
                   show_gpus: bool = True, stage_layers: bool = False, more: str | None = None) -> dict[str, Any]:
-    """TP, PP, DP, micro-batch, global batch, sequence, schedule, virtual stages, recomputation, SP, ZeRO.
+    """TP, PP, CP, DP, micro-batch, global batch, sequence, schedule, virtual stages, recomputation, SP, ZeRO.
     `more`: the label of a collapsed expander that holds everything after the batch sizes."""
     c = container or st
     d = {**DEFAULT_SETUP, **(defaults or {})}
     out: dict[str, Any] = {}
     if show_gpus:
         out["num_gpus"] = c.number_input("GPUs", 1, 1_000_000, d["num_gpus"], key=_k(prefix, "num_gpus"), bind=BIND,
-                                         help="Total GPUs = TP × PP × DP.")
-    a, b, e = c.columns(3)
+                                         help="Total GPUs = TP × PP × CP × DP.")
+    a, b, f, e = c.columns(4)
     out["tp"] = a.number_input("TP", 1, 512, d["tp"], key=_k(prefix, "tp"), bind=BIND, help="Tensor-parallel degree")
     out["pp"] = b.number_input("PP", 1, 512, d["pp"], key=_k(prefix, "pp"), bind=BIND, help="Pipeline stages")
+    out["cp"] = f.number_input("CP", 1, 1024, d.get("cp", 1), key=_k(prefix, "cp"), bind=BIND,
+                               help="Context-parallel degree: each sequence split over CP ranks (Megatron-Core ring "
+                                    "attention); sequence / CP must be a multiple of 2 × CP")
     if show_gpus:
         out["dp"] = e.number_input("DP", 1, 1_000_000, d["dp"], key=_k(prefix, "dp"), bind=BIND, placeholder="auto",
-                                   help="Data-parallel degree; leave empty for GPUs / (TP × PP).")
+                                   help="Data-parallel degree; leave empty for GPUs / (TP × PP × CP).")
     a, b = c.columns(2)
     out["micro_batch"] = a.number_input("Micro-batch", 1, 4096, d["micro_batch"], key=_k(prefix, "micro_batch"),
                                         bind=BIND, help="Sequences per micro-batch per GPU")
@@ -253,6 +256,6 @@ def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], lay
     extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [f"recompute {L.recompute}"] + \
         (["SP"] if L.sequence_parallel else []) + ([f"ZeRO-{L.zero_stage}"] if L.zero_stage else []) + [L.precision] + \
         ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else [])
-    return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × DP {L.dp} · micro-batch "
+    return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × CP {L.cp} × DP {L.dp} · micro-batch "
             f"{L.micro_batch}, global batch {L.global_batch} ({L.num_micro_batches} micro-batches), seq "
             f"{L.seq_len} · {', '.join(extra)} · {fmt.count(L.tokens_per_step)} tokens/step")
