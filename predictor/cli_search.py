@@ -77,7 +77,8 @@ def cmd_search(a: argparse.Namespace) -> int:
         raise InfeasibleConfig("recompute", f"unknown {bad}.", f"use a subset of {','.join(RC)}.")
     sp = {"both": (False, True), "on": (True,), "off": (False,)}[a.sequence_parallel]
     schedules = tuple(x.strip() for x in a.schedules.split(","))
-    space = SearchSpace(tp=_ints(a.tp, "tp"), pp=_ints(a.pp, "pp"), cp=_ints(a.cp, "cp"), micro_batch=_ints(a.micro_batch, "micro_batch"),
+    space = SearchSpace(tp=_ints(a.tp, "tp"), pp=_ints(a.pp, "pp"), cp=_ints(a.cp, "cp"),
+                        micro_batch=_ints(a.micro_batch, "micro_batch"),
                         max_micro_batch=a.max_micro_batch, vpp=_ints(a.vpp, "vpp"), max_vpp=a.max_vpp,
                         recompute=rc, sequence_parallel=sp,
                         zero_stage=_ints(a.zero_stage, "zero_stage") or (0, 1, 2, 3), schedules=schedules,
@@ -171,7 +172,8 @@ def _print_report(rep, table, cols, a) -> None:
             f"{a.global_batch}, seq {a.seq_len}: {rep.n_enumerated} layouts enumerated, {rep.n_feasible} fit, "
             f"ranked by {rep.objective} in {rep.elapsed_s:.2f} s")
     t = Table(title=f"Top {len(table)} layouts")
-    show = [("rank", "#"), ("num_gpus", "GPUs"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"), ("micro_batch", "mb"),
+    show = [("rank", "#"), ("num_gpus", "GPUs"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"),
+            ("micro_batch", "mb"),
             ("vpp", "vpp"), ("stage_layers", "split"), ("recompute", "recomp"), ("sequence_parallel", "SP"),
             ("zero_stage", "ZeRO"), ("step_time_s", "step s"), ("tokens_per_s", "tok/s"),
             ("tflops_per_gpu", "TFLOP/s/GPU"), ("mfu", "MFU"), ("peak_mem_gib", "mem GiB")]

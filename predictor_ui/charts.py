@@ -30,7 +30,8 @@ alt: Any = _LazyAltair()
 
 CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
 CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework overhead", "tp_comm": "TP communication",
-                   "cp_comm": "CP communication (exposed ring)", "pp_comm": "PP communication", "dp_comm": "DP communication", "bubble": "pipeline bubble",
+                   "cp_comm": "CP communication (exposed ring)", "pp_comm": "PP communication",
+                   "dp_comm": "DP communication", "bubble": "pipeline bubble",
                    "optimizer": "optimizer step"}
 CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "cp_comm": "#ff9da6",
                    "pp_comm": "#e45756",

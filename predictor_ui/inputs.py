@@ -256,6 +256,7 @@ def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], lay
     extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [f"recompute {L.recompute}"] + \
         (["SP"] if L.sequence_parallel else []) + ([f"ZeRO-{L.zero_stage}"] if L.zero_stage else []) + [L.precision] + \
         ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else [])
-    return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × CP {L.cp} × DP {L.dp} · micro-batch "
+    return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × CP {L.cp} × DP {L.dp} · "
+            f"micro-batch "
             f"{L.micro_batch}, global batch {L.global_batch} ({L.num_micro_batches} micro-batches), seq "
             f"{L.seq_len} · {', '.join(extra)} · {fmt.count(L.tokens_per_step)} tokens/step")
