@@ -416,6 +416,7 @@ def search_scatter(df: pd.DataFrame, capacity_gib: float | None = None, selected
 def _layout_label(r: pd.Series) -> str:
     parts = [f"TP{int(r['tp'])}" if "tp" in r and pd.notna(r.get("tp")) else "",
              f"PP{int(r['pp'])}" if "pp" in r and pd.notna(r.get("pp")) else "",
+             f"CP{int(r['cp'])}" if "cp" in r and pd.notna(r.get("cp")) and int(r["cp"]) > 1 else "",
              f"DP{int(r['dp'])}" if "dp" in r and pd.notna(r.get("dp")) else "",
              f"mb{int(r['micro_batch'])}" if "micro_batch" in r and pd.notna(r.get("micro_batch")) else ""]
     if "schedule" in r and pd.notna(r.get("schedule")):

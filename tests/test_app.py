@@ -131,7 +131,7 @@ def test_predict_default_page():
     assert "k" in metric(at, "Tokens / s") or metric(at, "Tokens / s").replace(".", "").isdigit()
     assert metric(at, "MFU").endswith("%")
     assert metric(at, "Time to 2T tokens") != "-"
-    assert "512 GPUs = TP 8 × PP 4 × DP 16" in text(at)
+    assert "512 GPUs = TP 8 × PP 4 × CP 1 × DP 16" in text(at)
     mem = metric(at, "Memory / GPU")
     assert mem.endswith("GiB") or mem == "–"
     assert any(m.label == "Data behind it" for m in at.metric)
@@ -159,7 +159,7 @@ def test_predict_from_query_params_and_every_tab():
          "price": 2.5, "tokens_b": 100}
     for view in ("Where the time goes", "Operators", "Pipeline timeline", "Memory", "Data basis", "Export"):
         at = run(query={**q, "view": view})
-        assert "llama3-8b" in text(at) and "16 GPUs = TP 2 × PP 2 × DP 4" in text(at)
+        assert "llama3-8b" in text(at) and "16 GPUs = TP 2 × PP 2 × CP 1 × DP 4" in text(at)
         assert metric(at, "Cost").startswith("$")
         assert "Time to 100B tokens" in [m.label for m in at.metric]
     # the last run opened Export: the operator table is there
@@ -531,3 +531,17 @@ def test_the_projects_streamlit_config_turns_the_file_watcher_off():
     import tomllib
     cfg = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text())
     assert cfg["server"]["fileWatcherType"] == "none" and cfg["server"]["runOnSave"] is False
+
+
+def test_predict_context_parallel_input_from_the_url():
+    """The CP input sits beside TP / PP / DP, is bound to the URL, and its layout is predicted (cp_comm shown)."""
+    q = {"model": "llama3-70b", "platform": "dgx-h100", "num_gpus": 64, "tp": 8, "pp": 4, "cp": 2,
+         "global_batch": 32, "seq_len": 8192, "view": "Where the time goes"}
+    at = run(query=q)
+    assert at.number_input(key="cp").value == 2
+    assert "64 GPUs = TP 8 × PP 4 × CP 2 × DP 1" in text(at)
+    assert STEP_RE.match(metric(at, "Step time"))
+    at = run(query={**q, "seq_len": 2048, "cp": 32, "num_gpus": 1024})   # 2048 / 32 = 64 = 2 x 32: valid
+    assert not at.exception
+    at = run(query={**q, "seq_len": 1024, "cp": 32, "num_gpus": 1024})   # 1024 / 32 = 32, not a multiple of 64
+    assert any("`cp`" in x.value and "How to fix" in x.value for x in at.warning)

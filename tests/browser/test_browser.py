@@ -101,7 +101,7 @@ def test_predict_first_paint_interactions_and_infeasible(server, page):
 
     # a later interaction: TP 8 -> 4 (the caption and the URL follow)
     dt = timed_change(page, lambda: set_number(page, "TP", 4),
-                      "() => document.body.innerText.includes('TP 4 × PP 4 × DP 32')")
+                      "() => document.body.innerText.includes('TP 4 × PP 4 × CP 1 × DP 32')")
     TIMINGS["predict_change_tp_s"] = dt
     page.wait_for_function("() => location.search.includes('tp=4')", timeout=10_000)
     step2 = harness.metric_value(page, "Step time")
@@ -154,7 +154,7 @@ def test_predict_shareable_url(server, page):
     harness.wait_idle(page, 60_000)
     TIMINGS["predict_from_shared_url_s"] = time.perf_counter() - t0
     body = page.inner_text("body")
-    assert "llama3-8b" in body and "16 GPUs = TP 2 × PP 2 × DP 4" in body
+    assert "llama3-8b" in body and "16 GPUs = TP 2 × PP 2 × CP 1 × DP 4" in body
     no_errors(page)
     shot(page, "predict_shared_url_memory")
 
