@@ -42,9 +42,11 @@ def test_search_and_predict_are_one_engine_in_fp8(name, platform, n, gb, seq, fw
 def _search_and_predict_agree(name, platform, n, gb, seq, fw, precision):
     P = get_predictor(platform)
     model = get_preset(name)
+    # the default space enumerates context parallelism too (cp = 1, 2, 4, ... where valid)
     rep = search(model, P, n, gb, seq, top_k=1, refine=False,
                  space=SearchSpace(framework=fw, schedules=("1f1b", "interleaved", "gpipe"), precision=precision))
     t = rep.table
+    assert (t["cp"] > 1).any() == (model.attention_impl in ("flash", "triton"))
     assert len(t) >= 50
     rng = np.random.default_rng(7)
     for i in rng.choice(len(t), size=50, replace=False):
@@ -69,8 +71,8 @@ def test_predict_batch_equals_predict():
     items = []
     while len(items) < 60:
         model = get_preset(str(rng.choice(["llama3-8b", "gpt3-1.3b", "llama2-13b"])))
-        tp, pp, dp, mb = (int(rng.choice(v)) for v in ([1, 2, 4, 8], [1, 2, 4], [1, 2, 8], [1, 2]))
-        L = Layout(num_gpus=tp * pp * dp, tp=tp, pp=pp, dp=dp, micro_batch=mb, global_batch=mb * dp * 4,
+        tp, pp, dp, mb, cp = (int(rng.choice(v)) for v in ([1, 2, 4, 8], [1, 2, 4], [1, 2, 8], [1, 2], [1, 1, 2, 4]))
+        L = Layout(num_gpus=tp * pp * cp * dp, tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb, global_batch=mb * dp * 4,
                    seq_len=int(rng.choice([1024, 4096])), recompute=str(rng.choice(["none", "full"])),
                    zero_stage=int(rng.choice([0, 1])), framework=str(rng.choice(FRAMEWORKS)))
         try:
