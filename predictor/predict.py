@@ -474,7 +474,7 @@ class Predictor:
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
             key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
-                   int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute))
+                   int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp)
             lay = self.engine._parts[key].layer
             per_pass = lay.fc + lay.ft
             if per_pass < SHORT_LAYER_PASS_S:
