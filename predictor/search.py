@@ -317,7 +317,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
         per_replica = global_batch // dp
         mbs = [b for b in (space.micro_batch or _divisors(per_replica))
                if per_replica % b == 0 and b <= (space.max_micro_batch if space.micro_batch is None else b)]
-        zs = [z for z in space.zero_stage if (z == 0 or dp > 1) and z in fw.zero_stages
+        zs = [z for z in space.zero_stage if (z == 0 or dp * cp > 1) and z in fw.zero_stages
               and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
         structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
         if "1f1b" in space.schedules or pp == 1:
