@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     from predictor.presets import get_preset
     from predictor.search import search
     rep = search(get_preset("llama3-70b"), "dgx-a100-80gb", 1024, 1024, 4096, top_k=5)
-    cols = ["rank", "tp", "pp", "dp", "micro_batch", "vpp", "schedule", "stage_layers", "recompute",
+    cols = ["rank", "tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "stage_layers", "recompute",
             "sequence_parallel", "zero_stage", "step_time_s", "mfu", "peak_mem_gib", "compute_s", "tp_comm_s",
-            "pp_comm_s", "dp_comm_s", "bubble_s"]
+            "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s"]
     print("\n== 4. llama3-70b on 1,024 dgx-a100-80gb GPUs, global batch 1,024, seq 4,096: top 5 ==")
     print(rep.feasible[cols].head(5).to_string(**fmt))
     print(rep.rejection_summary().to_string(index=False, max_colwidth=110))
