@@ -78,11 +78,15 @@ def visible_breakdown(breakdown: dict[str, float], host_modelled: bool = True) -
     return {k: v for k, v in breakdown.items() if k != "host_overhead"}
 
 
-def breakdown_table(breakdown: dict[str, float], step_time_s: float, host_modelled: bool = True) -> pd.DataFrame:
+def breakdown_table(breakdown: dict[str, float], step_time_s: float, host_modelled: bool = True,
+                    cp: int | None = None) -> pd.DataFrame:
     """One row per category (category_id, category, seconds, share, note) in the fixed order; the host
-    overhead's seconds are empty (NaN, null in JSON) with a note where it is not modelled."""
+    overhead's seconds are empty (NaN, null in JSON) with a note where it is not modelled. With `cp` = 1 (a
+    layout without context parallelism) the CP row is left out: there is no ring, not a measured zero."""
     rows = []
     for k in sorted(breakdown, key=lambda c: CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else 99):
+        if k == "cp_comm" and cp == 1:
+            continue
         v = breakdown[k]
         note = ""
         if k == "host_overhead":

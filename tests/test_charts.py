@@ -491,3 +491,10 @@ def test_html_table_formats_and_escapes():
     assert "a&lt;b" in h and "12.3 ms" in h and "50%" in h
     assert h.count("<tr>") == 3 and h.count("–") == 2  # header + 2 rows; missing values read "–"
     assert 'text-align:right' in h  # numbers right-aligned
+
+
+def test_breakdown_table_leaves_out_the_cp_row_without_context_parallelism():
+    bd = {"compute": 1.0, "tp_comm": 0.2, "cp_comm": 0.0, "pp_comm": 0.1}
+    assert "cp_comm" not in set(charts.breakdown_table(bd, 1.3, cp=1)["category_id"])
+    assert "cp_comm" in set(charts.breakdown_table({**bd, "cp_comm": 0.05}, 1.35, cp=2)["category_id"])
+    assert "cp_comm" in set(charts.breakdown_table(bd, 1.3)["category_id"])  # unknown cp (Compare): all rows
