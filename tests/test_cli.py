@@ -29,6 +29,7 @@ def test_predict_table_mentions_provenance(capsys):
                  "--sequence-parallel", "--global-batch", "8"]) == 0
     out = capsys.readouterr().out
     assert "step time" in out and "rests on:" in out and "tp_comm" in out
+    assert "cp_comm" not in out  # no context parallelism: no CP row
 
 
 def test_predict_table_prints_each_warning_once_after_the_tables(capsys):
