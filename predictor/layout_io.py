@@ -17,8 +17,9 @@ OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gat
                           "model", "name", "tied_embeddings", "cp", "head_dim")
 
 DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
-  kv_heads = heads (MHA); head_dim = hidden/heads; ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
-  vocab = 50257; seq_len = 2048; tp = pp = cp = 1; dp = num_gpus/(tp*pp*cp); num_gpus = tp*pp*cp*dp;
+  kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
+  head_dim = hidden/heads (set it where heads*head_dim != hidden, e.g. Qwen3's 128); vocab = 50257;
+  seq_len = 2048; tp = pp = cp = 1; dp = num_gpus/(tp*pp*cp); num_gpus = tp*pp*cp*dp;
   micro_batch = 1; global_batch = micro_batch*dp; vpp = 1; schedule = 1f1b (interleaved when vpp > 1);
   recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash;
   framework = megatron (megatron, megatron-deepspeed, deepspeed, fsdp, ddp: when the data-parallel traffic runs
