@@ -17,7 +17,7 @@ ALIGN_ELEMENTS = 8
 def unaligned_dims(model: ModelSpec, layout: Layout) -> dict[str, int]:
     """GEMM dimensions of one rank that are not multiples of 8 elements: name -> size."""
     tp = layout.tp
-    dims = {"head dimension (hidden / heads)": model.head_dim,
+    dims = {"head dimension (hidden / heads)": model.head_size,
             "hidden per TP rank": model.hidden_size // tp if model.hidden_size % tp == 0 else model.hidden_size,
             "FFN width per TP rank": model.ffn // tp if model.ffn % tp == 0 else model.ffn}
     return {k: v for k, v in dims.items() if v % ALIGN_ELEMENTS}

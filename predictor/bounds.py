@@ -17,6 +17,7 @@ BOUNDS: dict[str, tuple[int, str]] = {
     "hidden": (2 ** 17, "the widest published LLMs have hidden 16,384-25,600; 131,072 is 5x that"),
     "heads": (2 ** 14, "the most attention heads published are a few hundred; 16,384 is far beyond"),
     "kv_heads": (2 ** 14, "kv_heads cannot exceed heads (at most 16,384)"),
+    "head_dim": (2 ** 12, "published attention head dimensions are 64-256; 4,096 is 16x that"),
     "ffn_hidden": (2 ** 19, "the MLP width is at most a few times the hidden size (at most 4 x 131,072)"),
     "vocab": (2 ** 22, "the largest vocabularies in use hold about 256k tokens; 4,194,304 is 16x that"),
     "seq_len": (2 ** 22, "the longest training contexts published are about 1M tokens; 4,194,304 is 4x that"),

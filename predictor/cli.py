@@ -112,7 +112,7 @@ def cmd_models(a: argparse.Namespace) -> int:
     for n in list_presets():
         m = get_preset(n)
         rows.append({"model": n, "arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
-                     "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size,
+                     "kv_heads": m.kv_heads, "head_dim": m.head_size, "ffn_hidden": m.ffn, "vocab": m.vocab_size,
                      "params_b": round(m.total_params() / 1e9, 2)})
     if a.json:
         print(json.dumps(rows, indent=2))
@@ -127,7 +127,7 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
     keys = ["model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
-            "overlap_param_gather", "cp"]
+            "overlap_param_gather", "cp", "head_dim"]
     return {k: getattr(a, k, None) for k in keys}
 
 
@@ -324,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len", "num-gpus", "tp", "pp",
                  "dp", "micro-batch", "global-batch", "vpp", "zero-stage"):
         sp.add_argument(f"--{name}", type=int)
+    sp.add_argument("--head-dim", type=int, dest="head_dim",
+                    help="attention head dimension when it is not hidden / heads (Qwen3: 128); default hidden / heads")
     sp.add_argument("--cp", type=int, help="context-parallel degree: each micro-batch's sequence split over cp "
                                            "ranks, Megatron-Core ring attention (default 1; num_gpus = tp*pp*cp*dp)")
     sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])

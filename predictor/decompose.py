@@ -24,20 +24,27 @@ from dataclasses import dataclass, field, replace
 
 from . import params
 from .frameworks import get_framework
-from .ops import SHAPE_COLUMNS
+from .ops import OP_SHAPE_COLUMNS, SHAPE_COLUMNS
 from .platforms import Platform
 from .specs import BYTES_PER_ELEMENT, FLASH_IMPLS, Layout, ModelSpec, grad_comm_bytes
 from .terms import TRITON_ATTENTION_FACTOR
 
-Shape = tuple  # values in ops.SHAPE_COLUMNS order, None where unused
+Shape = tuple  # values in ops.SHAPE_COLUMNS order, None where unused (+ head_dim where decoupled)
 Topology = tuple[int, int, int]  # (ranks, nodes, gpus_per_node) of a communication group
 
 
 def make_shape(**kw: int | None) -> Shape:
-    unknown = set(kw) - set(SHAPE_COLUMNS)
+    """Values in SHAPE_COLUMNS order; a `head_dim` (decoupled from hidden / heads) adds an 11th value."""
+    unknown = set(kw) - set(OP_SHAPE_COLUMNS)
     if unknown:
         raise KeyError(f"unknown shape columns {sorted(unknown)}")
-    return tuple(kw.get(c) for c in SHAPE_COLUMNS)
+    shp = tuple(kw.get(c) for c in SHAPE_COLUMNS)
+    return shp + (kw["head_dim"],) if kw.get("head_dim") is not None else shp
+
+
+def _hd(model: ModelSpec) -> dict[str, int]:
+    """The head_dim shape column where it is decoupled from hidden / heads (else none: shapes as before)."""
+    return {"head_dim": model.head_size} if model.head_dim_decoupled else {}
 
 
 @dataclass(frozen=True)
@@ -182,8 +189,9 @@ def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: i
         # runs TRITON_ATTENTION_FACTOR times longer than FlashAttention-2
         k = TRITON_ATTENTION_FACTOR if model.attention_impl == "triton" else 1.0
         return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
-                                                        kv_heads=model.kv_heads), cp, phase, "layer", scale=k)]
-    shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads)
+                                                        kv_heads=model.kv_heads, **_hd(model)), cp, phase, "layer",
+                       scale=k)]
+    shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, **_hd(model))
     # the fused softmax kernel was sampled per rank (tp = 1, heads already divided)
     shp_sm = make_shape(tp=1, batch=b, seq=s, heads=model.num_heads // tp)
     return [OpCall("attn_scores", "fwd", shp, 1, phase, "layer"),
@@ -198,12 +206,15 @@ def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_byte
     shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
     ops = [OpCall(_norm(model), "fwd", shp_norm, 2, phase, "layer"),
            OpCall("qkv_proj", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
-                                                 kv_heads=model.kv_heads), 1, phase, "layer")]
+                                                 kv_heads=model.kv_heads, **_hd(model)), 1, phase, "layer")]
     if model.arch == "llama":
-        ops.append(OpCall("rope", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads), 1,
-                          phase, "layer"))
+        ops.append(OpCall("rope", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
+                                                    **_hd(model)), 1, phase, "layer"))
     ops += _attention_core(model, tp, b, s, phase, cp)
-    ops.append(OpCall("attn_out_proj", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h), 1, phase, "layer"))
+    # the output projection's input is heads * head_dim wide (= hidden unless head_dim is decoupled)
+    out_shp = (make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, **_hd(model))
+               if model.head_dim_decoupled else make_shape(tp=tp, batch=b, seq=s, hidden=h))
+    ops.append(OpCall("attn_out_proj", "fwd", out_shp, 1, phase, "layer"))
     ops.append(OpCall("res_add", "fwd", shp_norm, 2, phase, "layer"))
     mlp = make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=model.ffn)
     if model.arch == "llama":
@@ -237,7 +248,7 @@ def cp_kv_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, preci
     """Bytes of one context-parallel ring step: this rank's K and V block, 2 x [b, seq_len/cp, kv heads per
     tp rank x head_dim] (kv heads replicated where tp > kv_heads)."""
     kv_r = max(model.kv_heads // tp, 1)
-    return 2 * micro_batch * (seq_len // cp) * kv_r * model.head_dim * BYTES_PER_ELEMENT[precision]
+    return 2 * micro_batch * (seq_len // cp) * kv_r * model.head_size * BYTES_PER_ELEMENT[precision]
 
 
 def cp_comms(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precision: str, cp: int,

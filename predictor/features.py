@@ -94,7 +94,7 @@ COLLECTIVE_FEATURES = ("log2_msg", "log2_wire_bytes", "ranks", "nodes", "gpus_pe
 
 
 # --------------------------------------------------------------------------- shapes
-_KEY_COLUMNS = (*ops.SHAPE_COLUMNS, "variant")
+_KEY_COLUMNS = (*ops.OP_SHAPE_COLUMNS, "variant")
 
 
 def _scalar(v: Any) -> float:
@@ -135,9 +135,11 @@ def scalar_row(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, Any] | Non
 def arrays_from_shapes(shapes: list[tuple], variant: str | None = None) -> dict[str, np.ndarray]:
     """`shape_arrays` of shape tuples (values in ops.SHAPE_COLUMNS order, None = NULL), all with one
     optimizer `variant`: the fast path of the predictor (no pandas)."""
-    a = np.array([[np.nan if v is None else v for v in shp] for shp in shapes], dtype="float64")
-    a = a.reshape(len(shapes), len(ops.SHAPE_COLUMNS))
-    out = {c: a[:, j] for j, c in enumerate(ops.SHAPE_COLUMNS)}
+    n_cols = len(ops.OP_SHAPE_COLUMNS)  # a tuple without the trailing head_dim has it NULL
+    a = np.array([[np.nan if v is None else v for v in shp] + [np.nan] * (n_cols - len(shp)) for shp in shapes],
+                 dtype="float64")
+    a = a.reshape(len(shapes), n_cols)
+    out = {c: a[:, j] for j, c in enumerate(ops.OP_SHAPE_COLUMNS)}
     out["variant"] = np.full(len(shapes), OPTIMIZER_VARIANTS.get(variant, 0.0) if variant else 0.0)
     return out
 
@@ -154,7 +156,7 @@ def shape_arrays(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarr
     row = scalar_row(shapes) if not _is_frame(shapes) or len(shapes) == 1 else None
     out: dict[str, np.ndarray]
     if row is not None:  # fast path: one row of scalars
-        out = {c: np.array([np.nan if row[c] is None else row[c]], dtype="float64") for c in ops.SHAPE_COLUMNS}
+        out = {c: np.array([np.nan if row[c] is None else row[c]], dtype="float64") for c in ops.OP_SHAPE_COLUMNS}
         out["variant"] = np.array([OPTIMIZER_VARIANTS.get(row["variant"], 0.0) if row["variant"] else 0.0])
         return out
     if _is_frame(shapes):
@@ -165,7 +167,7 @@ def shape_arrays(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, np.ndarr
         n = max((len(v) for v in vals), default=1)
         get = shapes.get
     out = {}
-    for c in (*ops.SHAPE_COLUMNS, "variant"):
+    for c in (*ops.OP_SHAPE_COLUMNS, "variant"):
         v = get(c)
         if c == "variant":
             if v is None:
@@ -204,10 +206,12 @@ def _dims(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     V = _fill(a["vocab"], float(DEFAULT_VOCAB))
     m = VOCAB_PAD_MULTIPLE * tp
     Vp = np.ceil(V / m) * m
-    hd = h / H
+    # head_dim: NULL (every sample, every model whose heads * head_dim = hidden) = hidden / heads
+    hd = _fill(a["head_dim"], h / H) if "head_dim" in a else h / H
     Hr = H / tp
     KVr = np.maximum(kv / tp, 1.0)
-    return dict(tp=tp, b=b, l=l, h=h, H=H, kv=kv, ffn=ffn, V=V, Vp=Vp, Vpr=Vp / tp, hd=hd, Hr=Hr, KVr=KVr)
+    return dict(tp=tp, b=b, l=l, h=h, H=H, kv=kv, ffn=ffn, V=V, Vp=Vp, Vpr=Vp / tp, hd=hd, Hr=Hr, KVr=KVr,
+                hd_given=a["head_dim"] if "head_dim" in a else np.full_like(h, np.nan))
 
 
 def optimizer_params(a: dict[str, np.ndarray]) -> np.ndarray:
@@ -231,8 +235,9 @@ def gemm_mnk(op: str, d: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
     if op == "qkv_proj":
         qkv_width = np.where(np.isnan(d["H"]), 3.0 * d["h"] / d["tp"], (d["Hr"] + 2.0 * d["KVr"]) * d["hd"])
         return M, qkv_width, d["h"], one
-    if op == "attn_out_proj":
-        return M, d["h"], d["h"] / d["tp"], one
+    if op == "attn_out_proj":  # input heads/tp * head_dim wide (hidden/tp unless head_dim is decoupled)
+        k_in = np.where(np.isnan(d["hd_given"]), d["h"] / d["tp"], d["Hr"] * d["hd"])
+        return M, d["h"], k_in, one
     if op == "mlp_up":
         return M, d["ffn"] / d["tp"], d["h"], one
     if op == "mlp_down":

@@ -14,11 +14,12 @@ BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
 OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "attention", "stage_layers",
-                          "model", "name", "tied_embeddings", "cp")
+                          "model", "name", "tied_embeddings", "cp", "head_dim")
 
 DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
   kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
-  vocab = 50257; seq_len = 2048; tp = pp = cp = 1; dp = num_gpus/(tp*pp*cp); num_gpus = tp*pp*cp*dp;
+  head_dim = hidden/heads (set it where heads*head_dim != hidden, e.g. Qwen3's 128); vocab = 50257;
+  seq_len = 2048; tp = pp = cp = 1; dp = num_gpus/(tp*pp*cp); num_gpus = tp*pp*cp*dp;
   micro_batch = 1; global_batch = micro_batch*dp; vpp = 1; schedule = 1f1b (interleaved when vpp > 1);
   recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash;
   framework = megatron (megatron, megatron-deepspeed, deepspeed, fsdp, ddp: when the data-parallel traffic runs
@@ -89,7 +90,8 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
         m = get_preset(preset)
         over: dict[str, Any] = {k: _int(row, f) for k, f in (("num_layers", "layers"), ("hidden_size", "hidden"),
                                               ("num_heads", "heads"), ("num_kv_heads", "kv_heads"),
-                                              ("ffn_hidden_size", "ffn_hidden"), ("vocab_size", "vocab"))
+                                              ("ffn_hidden_size", "ffn_hidden"), ("vocab_size", "vocab"),
+                                              ("head_dim", "head_dim"))
                 if not _blank(row.get(f))}
         if attention:
             over["attention_impl"] = attention
@@ -111,7 +113,7 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
         ffn = 4 * hidden if arch == "gpt" else llama_ffn(hidden)
     m = ModelSpec(name=_str(row, "name", f"custom-{arch}"), arch=arch, num_layers=_required_int(row, "layers"),
                   hidden_size=hidden, num_heads=_required_int(row, "heads"), num_kv_heads=_int(row, "kv_heads"),
-                  ffn_hidden_size=ffn,
+                  ffn_hidden_size=ffn, head_dim=_int(row, "head_dim"),
                   vocab_size=_int(row, "vocab", 50257),
                   tied_embeddings=_bool(row, "tied_embeddings", arch == "gpt"),
                   attention_impl=attention or "flash")

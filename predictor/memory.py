@@ -201,7 +201,7 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     `flash` (flash attention's fp32 logsumexp, split over tp), `input` (the layer input)."""
     s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
     e = BYTES_PER_ELEMENT[precision]
-    a, hd = model.num_heads, model.head_dim
+    a, hd = model.num_heads, model.head_size
     kv_r = max(model.kv_heads / t, 1.0)  # kv heads per rank (replicated when tp > kv_heads)
     ffn = model.ffn
     sbh = s * b * h
@@ -292,7 +292,7 @@ def cp_ring_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     if cp <= 1:
         return 0.0
     kv_r = max(model.kv_heads / tp, 1.0)
-    return 2.0 * micro_batch * (seq_len // cp) * kv_r * model.head_dim * BYTES_PER_ELEMENT[precision]
+    return 2.0 * micro_batch * (seq_len // cp) * kv_r * model.head_size * BYTES_PER_ELEMENT[precision]
 
 
 # ------------------------------------------------------------------------------------ pipelines

@@ -14,6 +14,11 @@ Shape columns (all integers, NULL where an op does not use them):
   layers      transformer layers (optimizer samples: layers held by the stage)
   params      parameters the op touches on one GPU (optimizer), else NULL
 
+Decomposition-only column (OP_SHAPE_COLUMNS; not stored, samples never carry it):
+  head_dim    attention head dimension where it is decoupled from hidden / heads (Qwen3); absent or
+              NULL = hidden / heads. A decomposition shape tuple carries it as an 11th value only then,
+              so every shape of a model without a decoupled head_dim is exactly as before.
+
 Passes: "fwd", "bwd", and "step" for the optimizer.
 """
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SHAPE_COLUMNS = ("tp", "batch", "seq", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "layers", "params")
+OP_SHAPE_COLUMNS = (*SHAPE_COLUMNS, "head_dim")
 PASSES = ("fwd", "bwd", "step")
 
 

@@ -27,7 +27,7 @@ def padded_vocab(vocab_size: int, tp: int = 1, multiple: int = 128) -> int:
 
 def qkv_width(model: ModelSpec) -> int:
     """Output width of the fused QKV projection: (heads + 2 * kv_heads) * head_dim."""
-    return (model.num_heads + 2 * model.kv_heads) * model.head_dim
+    return (model.num_heads + 2 * model.kv_heads) * model.head_size
 
 
 def layer_norm_params(model: ModelSpec) -> int:
@@ -39,7 +39,7 @@ def layer_matmul_params(model: ModelSpec) -> int:
     """Weights of the matrix multiplications of one layer (what model FLOPs count)."""
     h = model.hidden_size
     mlp = (3 if model.arch == "llama" else 2) * h * model.ffn
-    return h * qkv_width(model) + h * h + mlp
+    return h * qkv_width(model) + model.attn_width * h + mlp  # QKV, output projection (heads*head_dim -> h), MLP
 
 
 def layer_params(model: ModelSpec) -> int:

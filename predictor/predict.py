@@ -144,7 +144,10 @@ def model_flops_per_step(model: ModelSpec, layout: Layout) -> float:
     """Model FLOPs of one step (forward + backward = 3x forward, no recomputation), counting
     every matmul including attention scores (Megatron's convention, causal mask not discounted)."""
     h, s, L = model.hidden_size, layout.seq_len, model.num_layers
-    per_token_fwd = 2 * L * layer_matmul_params(model) + 2 * 2 * L * s * h + 2 * h * padded_vocab(model.vocab_size)
+    # attention scores and context: 2 matmuls of s x (heads * head_dim) per token (= s x h unless head_dim is
+    # decoupled from hidden / heads)
+    per_token_fwd = (2 * L * layer_matmul_params(model) + 2 * 2 * L * s * model.attn_width
+                     + 2 * h * padded_vocab(model.vocab_size))
     return 3.0 * per_token_fwd * layout.tokens_per_step
 
 

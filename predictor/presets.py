@@ -21,6 +21,18 @@ _PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("mistral-7b", "llama", 32, 4096, 32, 8, 14336, 32000, tied_embeddings=False),
     # Llemma-7B (Azerbayev et al. 2023), the paper's worked example, trained with GPT-NeoX
     ModelSpec("llemma-7b", "llama", 32, 4096, 32, 32, 11008, 32016, tied_embeddings=False),
+    # Qwen3 dense (RMSNorm, RoPE, SwiGLU, GQA, QK-norm not counted: 2*128 gains per layer), head_dim 128
+    # decoupled from hidden / heads. Qwen3-8B: the Qwen/Qwen3-8B config.json (36 layers, hidden 4096, 32 heads,
+    # 8 KV heads, head_dim 128, intermediate 12288, vocab 151936, untied), as copied in
+    # huggingface.co/thejaminator/qwen-hook-layer-9 commit 478fb72 ("Copy config.json from Qwen/Qwen3-8B").
+    ModelSpec("qwen3-8b", "llama", 36, 4096, 32, 8, 12288, 151936, tied_embeddings=False, head_dim=128),
+    # Qwen3-32B: 64 layers, hidden 5120, 64 heads (64 x 128 = 8192 != 5120), 8 KV heads, head_dim 128,
+    # intermediate 25600, vocab 151936, untied: Ascend MindSpeed-RL configs/model/qwen3_32b.yaml
+    # (num_attention_heads 64, num_query_groups 8, kv_channels 128, ffn_hidden_size 25600, padded_vocab_size
+    # 151936, untie_embeddings_and_output_weights) and a Qwen3-32B config.json copy
+    # (huggingface.co/ronnywebdevs1/d-m-1). Published size 32.8B (Qwen/Qwen3-32B model card, as quoted in
+    # github.com/daniel-p-green/alain-ai-learning-platform out/research-qwen-qwen3-32b/README.md).
+    ModelSpec("qwen3-32b", "llama", 64, 5120, 64, 8, 25600, 151936, tied_embeddings=False, head_dim=128),
 ]}
 
 

@@ -73,6 +73,9 @@ class ModelSpec:
     vocab_size: int = 50257
     tied_embeddings: bool = True
     attention_impl: str = "flash"
+    # Attention head dimension; None = hidden_size // num_heads. Qwen3 decouples it (heads * head_dim != hidden):
+    # the QKV projection is hidden -> (heads + 2*kv_heads) * head_dim, the output projection heads*head_dim -> hidden.
+    head_dim: int | None = None
 
     @property
     def kv_heads(self) -> int:
@@ -83,8 +86,20 @@ class ModelSpec:
         return self.ffn_hidden_size or 4 * self.hidden_size
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+    def head_size(self) -> int:
+        """The attention head dimension in use: `head_dim`, or hidden_size // num_heads when it is None."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def attn_width(self) -> int:
+        """Width of the attention's query / output projection side: heads * head dimension (= hidden unless
+        head_dim is decoupled)."""
+        return self.num_heads * self.head_size
+
+    @property
+    def head_dim_decoupled(self) -> bool:
+        """Whether heads * head_dim differs from hidden (the operator shapes then carry head_dim)."""
+        return self.attn_width != self.hidden_size
 
     def params_per_layer(self) -> int:
         """Parameters of one transformer layer (weights and biases/norm gains); see predictor.params."""
@@ -104,13 +119,26 @@ class ModelSpec:
             if not isinstance(v, int) or v <= 0:
                 raise InfeasibleConfig(_flag(name), f"must be a positive integer, got {v!r}.")
             check_bound(_flag(name), v)
-        for name in ("num_kv_heads", "ffn_hidden_size"):
+        for name in ("num_kv_heads", "ffn_hidden_size", "head_dim"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
                 raise InfeasibleConfig(_flag(name), f"must be a positive integer, got {v!r}.")
             if v is not None:
                 check_bound(_flag(name), v)
-        if self.hidden_size % self.num_heads:
+        if self.head_dim is not None:
+            if self.head_dim <= 0:
+                raise InfeasibleConfig("head_dim", f"must be a positive integer, got {self.head_dim!r}.",
+                                       "leave it empty for hidden / heads, or give the model's head dimension "
+                                       "(e.g. 128).")
+            if self.head_dim % 8:
+                raise InfeasibleConfig("head_dim", f"head_dim {self.head_dim} is not a multiple of 8 (attention "
+                                                   "kernels need it).", "use a multiple of 8, e.g. 64 or 128.")
+            if self.num_heads * self.head_dim > 4 * self.hidden_size:
+                raise InfeasibleConfig(
+                    "head_dim", f"heads * head_dim = {self.num_heads} * {self.head_dim} = "
+                                f"{self.num_heads * self.head_dim} is over 4 x hidden ({4 * self.hidden_size}).",
+                    f"check heads and head_dim; hidden / heads = {self.hidden_size / self.num_heads:g}.")
+        elif self.hidden_size % self.num_heads:
             raise InfeasibleConfig(
                 "hidden", f"hidden size {self.hidden_size} is not divisible by heads {self.num_heads}.",
                 "choose hidden and heads so that hidden / heads is an integer head dimension.")
@@ -297,7 +325,8 @@ class Layout:
 
 def _flag(name: str) -> str:
     return {"num_layers": "layers", "hidden_size": "hidden", "num_heads": "heads",
-            "num_kv_heads": "kv_heads", "ffn_hidden_size": "ffn_hidden", "vocab_size": "vocab"}.get(name, name)
+            "num_kv_heads": "kv_heads", "ffn_hidden_size": "ffn_hidden", "vocab_size": "vocab",
+            "head_dim": "head_dim"}.get(name, name)
 
 
 def with_changes(obj: Any, **changes: Any) -> Any:

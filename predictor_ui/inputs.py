@@ -30,7 +30,7 @@ DEFAULT_SETUP: dict[str, Any] = {
     "attention": "flash",
 }
 CUSTOM_MODEL_DEFAULT = {"arch": "llama", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
-                        "ffn_hidden": 14336, "vocab": 128256}
+                        "ffn_hidden": 14336, "vocab": 128256, "head_dim": None}
 CUSTOM_CLUSTER_DEFAULT = {"c_name": "my-cluster", "c_device": "h100-sxm5-80gb", "c_gpn": 8, "c_intra_bw": 450.0,
                           "c_intra_lat": 8.0, "c_inter_bw": 50.0, "c_inter_lat": 10.0, "c_models": "auto"}
 TARGET_DEFAULT = {"tokens_b": 2000.0, "price": None}
@@ -52,7 +52,7 @@ def _fill_custom_from_preset(prefix: str) -> None:
         return
     m = get_preset(last)
     vals = {"arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
-            "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size}
+            "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size, "head_dim": m.head_dim}
     for f, v in vals.items():
         st.session_state[_k(prefix, f)] = v
 
@@ -84,12 +84,16 @@ def model_inputs(prefix: str = "", container=None, default: str | None = None) -
     heads = a.number_input("Heads", 1, 1024, d["heads"], key=_k(prefix, "heads"), bind=BIND)
     kv = b.number_input("KV heads", 1, 1024, d["kv_heads"], key=_k(prefix, "kv_heads"), bind=BIND,
                         help="Key/value heads: = heads for multi-head attention, fewer for grouped-query attention.")
-    ffn = a.number_input("FFN hidden", 0, 1_000_000, d["ffn_hidden"], step=256, key=_k(prefix, "ffn_hidden"),
+    head_dim = a.number_input("Head dim", min_value=1, max_value=4096, value=d["head_dim"], step=8,
+                              key=_k(prefix, "head_dim"), bind=BIND, placeholder="hidden / heads",
+                              help="Attention head dimension. Blank = hidden / heads; set it where heads x head dim "
+                                   "differs from hidden (Qwen3: 128).")
+    ffn = b.number_input("FFN hidden", 0, 1_000_000, d["ffn_hidden"], step=256, key=_k(prefix, "ffn_hidden"),
                          bind=BIND, help="MLP inner width (each of gate and up for SwiGLU). 0 = the architecture's "
                                          f"rule (4·hidden for gpt, {llama_ffn(4096)} for a 4096 llama).")
-    vocab = b.number_input("Vocabulary", 1, 2_000_000, d["vocab"], key=_k(prefix, "vocab"), bind=BIND)
+    vocab = a.number_input("Vocabulary", 1, 2_000_000, d["vocab"], key=_k(prefix, "vocab"), bind=BIND)
     return {"arch": arch, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
-            "ffn_hidden": ffn or None, "vocab": vocab, "name": "custom"}
+            "ffn_hidden": ffn or None, "vocab": vocab, "head_dim": head_dim, "name": "custom"}
 
 
 # --------------------------------------------------------------------------- platform
