@@ -29,7 +29,6 @@ H100_FP8_PEAK_FLOPS = 1978.9e12  # dense FP8 tensor-core peak of H100 SXM (the F
 # The peak each source's published MFU is computed against (its `peak_flops_basis`): the BF16 table against the BF16
 # peak, the FP8 table against the FP8 peak (its MFU follows from its throughput only over 1978.9 TFLOP/s).
 PEAK_FLOPS = {"bf16": H100_BF16_PEAK_FLOPS, "fp8": H100_FP8_PEAK_FLOPS}
-SOURCES = ("llm-foundry-h100", "llm-foundry-h100-fp8")
 
 
 @dataclass(frozen=True)

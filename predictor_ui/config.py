@@ -17,24 +17,19 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_MODELS = "PREDICTOR_MODELS_DIR"
-ENV_CLUSTERS = "PREDICTOR_CLUSTERS"
 STORE_HINT = ".venv/bin/python -m predictor ingest ../shared/datasets/paper-samples"
 TRAIN_HINT = ".venv/bin/python -m predictor train --platform {platform}"
 
 
-ENV_STORE = "PREDICTOR_STORE"
 ENV_SHARED = "PREDICTOR_SHARED_DATASETS"
 
 
 def store_path() -> Path:
-    """The store the predictor will open: predictor.store.default_store_path's rule ($PREDICTOR_STORE, else
-    <repo>/data/samples.duckdb), here so that pages which only need the path (every page: the user clusters
-    file sits next to the store) do not import predictor.store and duckdb. tests/test_charts.py checks that
-    the two rules agree."""
-    env = os.environ.get(ENV_STORE)
-    if env:
-        return Path(env).expanduser()
-    return ROOT / "data" / "samples.duckdb"
+    """The store the predictor will open ($PREDICTOR_STORE, else <repo>/data/samples.duckdb): predictor.paths'
+    rule, which pages that only need the path (every page: the user clusters file sits next to the store) read
+    without importing predictor.store and duckdb. tests/test_charts.py checks it against the store's."""
+    from predictor.paths import store_path as path
+    return path()
 
 
 def shared_datasets() -> Path:
@@ -54,11 +49,9 @@ def shared_version() -> str:
 
 
 def models_dir() -> Path:
-    env = os.environ.get(ENV_MODELS)
-    if env:
-        return Path(env).expanduser()
-    from predictor.predict import MODELS_DIR
-    return Path(MODELS_DIR)
+    """$PREDICTOR_MODELS_DIR, else the packaged models_store/ (predictor.paths' rule)."""
+    from predictor.paths import models_dir as path
+    return path()
 
 
 def models_dir_arg() -> str | None:

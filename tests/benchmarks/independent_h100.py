@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import argparse
 
-from predictor.independent import SOURCES, run_check
+from predictor.independent import load_sources, run_check
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--source", default="llm-foundry-h100", choices=SOURCES)
+    ap.add_argument("--source", default="llm-foundry-h100", choices=list(load_sources()))
     ap.add_argument("--platform", help="predict on this cluster instead of the source's")
     ap.add_argument("--csv", help="write the per-run table here")
     a = ap.parse_args(argv)
