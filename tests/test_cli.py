@@ -6,6 +6,7 @@ import pytest
 from predictor.cli import main
 from predictor.compose import CATEGORIES
 from predictor.layout_io import BATCH_COLUMNS
+from tests.batch_rows import batch_row
 
 
 def test_predict_json_is_complete_and_consistent(capsys, models_without_terms):
@@ -60,12 +61,12 @@ def test_unknown_platform_is_a_clear_error(capsys):
     assert "platform" in err and "dgx-a100-80gb" in err
 
 
+ROW = {"platform": "dgx-a100-80gb", "arch": "llama", "layers": "4", "hidden": "2048", "heads": "16",
+       "seq_len": "2048", "num_gpus": "8", "tp": "2", "micro_batch": "1", "global_batch": "16"}
+
+
 def _row(**kw):
-    base = dict.fromkeys(BATCH_COLUMNS, "")
-    base.update({"platform": "dgx-a100-80gb", "arch": "llama", "layers": "4", "hidden": "2048", "heads": "16",
-                 "seq_len": "2048", "num_gpus": "8", "tp": "2", "micro_batch": "1", "global_batch": "16"})
-    base.update({k: str(v) for k, v in kw.items()})
-    return base
+    return batch_row(ROW, **kw)
 
 
 def test_predict_batch_keeps_going_past_bad_rows(tmp_path, capsys):
@@ -146,8 +147,8 @@ def test_predict_predict_batch_and_search_take_a_users_cluster_file(tmp_path, ca
     fast.write_text(CLUSTER.replace("RATE", "50"))
     assert main(["predict", "--clusters", str(fast), *args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["breakdown_s"]["dp_comm"] < d["breakdown_s"]["dp_comm"]
-    rows = pd.DataFrame([dict.fromkeys(BATCH_COLUMNS, "") | {"case_id": "a", "platform": "my-h100", "arch": "llama",
-                          "layers": "4", "hidden": "1024", "heads": "8", "num_gpus": "16", "tp": "2"}])
+    rows = pd.DataFrame([batch_row(case_id="a", platform="my-h100", arch="llama", layers=4, hidden=1024, heads=8,
+                                   num_gpus=16, tp=2)])
     rows.to_csv(tmp_path / "in.csv", index=False)
     assert main(["predict-batch", "--clusters", str(good), "--input", str(tmp_path / "in.csv"),
                  "--output", str(tmp_path / "out.csv")]) == 0

@@ -18,6 +18,7 @@ from predictor.predict import get_predictor
 from predictor.presets import get_preset
 from predictor.search import SearchSpace, layout_of, search
 from predictor.specs import InfeasibleConfig, Layout
+from tests.batch_rows import batch_row
 
 BASE = dict(tp=8, pp=4, micro_batch=1, global_batch=32, seq_len=8192, sequence_parallel=True,
             schedule="interleaved", vpp=5, zero_stage=1)
@@ -134,12 +135,12 @@ def test_cli_cp_predicts(capsys):
     assert rc == 0 and d["layout"]["cp"] == 2 and d["layout"]["dp"] == 1 and d["breakdown_s"]["cp_comm"] > 0
 
 
+ROW = {"platform": "dgx-h100", "arch": "llama", "layers": "4", "hidden": "2048", "heads": "16",
+       "seq_len": "8192", "num_gpus": "8", "tp": "2", "micro_batch": "1", "global_batch": "16"}
+
+
 def _row(**kw):
-    base = dict.fromkeys(BATCH_COLUMNS, "")
-    base.update({"platform": "dgx-h100", "arch": "llama", "layers": "4", "hidden": "2048", "heads": "16",
-                 "seq_len": "8192", "num_gpus": "8", "tp": "2", "micro_batch": "1", "global_batch": "16"})
-    base.update({k: str(v) for k, v in kw.items()})
-    return base
+    return batch_row(ROW, **kw)
 
 
 def test_predict_batch_cp_column(tmp_path):

@@ -17,6 +17,7 @@ import pytest
 
 from predictor.cli import main
 from predictor.layout_io import BATCH_COLUMNS
+from tests.batch_rows import batch_row
 
 SMALL = ["--arch", "llama", "--layers", "4", "--hidden", "1024", "--heads", "16"]
 GOOD_ROW = {"case_id": "good", "platform": "dgx-a100-80gb", "arch": "llama", "layers": "4", "hidden": "2048",
@@ -52,10 +53,7 @@ def assert_prediction(rc: int, out: str, err: str) -> dict:
 
 
 def row(**kw) -> dict[str, str]:
-    r = dict.fromkeys(BATCH_COLUMNS, "")
-    r.update(GOOD_ROW)
-    r.update({k: str(v) for k, v in kw.items()})
-    return r
+    return batch_row(GOOD_ROW, **kw)
 
 
 def write_rows(path: Path, rows: list[dict[str, str]], header: list[str] | None = None) -> Path:
