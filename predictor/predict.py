@@ -227,8 +227,8 @@ class Predictor:
         todo: dict[tuple[str, str, str | None], dict] = {}
         cache = self._op_cache
         base = fp8.base_precision(precision)  # fp8: every regressor is asked for bf16 (predictor.fp8)
-        if precision == "fp8":
-            self.platform.device.check_precision("fp8")
+        for p in {precision, base}:  # the device runs the step's precision (and, under fp8, the BF16 rest)
+            self.platform.device.check_precision(p)
         for c in calls:
             if (*c.key, precision) not in cache:
                 todo.setdefault((c.op, c.pass_, c.variant), {})[c.shape] = None
@@ -306,8 +306,7 @@ class Predictor:
         (error = the measured A100<->GH200 transfer error of that op, models_store/transfer_validation.json)."""
         from . import transfer
         dev = self.platform.device
-        dev.check_precision(precision)
-        dev.check_op(op)
+        dev.check_op(op)  # the precision was checked by op_times, this method's only caller
         own = self.own_measurements
         src = None if own else transfer.source_device(self.platform)
         tval = None if own else transfer.cached_validation(self.models_dir)
