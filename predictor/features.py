@@ -81,11 +81,15 @@ _ELEMENTWISE_PASSES = {
     "swiglu": (3.0, 5.0),                # gate, up -> out; bwd gate, up, dy -> dgate, dup
     "cross_entropy": (8.0, 3.0),         # max, sub_, exp, sum, div_ (fwd); softmax - onehot, * dy (bwd)
     "embedding": (2.0, 2.0),             # gather rows r+w; bwd dY read + rows written (+ zeroed table)
+    "moe_router": (6.0, 6.0),            # on the [b*l, experts] logits: write, softmax r+w, top-k read, probs ...
+    "moe_permute": (2.0, 2.0),           # gather the routed rows r+w; bwd scatter-add of the gradient rows
+    "moe_unpermute": (3.0, 3.0),         # expert rows read, x prob, summed into the token rows; bwd likewise
 }
 _FLOPS_PER_ELEMENT = {
     "attn_mask_fill": (1.0, 1.0), "softmax": (5.0, 4.0), "fused_masked_softmax": (6.0, 4.0),
     "rope": (3.0, 3.0), "layernorm": (8.0, 12.0), "rmsnorm": (5.0, 9.0), "res_add": (1.0, 1.0),
     "gelu": (8.0, 16.0), "swiglu": (6.0, 12.0), "cross_entropy": (6.0, 3.0), "embedding": (0.0, 1.0),
+    "moe_router": (8.0, 8.0), "moe_permute": (0.0, 1.0), "moe_unpermute": (2.0, 3.0),
 }
 
 COLLECTIVE_FEATURES = ("log2_msg", "log2_wire_bytes", "ranks", "nodes", "gpus_per_node",
@@ -210,7 +214,9 @@ def _dims(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     hd = _fill(a["head_dim"], h / H) if "head_dim" in a else h / H
     Hr = H / tp
     KVr = np.maximum(kv / tp, 1.0)
-    return dict(tp=tp, b=b, l=l, h=h, H=H, kv=kv, ffn=ffn, V=V, Vp=Vp, Vpr=Vp / tp, hd=hd, Hr=Hr, KVr=KVr,
+    # experts behind a MoE router: its weight is hidden x experts (`params`)
+    E = np.maximum(np.round(a["params"] / h), 1.0)
+    return dict(tp=tp, b=b, l=l, h=h, H=H, kv=kv, ffn=ffn, V=V, Vp=Vp, Vpr=Vp / tp, hd=hd, Hr=Hr, KVr=KVr, E=E,
                 hd_given=a["head_dim"] if "head_dim" in a else np.full_like(h, np.nan))
 
 
@@ -263,6 +269,10 @@ def elements(op: str, d: dict[str, np.ndarray]) -> np.ndarray:
         return d["b"] * d["l"] * d["ffn"] / d["tp"]
     if op == "cross_entropy":
         return d["b"] * d["l"] * d["Vpr"]
+    if op == "moe_router":  # the router's logits: one per token and expert
+        return d["b"] * d["l"] * d["E"]
+    if op in ("moe_permute", "moe_unpermute"):
+        return d["b"] * d["l"] * d["h"]
     raise KeyError(f"{op} is not a memory-bound op")
 
 
@@ -299,6 +309,10 @@ def _work(op: str, pass_: str, a: dict[str, np.ndarray], precision: str,
             byts = byts + e * d["Vpr"] * d["h"]  # dense weight-grad table zeroed / written
         elif op == "cross_entropy":
             byts = byts + 16.0 * d["b"] * d["l"]  # targets, per-token max/sum/loss
+        elif op == "moe_router":  # + the [b*l, hidden] x [hidden, experts] GEMM (bwd: dgrad + wgrad)
+            g = 2.0 * d["b"] * d["l"] * d["h"] * d["E"] * (2.0 if bwd else 1.0)
+            flops = flops + g
+            byts = byts + e * (d["b"] * d["l"] * d["h"] + d["h"] * d["E"]) * (2.0 if bwd else 1.0)
         return flops, byts
     raise KeyError(f"unknown op '{op}' (known: {', '.join(ops.OPS)})")
 
@@ -415,6 +429,8 @@ def op_feature_matrix(op: str, pass_: str, a: dict[str, np.ndarray], device, pre
             row = d["Vpr"]
         elif op == "rope":
             row = d["hd"]
+        elif op == "moe_router":
+            row = d["E"]
         elif op in ("gelu", "swiglu"):
             row = d["ffn"] / d["tp"]
         else:

@@ -12,7 +12,7 @@ Shape columns (all integers, NULL where an op does not use them):
               width of each of gate and up
   vocab       vocabulary before padding (NULL = 50257)
   layers      transformer layers (optimizer samples: layers held by the stage)
-  params      parameters the op touches on one GPU (optimizer), else NULL
+  params      parameters the op touches on one GPU (optimizer; the MoE router's hidden * experts), else NULL
 
 Decomposition-only column (OP_SHAPE_COLUMNS; not stored, samples never carry it):
   head_dim    attention head dimension where it is decoupled from hidden / heads (Qwen3); absent or
@@ -81,6 +81,18 @@ OPS: dict[str, OpInfo] = {o.name: o for o in [
            "vocab-parallel cross-entropy over [b*l, Vp/tp]"),
     OpInfo("optimizer", "optimizer", ("tp", "hidden", "layers", "params"), ("step",),
            "Adam/AdamW step over the parameters one GPU holds"),
+    # Mixture-of-Experts (never sampled by the paper; `bench` samples them where they run). The expert GEMMs
+    # themselves are mlp_up / swiglu / mlp_down calls on each local expert's tokens (tp = 1, batch = 1,
+    # seq = tokens routed to that expert, ffn_hidden = the expert width), as a sequential or grouped GEMM runs them.
+    OpInfo("moe_router", None, ("batch", "seq", "hidden", "params"), ("fwd", "bwd"),
+           "MoE router: [b*l, hidden] x [hidden, experts] logits, softmax and top-k (params = hidden * experts)",
+           tp_sharded=False),
+    OpInfo("moe_permute", None, ("batch", "seq", "hidden"), ("fwd", "bwd"),
+           "MoE token permutation: gather of the b*l*top_k routed rows of [hidden] into expert order "
+           "(seq = tokens * top_k)", tp_sharded=False),
+    OpInfo("moe_unpermute", None, ("batch", "seq", "hidden"), ("fwd", "bwd"),
+           "MoE un-permutation: scatter of the expert outputs back, weighted by the router probabilities and "
+           "summed over the top_k choices (seq = tokens * top_k)", tp_sharded=False),
 ]}
 
 PAPER_OP_NAMES = {o.paper_name: o.name for o in OPS.values() if o.paper_name}

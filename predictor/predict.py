@@ -146,7 +146,9 @@ def model_flops_per_step(model: ModelSpec, layout: Layout) -> float:
     h, s, L = model.hidden_size, layout.seq_len, model.num_layers
     # attention scores and context: 2 matmuls of s x (heads * head_dim) per token (= s x h unless head_dim is
     # decoupled from hidden / heads)
-    per_token_fwd = (2 * L * layer_matmul_params(model) + 2 * 2 * L * s * model.attn_width
+    # MoE: the active parameters (router, shared and top_k routed experts) of the MoE layers
+    gemm = (L - model.moe_layers) * layer_matmul_params(model) + model.moe_layers * layer_matmul_params(model, True)
+    per_token_fwd = (2 * gemm + 2 * 2 * L * s * model.attn_width
                      + 2 * h * padded_vocab(model.vocab_size))
     return 3.0 * per_token_fwd * layout.tokens_per_step
 

@@ -76,6 +76,38 @@ class ModelSpec:
     # Attention head dimension; None = hidden_size // num_heads. Qwen3 decouples it (heads * head_dim != hidden):
     # the QKV projection is hidden -> (heads + 2*kv_heads) * head_dim, the output projection heads*head_dim -> hidden.
     head_dim: int | None = None
+    # Mixture-of-Experts (Megatron-Core style; predictor.moe): num_experts 0 = a dense model. A MoE layer replaces
+    # the MLP by a router, top_k of num_experts routed experts of width moe_ffn_hidden (None = ffn_hidden) and
+    # shared_experts always-on experts of width shared_ffn_hidden (None = moe_ffn_hidden) each; the first
+    # dense_layers layers keep the dense MLP (ffn_hidden). capacity_factor None = dropless; moe_imbalance
+    # None = the busiest expert-parallel rank's load modelled from routing statistics (predictor.moe).
+    num_experts: int = 0
+    top_k: int | None = None
+    moe_ffn_hidden: int | None = None
+    shared_experts: int = 0
+    shared_ffn_hidden: int | None = None
+    dense_layers: int = 0
+    capacity_factor: float | None = None
+    moe_imbalance: float | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a MoE block (all but the leading dense ones; 0 for a dense model)."""
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """Width of one routed expert (moe_ffn_hidden, else ffn_hidden)."""
+        return self.moe_ffn_hidden or self.ffn
+
+    @property
+    def shared_ffn(self) -> int:
+        """Width of one shared expert (shared_ffn_hidden, else the routed experts' width)."""
+        return self.shared_ffn_hidden or self.expert_ffn
 
     @property
     def kv_heads(self) -> int:
@@ -110,6 +142,10 @@ class ModelSpec:
 
     def total_params(self) -> int:
         return params.total_params(self)
+
+    def active_params(self) -> int:
+        """Parameters one token passes through (MoE: top_k routed experts); = total_params for a dense model."""
+        return params.active_params(self)
 
     def validate(self) -> None:
         if self.arch not in ARCHS:
@@ -151,6 +187,59 @@ class ModelSpec:
         if self.attention_impl not in ATTENTION_IMPLS:
             raise InfeasibleConfig("attention_impl", f"unknown '{self.attention_impl}'.",
                                    f"use one of {', '.join(ATTENTION_IMPLS)}.")
+        self._validate_moe()
+
+    def _validate_moe(self) -> None:
+        """MoE fields: all zero / empty for a dense model; for a MoE model top_k in 1..num_experts, widths
+        positive, dense_layers below num_layers, capacity factor and imbalance sensible."""
+        for name in ("num_experts", "shared_experts", "dense_layers"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InfeasibleConfig(name, f"must be a whole number >= 0, got {v!r}.")
+            check_bound(name, v)
+        for name in ("top_k", "moe_ffn_hidden", "shared_ffn_hidden"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+            if v is not None:
+                check_bound(name, v)
+        for name in ("capacity_factor", "moe_imbalance"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v == v
+                                  or v in (float("inf"), float("-inf"))):
+                raise InfeasibleConfig(name, f"must be a number, got {v!r}.")
+        if not self.is_moe:
+            given = [n for n in ("top_k", "moe_ffn_hidden", "shared_ffn_hidden", "capacity_factor", "moe_imbalance")
+                     if getattr(self, n) is not None] + [n for n in ("shared_experts", "dense_layers")
+                                                         if getattr(self, n)]
+            if given:
+                raise InfeasibleConfig(given[0], f"{given[0]} is a Mixture-of-Experts field but num_experts is 0 "
+                                                 "(a dense model).",
+                                       "set num_experts (e.g. 8) for a MoE model, or leave the MoE fields empty.")
+            return
+        if self.num_experts < 2:
+            raise InfeasibleConfig("num_experts", f"a MoE model needs at least 2 experts, got {self.num_experts}.",
+                                   "use 0 for a dense model, or the model's expert count (e.g. 8, 64, 128).")
+        if self.top_k is None:
+            raise InfeasibleConfig("top_k", "a MoE model needs top_k, the experts each token is routed to.",
+                                   "set top_k (Mixtral 2, Qwen3-MoE 8, DeepSeek-V3 8).")
+        if self.top_k > self.num_experts:
+            raise InfeasibleConfig("top_k", f"top_k {self.top_k} is more than num_experts {self.num_experts}: a "
+                                            "token cannot go to more experts than there are.",
+                                   f"use a top_k between 1 and {self.num_experts}.")
+        if self.dense_layers >= self.num_layers:
+            raise InfeasibleConfig("dense_layers", f"dense_layers {self.dense_layers} leaves no MoE layer of "
+                                                   f"{self.num_layers}.",
+                                   f"use fewer than {self.num_layers} leading dense layers, or num_experts 0.")
+        if self.capacity_factor is not None and not 0 < self.capacity_factor <= self.num_experts / self.top_k:
+            raise InfeasibleConfig("capacity_factor", f"capacity_factor {self.capacity_factor:g} is outside "
+                                                      f"(0, num_experts / top_k = {self.num_experts / self.top_k:g}].",
+                                   "leave it empty for dropless routing, or use e.g. 1.0-1.25.")
+        if self.moe_imbalance is not None and not 1.0 <= self.moe_imbalance <= self.num_experts:
+            raise InfeasibleConfig("moe_imbalance", f"moe_imbalance {self.moe_imbalance:g} must be between 1 "
+                                                    f"(perfect balance) and num_experts ({self.num_experts}).",
+                                   "leave it empty to model it from routing statistics, or give the busiest "
+                                   "rank's load over the mean (e.g. 1.2).")
 
 
 @dataclass(frozen=True)
@@ -188,6 +277,11 @@ class Layout:
     overlap_grad_reduce: bool | None = None
     overlap_param_gather: bool | None = None
     cp: int = 1   # context-parallel degree (ranks one micro-batch's sequence is split over); 1 = none
+    # expert-parallel degree (MoE models): the experts of each MoE layer spread over ep ranks. Megatron-Core's MoE
+    # parallel folding with expert tensor parallelism 1: the ep ranks are taken from the tp x cp x dp ranks of a
+    # pipeline stage (ep divides tp * cp * dp), the expert weights are replicated over the remaining
+    # tp * cp * dp / ep ranks (the expert-data-parallel group, over which expert gradients are reduced).
+    ep: int = 1
 
     @property
     def num_micro_batches(self) -> int:
@@ -223,8 +317,38 @@ class Layout:
                       f"2*cp = {2 * self.cp} (Megatron's causal load balancing splits it into 2*cp chunks).",
                 f"use a seq_len that is a multiple of 2*cp*cp = {2 * self.cp * self.cp}, or a smaller cp.")
 
+    def _validate_ep(self, model: ModelSpec) -> None:
+        """Expert parallelism: only for MoE models, ep divides num_experts and the tp * cp * dp ranks of a stage,
+        and (as Megatron-Core requires) sequence parallelism with tp > 1 in a MoE model."""
+        if not model.is_moe:
+            if self.ep > 1:
+                raise InfeasibleConfig("ep", f"ep = {self.ep} but the model is dense (num_experts 0).",
+                                       "set ep = 1, or give the model's num_experts and top_k.")
+            return
+        if model.num_experts % self.ep:
+            raise InfeasibleConfig("ep", f"ep {self.ep} does not divide num_experts {model.num_experts}.",
+                                   f"use an ep that divides {model.num_experts} (each rank holds num_experts / ep "
+                                   "experts).")
+        ranks = self.tp * self.cp * self.dp
+        if ranks % self.ep:
+            raise InfeasibleConfig("ep", f"ep {self.ep} does not divide the tp x cp x dp = {self.tp} x {self.cp} x "
+                                         f"{self.dp} = {ranks} ranks of a pipeline stage (Megatron-Core folds the "
+                                         "expert-parallel group into them).",
+                                   f"use an ep dividing {ranks}, or raise dp so that tp x cp x dp is a multiple of "
+                                   f"{self.ep}.")
+        if self.tp > 1 and not self.sequence_parallel:
+            raise InfeasibleConfig("sequence_parallel", "a MoE model with tp > 1 needs sequence parallelism "
+                                                        "(Megatron-Core requires it: each tensor-parallel rank routes "
+                                                        "its own share of the tokens).",
+                                   "turn sequence_parallel on, or use tp = 1.")
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks each expert's weights are replicated over (tp * cp * dp / ep): the expert-data-parallel group."""
+        return self.tp * self.cp * self.dp // self.ep
+
     def validate(self, model: ModelSpec | None = None) -> None:
-        for name in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp", "cp"):
+        for name in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp", "cp", "ep"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
@@ -303,6 +427,7 @@ class Layout:
                                              f"'{model.attention_impl}' attention.",
                                        "set cp = 1 or use flash attention (Megatron-Core runs CP inside "
                                        "Transformer Engine's fused attention).")
+            self._validate_ep(model)
             if self.sequence_parallel and (self.seq_len // self.cp) % self.tp:
                 raise InfeasibleConfig("seq_len", f"sequence parallelism needs seq_len divisible by tp ({self.tp}).")
             chunks = self.pp * self.vpp
