@@ -158,7 +158,7 @@ def print_prediction(pred, console=None) -> None:
     for k, v in pred.breakdown_s.items():
         if k == "host_overhead" and v == 0:
             continue  # not modelled on this platform (see the warnings)
-        if k == "cp_comm" and L.cp == 1:
+        if (k == "cp_comm" and L.cp == 1) or (k == "ep_comm" and L.ep == 1):
             continue  # no context parallelism: no ring
         t.add_row(k, f"{v:.4g}", f"{v / pred.step_time_s:.1%}")
     c.print(t)

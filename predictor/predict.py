@@ -33,6 +33,7 @@ from .engine import (
     Engine,
     Evaluation,
     Structure,
+    chunk_dense,
     class_keys,
     rows_for,
     structure_classes,
@@ -414,7 +415,7 @@ class Predictor:
             rows, structs = rows_for(model, [items[i][1] for i in idx])
             prepared.append((model, seq, prec, idx, rows, structs))
             units += [(model, seq, prec, k) for k in unit_keys(rows)]
-            classes += [(model, seq, prec, k) for k in class_keys(rows, [structure_classes(s) for s in structs])]
+            classes += [(model, seq, prec, k) for k in class_keys(rows, [structure_classes(s, model) for s in structs])]
         self.engine.prepare_many(units)
         self.engine.prepare_classes_many(classes)
         out: list[StepPrediction | None] = [None] * len(items)
@@ -478,7 +479,7 @@ class Predictor:
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
             key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
-                   int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp)
+                   int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp, layout.ep)
             lay = self.engine._parts[key].layer
             per_pass = lay.fc + lay.ft
             if per_pass < SHORT_LAYER_PASS_S:
@@ -500,11 +501,13 @@ class Predictor:
     def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:
         """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step)."""
         key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
-               int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp)
+               int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp, layout.ep)
         parts = self.engine._parts[key]
         S: Structure = det["structure"]
         nch = S.pp * S.vpp
-        cats = {"tp": "tp_comm", "cp": "cp_comm", "pp": "pp_comm", "dp": "dp_comm", "embedding": "dp_comm"}
+        cats = {"tp": "tp_comm", "cp": "cp_comm", "ep": "ep_comm", "pp": "pp_comm", "dp": "dp_comm", "edp": "dp_comm",
+                "embedding": "dp_comm"}
+        dense_counts = chunk_dense(S, model)
         rows: list[tuple] = []
 
         def add_unit(stage: int, chunk: int, unit, k: float) -> None:
@@ -518,7 +521,10 @@ class Predictor:
                                  t * c.count * k, prov, tc.raw_error))
         for i in range(nch):
             stage, chunk, n = i % S.pp, i // S.pp, S.counts[i]
-            add_unit(stage, chunk, parts.layer, float(n))
+            n_dense = dense_counts[i]
+            add_unit(stage, chunk, parts.layer, float(n - n_dense))
+            if n_dense:
+                add_unit(stage, chunk, parts.dense or parts.layer, float(n_dense))
             if i == 0:
                 add_unit(stage, chunk, parts.first, 1.0)
             if i == nch - 1:
@@ -535,7 +541,7 @@ class Predictor:
                                  HOST_PROVENANCE, self.host.cv_mape if self.host else None))
             gm = ZERO2_GATHER.index(get_framework(layout.framework).zero2_gather)
             cls = self.engine._classes[(model, layout.seq_len, layout.precision, layout.tp, S.pp,
-                                        layout.dp * layout.cp, layout.zero_stage, gm, *det["classes"][i])]
+                                        layout.dp * layout.cp, layout.zero_stage, gm, layout.ep, *det["classes"][i])]
             for tc in cls.calls:
                 c, t, prov = tc.call, tc.seconds, tc.provenance
                 if isinstance(c, CommCall):

@@ -336,6 +336,11 @@ class Layout:
                                          "expert-parallel group into them).",
                                    f"use an ep dividing {ranks}, or raise dp so that tp x cp x dp is a multiple of "
                                    f"{self.ep}.")
+        if self.ep > 1 and self.zero_stage >= 2:
+            raise InfeasibleConfig("zero_stage", f"expert parallelism (ep = {self.ep}) with ZeRO-{self.zero_stage} "
+                                                 "is not modelled (Megatron-Core shards MoE optimizer states with its "
+                                                 "distributed optimizer, ZeRO-1).",
+                                   "use zero_stage 1 (or 0) with ep > 1, or ep = 1.")
         if self.tp > 1 and not self.sequence_parallel:
             raise InfeasibleConfig("sequence_parallel", "a MoE model with tp > 1 needs sequence parallelism "
                                                         "(Megatron-Core requires it: each tensor-parallel rank routes "

@@ -22,6 +22,9 @@ SEARCHES = [
     ("mistral-7b", "vista-gh200", 16, 64, 4096, "fsdp"),
     ("gpt3-2.7b", "dgx-b200", 48, 96, 2048, "deepspeed"),
     ("llama2-13b", "dgx-a100-40gb", 32, 128, 4096, "ddp"),
+    # Mixture-of-Experts: expert parallelism enumerated too (ep dividing num_experts and tp x cp x dp)
+    ("mixtral-8x7b", "dgx-h100", 64, 256, 4096, "megatron"),
+    ("qwen3-30b-a3b", "dgx-b200", 32, 128, 4096, "megatron"),
 ]
 
 
@@ -47,6 +50,7 @@ def _search_and_predict_agree(name, platform, n, gb, seq, fw, precision):
                  space=SearchSpace(framework=fw, schedules=("1f1b", "interleaved", "gpipe"), precision=precision))
     t = rep.table
     assert (t["cp"] > 1).any() == (model.attention_impl in ("flash", "triton"))
+    assert (t["ep"] > 1).any() == model.is_moe
     assert len(t) >= 50
     rng = np.random.default_rng(7)
     for i in rng.choice(len(t), size=50, replace=False):
