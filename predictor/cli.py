@@ -185,7 +185,11 @@ def cmd_predict(a: argparse.Namespace) -> int:
     model = model_from_fields(f)
     layout = layout_from_fields(f)
     t0 = time.perf_counter()
-    pred = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters)).predict(model, layout)
+    P = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters))
+    layout.validate(model)   # then the checks predict-batch makes, in its order: ranks, the precision asked for
+    P.check_runs(layout)     # (named as asked: fp8 on V100 is "no FP8 tensor cores", not its missing bf16)
+    P.platform.device.check_precision(layout.precision)
+    pred = P.predict(model, layout)
     elapsed = time.perf_counter() - t0
     if not pred.fits_memory and not a.allow_oom:
         from .memory_verdict import oom_error
