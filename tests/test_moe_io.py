@@ -259,3 +259,114 @@ def test_predict_rows_dataframe_api_carries_the_moe_columns():
     out = predict_rows(df, allow_oom=True)
     assert list(out.columns[:len(df.columns)]) == list(df.columns)
     assert out.loc[0, "num_experts"] == 8 and out.loc[0, "ep"] == "2" and out.loc[0, "error"] == ""
+
+
+# ---- dashboard ------------------------------------------------------------------------------------------
+def _keys(at) -> set[str]:
+    return {w.key for w in [*at.number_input, *at.selectbox, *at.toggle]}
+
+
+def test_dashboard_a_moe_preset_shows_its_experts_and_active_parameters():
+    from tests.test_app import run, text
+    at = run()
+    assert "num_experts" not in _keys(at)                        # a dense preset: no Experts section
+    assert at.selectbox(key="ep").disabled and at.selectbox(key="ep").options == ["1"]
+    at.selectbox(key="model").set_value("mixtral-8x7b").run()
+    assert not at.exception
+    vals = {k: at.number_input(key=k).value for k in ("num_experts", "top_k", "moe_ffn_hidden", "shared_experts",
+                                                       "shared_ffn_hidden", "dense_layers", "capacity_factor",
+                                                       "moe_imbalance")}
+    assert vals == {"num_experts": 8, "top_k": 2, "moe_ffn_hidden": None, "shared_experts": 0,
+                    "shared_ffn_hidden": None, "dense_layers": 0, "capacity_factor": None, "moe_imbalance": None}
+    assert "46.7 B parameters, 12.9 B active · 8 experts, top-2" in text(at)
+    ep = at.selectbox(key="ep")   # the default layout: tp 8 x cp 1 x dp 16 = 128 ranks per stage
+    assert not ep.disabled and ep.options == ["1", "2", "4", "8"]
+    # another MoE preset brings its own experts (keyed widgets would keep mixtral's otherwise)
+    at.selectbox(key="model").set_value("qwen3-30b-a3b").run()
+    assert (at.number_input(key="num_experts").value, at.number_input(key="top_k").value,
+            at.number_input(key="moe_ffn_hidden").value) == (128, 8, 768)
+    assert "3.35 B active" in text(at)
+    # an override shows in the caption and reaches the model
+    at.number_input(key="top_k").set_value(2).run()
+    assert not at.exception and "top-2" in text(at)
+
+
+@pytest.mark.parametrize("query,words", [
+    ({"num_gpus": 8, "tp": 2, "pp": 4, "ep": 4}, "does not divide the tp x cp x dp = 2 x 1 x 1 = 2 ranks"),
+    ({"ep": 3}, "ep 3 does not divide num_experts 8"),
+])
+def test_dashboard_an_invalid_ep_warns_naming_ep_not_a_traceback(query, words):
+    from tests.test_app import run
+    at = run(query={"model": "mixtral-8x7b", "global_batch": 64, **query})
+    assert at.selectbox(key="ep").value == query["ep"]   # kept as given, never silently replaced
+    w = [x.value for x in at.warning if "`ep`" in x.value]
+    assert w and words in w[0] and "How to fix" in w[0]
+    assert not [m for m in at.metric if m.label == "Step time"]
+
+
+def test_dashboard_ep_on_a_dense_model_warns_and_can_be_undone():
+    from tests.test_app import run
+    at = run(query={"model": "llama3-8b", "num_gpus": 16, "tp": 2, "pp": 1, "global_batch": 16, "ep": 2})
+    assert any("`ep`" in w.value and "dense" in w.value for w in at.warning)
+    ep = at.selectbox(key="ep")
+    assert not ep.disabled and ep.options == ["1", "2"]
+    ep.set_value("1").run()
+    assert not at.exception and not any("`ep`" in w.value for w in at.warning)
+    assert at.selectbox(key="ep").disabled
+
+
+def test_dashboard_custom_model_turns_moe_on():
+    from tests.test_app import run, text
+    at = run(query={"model": "custom"})
+    assert not at.toggle(key="moe").value and "num_experts" not in _keys(at)
+    at.toggle(key="moe").set_value(True).run()
+    assert not at.exception
+    assert (at.number_input(key="num_experts").value, at.number_input(key="top_k").value) == (8, 2)
+    assert "B active · 8 experts, top-2" in text(at)
+    at.number_input(key="top_k").set_value(9).run()
+    assert any("`top_k`" in w.value and "How to fix" in w.value for w in at.warning)
+    # switching to custom from a MoE preset keeps its experts
+    at = run(query={"model": "mixtral-8x7b"})
+    at.selectbox(key="model").set_value("custom").run()
+    assert at.toggle(key="moe").value and at.number_input(key="num_experts").value == 8
+
+
+def test_dashboard_fp8_on_an_a100_names_precision():
+    from tests.test_app import run
+    at = run(query={"model": "llama3-8b", "platform": "dgx-a100-80gb", "num_gpus": 8, "tp": 8, "pp": 1,
+                    "global_batch": 8, "precision": "fp8"})
+    assert any("`precision`" in w.value and "FP8 tensor cores" in w.value for w in at.warning)
+
+
+def test_dashboard_compare_shows_cp_and_ep_per_setup():
+    from tests.test_app import run
+    q = {"n": 2, "a_model": "mixtral-8x7b", "a_ep": 4, "b_model": "llama3-8b", "b_tp": 8, "b_pp": 4}
+    at = run("pages/compare.py", q)
+    t = at.table[0].value
+    assert t.loc["EP (expert parallel)", "Setup A"] == "4" and t.loc["EP (expert parallel)", "Setup B"] == "1"
+    assert t.loc["TP × PP × CP × DP", "Setup A"] == "8 × 4 × 1 × 16"
+
+
+def test_a_search_row_opens_in_predict_with_its_ep():
+    from predictor.specs import Layout
+    from predictor_ui.search_view import predict_query
+    L = Layout(num_gpus=64, tp=2, pp=4, dp=8, global_batch=64, sequence_parallel=True, ep=4)
+    q = predict_query({**{f: getattr(L, f) for f in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch",
+                                                      "seq_len", "vpp", "schedule", "recompute", "sequence_parallel",
+                                                      "zero_stage", "precision", "cp")}, "stage_layers": "",
+                       "ep": 4})
+    assert q["ep"] in ("1", "4")   # "4" once predictor.search's layout_of carries ep; until then the search has ep 1
+    assert layout_from_fields(q).ep == int(q["ep"])
+
+
+def test_dashboard_search_takes_a_moe_model_and_says_ep_is_not_searched():
+    from predictor.search import SearchSpace
+    from tests.test_app import run, text
+    at = run("pages/search.py", {"sr_model": "mixtral-8x7b", "sr_num_gpus": 64, "sr_global_batch": 256,
+                                 "sr_top_k": 1})
+    assert at.number_input(key="sr_top_k").value == 1 and "top-1" in text(at)
+    searched = "ep" in {f.name for f in SearchSpace.__dataclass_fields__.values()}
+    assert ("Expert parallelism is not searched yet" in text(at)) != searched
+    at = run("pages/search.py", {"sr_model": "mixtral-8x7b", "sr_num_gpus": 64, "sr_global_batch": 256,
+                                 "sr_top_k": 9})
+    assert any("`top_k`" in w.value and "How to fix" in w.value for w in at.warning)
