@@ -14,10 +14,9 @@ import argparse
 import json
 import sys
 
-from .cli_args import add_head_dim_arg, add_moe_args, model_fields
 from .compose import CATEGORIES
 from .paths import clusters_file_arg, json_default
-from .specs import PRECISIONS, InfeasibleConfig
+from .specs import InfeasibleConfig
 
 TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "cp", "dp", "micro_batch", "num_micro_batches", "vpp", "schedule",
                  "stage_layers", "recompute", "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s",
@@ -59,6 +58,7 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 def cmd_search(a: argparse.Namespace) -> int:
+    from .cli_args import model_fields
     from .costing import parse_count
     from .frameworks import get_framework
     from .layout_io import model_from_fields
@@ -266,6 +266,8 @@ def clusters_arg(sp: argparse.ArgumentParser) -> None:
 
 def add_search_parser(subparsers) -> None:
     """Register `search` on the CLI's subparsers."""
+    from .cli_args import add_head_dim_arg, add_moe_args
+    from .specs import PRECISIONS
     sp = subparsers.add_parser("search", help="rank every layout that fits by step time, tokens/s, MFU or cost",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--platform", required=True)
