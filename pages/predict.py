@@ -15,7 +15,7 @@ sb.subheader("Platform")
 plat_fields = inputs.platform_inputs(container=sb)
 key = inputs.platform_key(plat_fields)
 sb.subheader("Layout")
-layout_fields = inputs.layout_inputs(container=sb, stage_layers=True)
+layout_fields = inputs.layout_inputs(container=sb, stage_layers=True, model=model_fields)
 sb.subheader("Training run")
 target = inputs.target_inputs(container=sb)
 

@@ -5,7 +5,7 @@ from predictor.layout_io import model_from_fields
 from predictor.search import SearchSpace
 from predictor.specs import PRECISIONS, InfeasibleConfig
 from predictor_ui import charts, data, fmt, inputs, views
-from predictor_ui.search_view import OBJECTIVE_LABELS
+from predictor_ui.search_view import OBJECTIVE_LABELS, ep_note
 
 views.page_setup()
 
@@ -68,6 +68,8 @@ st.caption(f"**{model.name}** on **{platform.platform_id}**, {num_gpus} GPUs, gl
            f"sequence {seq_len}, {precision}: {rep.enumerated:,} layouts enumerated, {rep.feasible:,} fit in "
            f"memory, ranked by {OBJECTIVE_LABELS[objective]} in {rep.elapsed_s:.2f} s. "
            "**Click a row to open it in Predict.**")
+if (note := ep_note(model.is_moe)) is not None:
+    st.info(note, icon=":material/info:")
 if res.empty or rep.feasible == 0:
     st.warning(f"No layout of {model.name} fits on {num_gpus} GPUs with global batch {global_batch}"
                + (" (none could be enumerated)." if res.empty else " in memory.")
@@ -115,7 +117,8 @@ if "days" in view:
 if isinstance(best.get("warnings"), str) and best["warnings"]:
     st.warning(f"**Best layout**: {best['warnings']}", icon=":material/info:")
 host_on = rep.host_modelled
-shown = [col for col in ["rank", "tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "stage_layers", "recompute",
+shown = [col for col in ["rank", "tp", "pp", "cp", "ep", "dp", "micro_batch", "vpp", "schedule", "stage_layers",
+                         "recompute",
                          "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s", "mfu", "peak_mem_gib",
                          "fits", "days", "cost", "expected_error", "compute_s"]
          + (["host_overhead_s"] if host_on else [])

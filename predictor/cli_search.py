@@ -57,6 +57,7 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 def cmd_search(a: argparse.Namespace) -> int:
+    from .cli_args import model_fields
     from .costing import parse_count
     from .frameworks import get_framework
     from .layout_io import model_from_fields
@@ -65,9 +66,8 @@ def cmd_search(a: argparse.Namespace) -> int:
     from .search import RC, SearchSpace, search
     from .specs import DEFAULT_FRAMEWORK
 
-    fields = {k: getattr(a, k, None) for k in ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
-                                               "vocab", "attention")}
-    model = model_from_fields(fields)
+    model = model_from_fields(model_fields(a, ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
+                                              "vocab", "attention")))
     P = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters))
     gpus = parse_gpus(a.num_gpus, P.platform.gpus_per_node)
     rc = tuple(x.strip() for x in a.recompute.split(",")) if a.recompute else RC
@@ -265,6 +265,8 @@ def clusters_arg(sp: argparse.ArgumentParser) -> None:
 
 def add_search_parser(subparsers) -> None:
     """Register `search` on the CLI's subparsers."""
+    from .cli_args import add_head_dim_arg, add_moe_args
+    from .specs import PRECISIONS
     sp = subparsers.add_parser("search", help="rank every layout that fits by step time, tokens/s, MFU or cost",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--platform", required=True)
@@ -272,6 +274,7 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--arch", choices=["gpt", "llama"])
     for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab"):
         sp.add_argument(f"--{name}", type=int)
+    add_head_dim_arg(sp)
     sp.add_argument("--attention", choices=["flash", "unfused"])
     sp.add_argument("--num-gpus", required=True, help="N, a list N1,N2 or a range A-B (doubling from A)")
     sp.add_argument("--global-batch", type=int, required=True, help="sequences per step")
@@ -280,7 +283,8 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--objective", choices=["time", "tokens", "mfu", "cost"], default="time")
     sp.add_argument("--tokens", help="tokens to train (e.g. 15T, 300B): adds steps, days, GPU-hours, cost")
     sp.add_argument("--price-per-gpu-hour", type=float, help="price per GPU-hour (any currency)")
-    sp.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    sp.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
+                    help="fp8 needs FP8 tensor cores (refused by name on A100 / V100 / MI250X / CPU platforms)")
     sp.add_argument("--framework", help="megatron (default), megatron-deepspeed, deepspeed, fsdp or ddp")
     sp.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action=argparse.BooleanOptionalAction,
                     default=None, help="override the framework's default")
@@ -302,6 +306,7 @@ def add_search_parser(subparsers) -> None:
     g = sp.add_argument_group("memory model")
     g.add_argument("--framework-gib", type=float, default=1.5, help="CUDA context + workspaces + NCCL allowance")
     g.add_argument("--allocator-reserve", type=float, default=0.05, help="share of HBM kept for fragmentation")
+    add_moe_args(sp)
     sp.add_argument("--no-refine", action="store_true", help="skip the exact re-prediction of the top K")
     sp.add_argument("--all", action="store_true", help="also list rejected layouts with their reason")
     sp.add_argument("--explain", help="why layouts with these values are absent, e.g. tp=8,pp=1,zero_stage=0")

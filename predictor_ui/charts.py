@@ -425,6 +425,7 @@ def _layout_label(r: pd.Series) -> str:
              f"PP{int(r['pp'])}" if "pp" in r and pd.notna(r.get("pp")) else "",
              f"CP{int(r['cp'])}" if "cp" in r and pd.notna(r.get("cp")) and int(r["cp"]) > 1 else "",
              f"DP{int(r['dp'])}" if "dp" in r and pd.notna(r.get("dp")) else "",
+             f"EP{int(r['ep'])}" if "ep" in r and pd.notna(r.get("ep")) and int(r["ep"]) > 1 else "",
              f"mb{int(r['micro_batch'])}" if "micro_batch" in r and pd.notna(r.get("micro_batch")) else ""]
     if "schedule" in r and pd.notna(r.get("schedule")):
         parts.append(str(r["schedule"]) + (f"×{int(r['vpp'])}" if "vpp" in r and pd.notna(r.get("vpp"))
