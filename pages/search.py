@@ -5,7 +5,7 @@ from predictor.layout_io import model_from_fields
 from predictor.search import SearchSpace
 from predictor.specs import PRECISIONS, InfeasibleConfig
 from predictor_ui import charts, data, fmt, inputs, views
-from predictor_ui.search_view import OBJECTIVE_LABELS, ep_note
+from predictor_ui.search_view import OBJECTIVE_LABELS
 
 views.page_setup()
 
@@ -68,8 +68,6 @@ st.caption(f"**{model.name}** on **{platform.platform_id}**, {num_gpus} GPUs, gl
            f"sequence {seq_len}, {precision}: {rep.enumerated:,} layouts enumerated, {rep.feasible:,} fit in "
            f"memory, ranked by {OBJECTIVE_LABELS[objective]} in {rep.elapsed_s:.2f} s. "
            "**Click a row to open it in Predict.**")
-if (note := ep_note(model.is_moe)) is not None:
-    st.info(note, icon=":material/info:")
 if res.empty or rep.feasible == 0:
     st.warning(f"No layout of {model.name} fits on {num_gpus} GPUs with global batch {global_batch}"
                + (" (none could be enumerated)." if res.empty else " in memory.")

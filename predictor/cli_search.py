@@ -77,7 +77,7 @@ def cmd_search(a: argparse.Namespace) -> int:
     sp = {"both": (False, True), "on": (True,), "off": (False,)}[a.sequence_parallel]
     schedules = tuple(x.strip() for x in a.schedules.split(","))
     space = SearchSpace(tp=_ints(a.tp, "tp"), pp=_ints(a.pp, "pp"), cp=_ints(a.cp, "cp"),
-                        micro_batch=_ints(a.micro_batch, "micro_batch"),
+                        ep=_ints(a.ep, "ep"), micro_batch=_ints(a.micro_batch, "micro_batch"),
                         max_micro_batch=a.max_micro_batch, vpp=_ints(a.vpp, "vpp"), max_vpp=a.max_vpp,
                         recompute=rc, sequence_parallel=sp,
                         zero_stage=_ints(a.zero_stage, "zero_stage") or (0, 1, 2, 3), schedules=schedules,
@@ -171,8 +171,8 @@ def _print_report(rep, table, cols, a) -> None:
             f"{a.global_batch}, seq {a.seq_len}: {rep.n_enumerated} layouts enumerated, {rep.n_feasible} fit, "
             f"ranked by {rep.objective} in {rep.elapsed_s:.2f} s")
     t = Table(title=f"Top {len(table)} layouts")
-    show = [("rank", "#"), ("num_gpus", "GPUs"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"),
-            ("micro_batch", "mb"),
+    show = [("rank", "#"), ("num_gpus", "GPUs"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
+            ("dp", "dp"), ("micro_batch", "mb"),
             ("vpp", "vpp"), ("stage_layers", "split"), ("recompute", "recomp"), ("sequence_parallel", "SP"),
             ("zero_stage", "ZeRO"), ("step_time_s", "step s"), ("tokens_per_s", "tok/s"),
             ("tflops_per_gpu", "TFLOP/s/GPU"), ("mfu", "MFU"), ("peak_mem_gib", "mem GiB")]
@@ -293,6 +293,8 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--pp", help="pipeline degrees, e.g. 1,2,4")
     g.add_argument("--cp", help="context-parallel degrees, e.g. 1 (none) or 1,2,4 (default: every power of two that "
                                 "divides the GPUs with seq_len / cp a multiple of 2*cp)")
+    g.add_argument("--ep", help="expert-parallel degrees for a MoE model, e.g. 1,8 (default: every divisor of "
+                                "num_experts that divides tp x cp x dp)")
     g.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,2")
     g.add_argument("--max-micro-batch", type=int, default=16)
     g.add_argument("--vpp", help="virtual stages for the interleaved schedule, e.g. 2,4")

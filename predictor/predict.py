@@ -230,7 +230,9 @@ class Predictor:
         todo: dict[tuple[str, str, str | None], dict] = {}
         cache = self._op_cache
         base = fp8.base_precision(precision)  # fp8: every regressor is asked for bf16 (predictor.fp8)
-        for p in {precision, base}:  # the device runs the step's precision (and, under fp8, the BF16 rest)
+        # the device runs the step's precision (and, under fp8, the BF16 rest); checked in that order, so the
+        # message names the precision asked for
+        for p in dict.fromkeys((precision, base)):
             self.platform.device.check_precision(p)
         for c in calls:
             if (*c.key, precision) not in cache:

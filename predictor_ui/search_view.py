@@ -2,13 +2,13 @@
 top rows' warnings), the rejections, and a row turned into the Predict page's query parameters."""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from predictor.search import SearchReport, SearchSpace, layout_of
+from predictor.search import SearchReport, layout_of
 
 # predictor.search.OBJECTIVES in words (tests/test_charts.py checks that the keys agree).
 OBJECTIVE_LABELS = {"time": "step time", "tokens": "tokens / s", "mfu": "MFU", "cost": "GPU-hours per token"}
@@ -34,14 +34,6 @@ def search_view(rep: SearchReport, host_modelled: bool) -> SearchView:
         table["host_overhead_s"] = np.nan
     return SearchView(table=table, rejections=rep.rejection_summary(), host_modelled=host_modelled,
                       elapsed_s=rep.elapsed_s, enumerated=rep.n_enumerated, feasible=rep.n_feasible)
-
-
-def ep_note(is_moe: bool) -> str | None:
-    """What the page says about expert parallelism for a MoE model while the search does not enumerate it."""
-    if not is_moe or "ep" in {f.name for f in fields(SearchSpace)}:
-        return None
-    return ("Expert parallelism is not searched yet: every layout here has EP 1. Open a row in Predict to try "
-            "EP values (divisors of the experts that divide TP × CP × DP).")
 
 
 def predict_query(row: pd.Series | dict[str, Any]) -> dict[str, str]:

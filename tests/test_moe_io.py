@@ -355,18 +355,16 @@ def test_a_search_row_opens_in_predict_with_its_ep():
                                                       "seq_len", "vpp", "schedule", "recompute", "sequence_parallel",
                                                       "zero_stage", "precision", "cp")}, "stage_layers": "",
                        "ep": 4})
-    assert q["ep"] in ("1", "4")   # "4" once predictor.search's layout_of carries ep; until then the search has ep 1
+    assert q["ep"] == "4"
     assert layout_from_fields(q).ep == int(q["ep"])
 
 
-def test_dashboard_search_takes_a_moe_model_and_says_ep_is_not_searched():
-    from predictor.search import SearchSpace
+def test_dashboard_search_takes_a_moe_model_and_ranks_ep():
     from tests.test_app import run, text
     at = run("pages/search.py", {"sr_model": "mixtral-8x7b", "sr_num_gpus": 64, "sr_global_batch": 256,
                                  "sr_top_k": 1})
     assert at.number_input(key="sr_top_k").value == 1 and "top-1" in text(at)
-    searched = "ep" in {f.name for f in SearchSpace.__dataclass_fields__.values()}
-    assert ("Expert parallelism is not searched yet" in text(at)) != searched
+    assert not at.exception
     at = run("pages/search.py", {"sr_model": "mixtral-8x7b", "sr_num_gpus": 64, "sr_global_batch": 256,
                                  "sr_top_k": 9})
     assert any("`top_k`" in w.value and "How to fix" in w.value for w in at.warning)
