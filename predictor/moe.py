@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from .specs import ModelSpec
 
@@ -75,6 +76,14 @@ def routing(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, 
         imb = min(imb, float(model.capacity_factor))
     per_expert = max(1, math.ceil(rows * imb / local))
     return Routing(t, rows, local, imb, per_expert, 2 if ep > 1 and local > 1 else 1)
+
+
+def routing_note(model: ModelSpec, layout: Any) -> str:
+    """What a MoE prediction rests on, said with it: the routed rows, the imbalance and where it comes from."""
+    r = routing(model, layout.micro_batch, layout.seq_len, layout.tp, layout.cp, layout.ep, layout.sequence_parallel)
+    return (f"MoE: {r.tokens:,} tokens x top-{model.top_k} per GPU and micro-batch, {r.local_experts} of "
+            f"{model.num_experts} experts per GPU (ep {layout.ep}), the busiest rank computing {r.imbalance:.3f}x the "
+            f"mean rows; {imbalance_basis(model)}. Grouped expert GEMMs are timed as one GEMM per local expert.")
 
 
 def imbalance_basis(model: ModelSpec) -> str:

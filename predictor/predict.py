@@ -478,6 +478,9 @@ class Predictor:
             aw = alignment_warning(model, layout)
             if aw:
                 warnings.append(aw)
+        if model.is_moe:
+            from .moe import routing_note
+            warnings.append(routing_note(model, layout))
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
             key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
