@@ -16,7 +16,8 @@ citation) and the systems' platforms. This module
    modelled (NVFP4), or whose model the predictor does not model (DeepSeek-V3's MLA, GPT-OSS, Llama 4, Nemotron);
 3. predicts the rest with `predictor.batch.predict_records(..., allow_oom=True)` and scores the measured step time
    (global_batch x seq_len / (tokens/s/GPU x GPUs), the document's own definition of tokens/s/GPU) per run and per
-   group (GPU kind, MoE vs dense, precision, source).
+   group (GPU kind, MoE vs dense, precision, source). MoE runs of a source that states forced load balancing (the
+   Megatron-Bridge 25.11 / 26.02 tables) are predicted with moe_imbalance 1, the others with the modelled imbalance.
 
 Rows carrying Mixture-of-Experts columns are sent to the predictor only when it accepts those columns
 (`layout_io.BATCH_COLUMNS` / `OPTIONAL_BATCH_COLUMNS`); until then each such row reports why it was not predicted
@@ -41,11 +42,13 @@ FLOPS_TOLERANCE = 0.03    # published TFLOP/s per token vs the median of the sam
 # accepts them (see predictable_record).
 ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden",
                "vocab", "tied_embeddings", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts",
-               "dense_layers", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "dp", "vpp", "schedule", "micro_batch",
-               "global_batch", "recompute", "sequence_parallel", "zero_stage", "precision", "framework"]
+               "dense_layers", "moe_imbalance", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "dp", "vpp",
+               "schedule", "micro_batch", "global_batch", "recompute", "sequence_parallel", "zero_stage",
+               "precision", "framework"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
-                "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "ep": {"", "1"}}
+                "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
+                "moe_imbalance": {""}, "ep": {"", "1"}}
 
 NO_STEP = "no step time: global batch, micro-batch or throughput not printed"
 BAD_GPUS = "GPU count is not tp x pp x cp x dp with an integer dp"
@@ -108,6 +111,7 @@ def published_runs(doc: dict[str, Any], sources: list[str] | None = None) -> Pub
         d = pd.DataFrame(src["rows"], columns=src["columns"])
         d.insert(0, "source", sid)
         d.insert(1, "row", range(len(d)))
+        d["force_balanced"] = d["release"].isin(src.get("force_balanced_releases", []))
         frames.append(d)
     d = pd.concat(frames, ignore_index=True)
     d["model_key"] = d["model"].map(doc["model_names"])
@@ -178,6 +182,8 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         "num_experts": model.get("num_experts", 0), "top_k": model.get("top_k") if moe else None,
         "moe_ffn_hidden": model.get("moe_ffn_hidden") if moe else None,
         "shared_experts": model.get("shared_experts", 0), "dense_layers": model.get("dense_layers", 0),
+        # a source that states forced balancing: every expert rank gets the mean load; else the modelled imbalance
+        "moe_imbalance": 1 if moe and bool(r.get("force_balanced", False)) else None,
         "seq_len": r["seq_len"], "num_gpus": r["gpus"], "tp": tp, "pp": int(_num(r["pp"]) or 1),
         "cp": int(_num(r["cp"]) or 1), "ep": int(_num(r["ep"]) or 1), "dp": r["dp_derived"], "vpp": vp,
         "schedule": "interleaved" if vp > 1 else "1f1b", "micro_batch": r["micro_batch"],
