@@ -124,11 +124,34 @@ def split_layers(num_layers: int, chunks: int) -> list[int]:
     return counts
 
 
+def interleaved_split(num_layers: int, chunks: int) -> list[int] | None:
+    """The default layers per chunk of the interleaved schedule (Megatron-Core needs equal chunks): an even split,
+    or, where the layers do not divide but layers + 2 do, Megatron-Core's account-for-embedding / account-for-loss
+    split (--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split: the embedding and the
+    loss count as one layer each, so the first and the last chunk hold one transformer layer fewer; e.g. Llama 3.1
+    405B's 126 layers in 64 chunks: 1, 2, ..., 2, 1). None where neither applies."""
+    if num_layers % chunks == 0:
+        return [num_layers // chunks] * chunks
+    per, rem = divmod(num_layers + 2, chunks)
+    if rem or per < 2 or chunks < 2:
+        return None
+    counts = [per] * chunks
+    counts[0] -= 1
+    counts[-1] -= 1
+    return counts
+
+
 def chunk_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
-    """Layers of each pipeline chunk in pipeline order (the layout's split, or the even one)."""
+    """Layers of each pipeline chunk in pipeline order (the layout's split, or the default one: as even as possible,
+    interleaved chunks by `interleaved_split`)."""
     if layout.stage_layers:
         return [int(n) for n in layout.stage_layers]
-    return split_layers(model.num_layers, layout.pp * layout.vpp)
+    chunks = layout.pp * layout.vpp
+    if layout.schedule == "interleaved":
+        split = interleaved_split(model.num_layers, chunks)
+        if split is not None:
+            return split
+    return split_layers(model.num_layers, chunks)
 
 
 def group_topology(platform: Platform, layout: Layout, group: str) -> Topology:
@@ -277,6 +300,18 @@ def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_top
     return ops, comms
 
 
+# Memory-bound operators a framework with fused kernels (predictor.frameworks) runs as one fused pass
+FUSABLE_OPS = frozenset({"rmsnorm", "layernorm", "rope", "swiglu", "gelu", "res_add"})
+FUSED = "fused"   # OpCall.variant of such an operator under fused kernels
+
+
+def fuse(ops: list[OpCall], fused: bool) -> list[OpCall]:
+    """`ops` with the fusable memory-bound operators marked as fused kernels (variant FUSED) when `fused`."""
+    if not fused:
+        return ops
+    return [replace(c, variant=FUSED) if c.op in FUSABLE_OPS else c for c in ops]
+
+
 def _as_phase(calls: list, phase: str, pass_: str | None = None) -> list:
     out: list = []
     for c in calls:
@@ -311,12 +346,13 @@ def cp_comms(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precisio
 
 def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
                recompute: str, precision: str, tp_topo: Topology, cp: int = 1,
-               cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True) -> Unit:
+               cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True,
+               fused: bool = False) -> Unit:
     """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
     tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
     sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added.
     A MoE model's layer is a MoE layer (`moe` False: one of its leading dense layers), its experts spread over
-    the `ep` ranks of `ep_topo`."""
+    the `ep` ranks of `ep_topo`. `fused`: the framework's fused kernels (`fuse`)."""
     s = seq_len // cp
     act_bytes = micro_batch * s * model.hidden_size * BYTES_PER_ELEMENT[precision]
     routed = None
@@ -324,6 +360,7 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
         routed = (moe_.routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel), ep_topo)
     f_ops, f_comms = _layer_forward(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo, "fwd", cp,
                                     routed)
+    f_ops = fuse(f_ops, fused)
     b_ops = _as_phase(f_ops, "bwd", "bwd")
     b_comms = _as_phase(f_comms, "bwd")
     if recompute == "full":
@@ -337,7 +374,7 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
 
 
 def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
-               precision: str, tp_topo: Topology, cp: int = 1) -> Unit:
+               precision: str, tp_topo: Topology, cp: int = 1, fused: bool = False) -> Unit:
     """What the first chunk adds: the vocab-parallel embedding (and GPT's position add) and its reduction
     (on seq_len / cp tokens per rank)."""
     b, s, h = micro_batch, seq_len // cp, model.hidden_size
@@ -350,11 +387,11 @@ def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
         ops += [OpCall("res_add", "fwd", shp_add, 1, "fwd", "embedding"),
                 OpCall("res_add", "bwd", shp_add, 1, "bwd", "embedding")]
     comms = _tp_comms("reducescatter" if sequence_parallel else "allreduce", "fwd", 1, act_bytes, tp_topo)
-    return Unit(tuple(ops), tuple(comms))
+    return Unit(tuple(fuse(ops, fused)), tuple(comms))
 
 
 def last_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
-              precision: str, tp_topo: Topology, cp: int = 1) -> Unit:
+              precision: str, tp_topo: Topology, cp: int = 1, fused: bool = False) -> Unit:
     """What the last chunk adds: final norm, vocab-parallel LM head and cross-entropy (seq_len / cp tokens)."""
     b, s, h = micro_batch, seq_len // cp, model.hidden_size
     act_bytes = b * s * h * BYTES_PER_ELEMENT[precision]
@@ -373,7 +410,7 @@ def last_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequenc
         comms = _tp_comms("allreduce", "bwd", 1, act_bytes, tp_topo)
     if tp_topo[0] > 1:  # vocab-parallel cross-entropy: max, sum-exp and target-logit all-reduces of [b, s] fp32
         comms.append(CommCall("allreduce", b * s * 4, "tp", "fwd", 3, *tp_topo))
-    return Unit(tuple(ops), tuple(comms))
+    return Unit(tuple(fuse(ops, fused)), tuple(comms))
 
 
 def p2p_message_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
@@ -527,11 +564,12 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     cp_topo = topology(g, tp, cp, layout.pp, "cp")
     ep_topo = topology(g, 1, ep, 1, "ep")
     edp_topo = topology(g, ep, tp * dpc // ep, 1, "dp")
-    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo)
-    dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False)
-                 if model.is_moe else lay)
-    fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp)
-    lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp)
+    fused = get_framework(layout.framework).fused_kernels and platform.device.vendor != "cpu"
+    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused)
+    dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False,
+                            fused=fused) if model.is_moe else lay)
+    fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
+    lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec, cp)
     emb = embedding_sync(model, tp, layout.pp, prec, topology(g, tp, dpc, layout.pp, "embedding"))
     plans: list[StagePlan] = []

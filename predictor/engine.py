@@ -36,6 +36,7 @@ from .specs import FRAMEWORKS, Layout, ModelSpec
 from .terms import EndToEndTerms, blend
 
 if TYPE_CHECKING:
+    from .platforms import Platform
     from .predict import Predictor
 
 COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "structure", "recompute",
@@ -222,8 +223,8 @@ class Engine:
 
     def prepare(self, model: ModelSpec, seq_len: int, precision: str, keys: Iterable[tuple[int, ...]]
                 ) -> None:
-        """Time the units of every (tp, micro_batch, sp, recompute, cp, ep) in `keys` not cached yet (cp = 1,
-        ep = 1 where a key has fewer entries)."""
+        """Time the units of every (tp, micro_batch, sp, recompute, cp, ep, fused kernels) in `keys` not cached yet
+        (cp = 1, ep = 1, unfused where a key has fewer entries)."""
         self.prepare_many([(model, seq_len, precision, k) for k in keys])
 
     def prepare_many(self, requests: Iterable[tuple[ModelSpec, int, str, tuple[int, ...]]]) -> None:
@@ -234,19 +235,21 @@ class Engine:
             tp, mb, sp, rc = k[:4]
             cp = k[4] if len(k) > 4 else 1
             ep = k[5] if len(k) > 5 else 1
-            key = (model, seq, prec, tp, mb, sp, rc, cp, ep)
+            fused = bool(k[6]) if len(k) > 6 else False
+            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused))
             if key in self._parts or key in todo:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
             cp_topo = D.topology(g, tp, cp, 1, "cp")
             ep_topo = D.topology(g, 1, ep, 1, "ep")
             units: tuple[D.Unit, ...] = (
-                D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo),
-                D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp),
-                D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp))
+                D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo,
+                             fused=fused),
+                D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused),
+                D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused))
             if model.is_moe and model.dense_layers:
                 units += (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo,
-                                       moe=False),)
+                                       moe=False, fused=fused),)
             todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec, cp))
         if not todo:
             return
@@ -446,7 +449,8 @@ class Engine:
         st_a, rc_a, sp_a, _z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
         cp_a, ep_a = rows[:, I_CP], rows[:, I_EP]
         dpc_a = dp_cp(rows)   # the data-parallel(-with-CP) group: gradients, ZeRO, pipeline stride
-        ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a, ep_a]))
+        ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a, ep_a,
+                                                    fused_kernels(rows, self.platform)]))
         klist = [tuple(int(v) for v in k) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
         parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
@@ -691,9 +695,26 @@ def structure_classes(s: Structure, model: ModelSpec | None = None) -> list[tupl
 UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep")
 
 
-def unit_keys(rows: np.ndarray) -> set[tuple[int, ...]]:
-    """The (tp, micro_batch, sp, recompute, cp, ep) units `rows` need."""
-    u, _ = _unique_rows(rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]])
+def fused_kernels(rows: np.ndarray, platform: Platform) -> np.ndarray:
+    """Per row: 1 where its framework runs fused memory-bound kernels on this platform (predictor.frameworks:
+    GPU kernels; a CPU platform runs the sampled PyTorch kernels whatever the framework), else 0."""
+    if platform.device.vendor == "cpu":
+        return np.zeros(len(rows), dtype=np.int64)
+    flags = np.array([int(FRAMEWORK_SPECS[f].fused_kernels) for f in FRAMEWORKS])
+    return flags[rows[:, I_FW]]
+
+
+def unit_key(layout: Layout, platform: Platform) -> tuple[int, ...]:
+    """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels) of one layout on `platform`."""
+    fused = get_framework(layout.framework).fused_kernels and platform.device.vendor != "cpu"
+    return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
+            layout.cp, layout.ep, int(fused))
+
+
+def unit_keys(rows: np.ndarray, platform: Platform) -> set[tuple[int, ...]]:
+    """The (tp, micro_batch, sp, recompute, cp, ep, fused kernels) units `rows` need on `platform`."""
+    u, _ = _unique_rows(np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]],
+                                         fused_kernels(rows, platform)]))
     return {tuple(int(v) for v in k) for k in u}
 
 

@@ -44,7 +44,7 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "vocab", "tied_embeddings", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts",
                "dense_layers", "moe_imbalance", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "dp", "vpp",
                "schedule", "micro_batch", "global_batch", "recompute", "sequence_parallel", "zero_stage",
-               "precision", "framework"]
+               "precision", "framework", "overlap_grad_reduce", "overlap_param_gather"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
                 "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
@@ -189,7 +189,11 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         "schedule": "interleaved" if vp > 1 else "1f1b", "micro_batch": r["micro_batch"],
         "global_batch": r["global_batch"], "recompute": "none", "sequence_parallel": tp > 1,
         # FSDP > 0: Megatron FSDP (parameters, gradients and optimizer sharded); else the distributed optimizer
-        "zero_stage": 3 if fsdp else 1, "precision": r["pred_precision"], "framework": "megatron"}
+        "zero_stage": 3 if fsdp else 1, "precision": r["pred_precision"], "framework": "megatron",
+        # NeMo overlaps the distributed optimizer's gradient reduce-scatter and parameter all-gather with compute
+        # (NVIDIA/NeMo docs/source/features/optimizations/communication_overlap.rst: "enabled when setting
+        # overlap_grad_sync=True and overlap_param_gather=True", the recipes' setting)
+        "overlap_grad_reduce": True, "overlap_param_gather": True}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 

@@ -25,10 +25,9 @@ import numpy as np
 
 from . import features, fp8, paths
 from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
-from .decompose import CommCall, OpCall
+from .decompose import FUSED, CommCall, OpCall
 from .engine import (
     HOST_PROVENANCE,
-    RECOMPUTE,
     ZERO2_GATHER,
     Engine,
     Evaluation,
@@ -37,6 +36,7 @@ from .engine import (
     class_keys,
     rows_for,
     structure_classes,
+    unit_key,
     unit_keys,
 )
 from .frameworks import get_framework
@@ -64,6 +64,7 @@ def default_models_dir() -> Path:
 # Efficiency assumed where only the roofline is known (no samples at all): compute-bound ops
 # reach about 60 % of peak, memory-bound ones about 70 % of HBM bandwidth.
 ANALYTIC_EFFICIENCY = 0.6
+FUSED_PROVENANCE = "analytical (fused kernel)"
 # Expected error of an end-to-end composition not validated on this platform.
 UNVALIDATED_COMPOSITION_ERROR = 0.15
 # Operators whose time is floored at their FLOPs over the achievable matmul throughput
@@ -240,6 +241,13 @@ class Predictor:
         for (op, pass_, variant), shp in todo.items():
             shapes = list(shp)
             arrays = features.arrays_from_shapes(shapes, variant)
+            if variant == FUSED:   # the framework's fused kernel (predictor.frameworks): one pass over memory
+                self.platform.device.check_op(op)
+                t_f = np.asarray(features.fused_kernel_s(op, pass_, arrays, self.platform.device, base), "float64")
+                for s_, t in zip(shapes, t_f):
+                    cache[(op, pass_, s_, variant, precision)] = (float(t), FUSED_PROVENANCE, None)
+                    self._ideal_cache[(op, pass_, s_, variant, precision)] = 0.0
+                continue
             try:
                 secs, prov, err = self._predict_op_group(op, pass_, arrays, base)
             except ArtifactError as e:  # a model file changed on disk after it was checked: fall back, say so
@@ -416,7 +424,7 @@ class Predictor:
         for (model, seq, prec), idx in groups.items():
             rows, structs = rows_for(model, [items[i][1] for i in idx])
             prepared.append((model, seq, prec, idx, rows, structs))
-            units += [(model, seq, prec, k) for k in unit_keys(rows)]
+            units += [(model, seq, prec, k) for k in unit_keys(rows, self.platform)]
             classes += [(model, seq, prec, k) for k in class_keys(rows, [structure_classes(s, model) for s in structs])]
         self.engine.prepare_many(units)
         self.engine.prepare_classes_many(classes)
@@ -483,9 +491,8 @@ class Predictor:
             warnings.append(routing_note(model, layout))
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
-            key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
-                   int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp, layout.ep)
-            lay = self.engine._parts[key].layer
+            lay = self.engine._parts[(model, layout.seq_len, layout.precision,
+                                      *unit_key(layout, self.platform))].layer
             per_pass = lay.fc + lay.ft
             if per_pass < SHORT_LAYER_PASS_S:
                 warnings.append(f"Kernels are short here ({per_pass * 1e3:.2f} ms of GPU work per layer forward) and "
@@ -505,9 +512,7 @@ class Predictor:
 
     def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:
         """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step)."""
-        key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
-               int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp, layout.ep)
-        parts = self.engine._parts[key]
+        parts = self.engine._parts[(model, layout.seq_len, layout.precision, *unit_key(layout, self.platform))]
         S: Structure = det["structure"]
         nch = S.pp * S.vpp
         cats = {"tp": "tp_comm", "cp": "cp_comm", "ep": "ep_comm", "pp": "pp_comm", "dp": "dp_comm", "edp": "dp_comm",

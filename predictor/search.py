@@ -36,7 +36,7 @@ from . import memory as mem
 from .bounds import check_bound
 from .compose import CATEGORIES
 from .costing import TrainingEstimate, training_estimate
-from .decompose import split_layers
+from .decompose import interleaved_split, split_layers
 from .engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  # noqa: F401  (_unique_rows re-exported)
 from .fp8 import mfu_peak_precision
 from .frameworks import get_framework
@@ -349,14 +349,14 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
         if "interleaved" in space.schedules and pp >= 2:
             cand_v = space.vpp or tuple(range(2, space.max_vpp + 1))
             for v in cand_v:
-                if v >= 2 and L % (pp * v) == 0:
+                if v >= 2 and interleaved_split(L, pp * v) is not None:
                     inter.append(v)
         for mb in mbs:
             m = per_replica // mb
             plist = list(structures_pp) if pp > 1 else [structures_pp[0]]
             for v in inter:
                 if m % pp == 0:
-                    st = Structure(pp, v, "interleaved", tuple([L // (pp * v)] * (pp * v)), None)
+                    st = Structure(pp, v, "interleaved", tuple(interleaved_split(L, pp * v) or ()), None)
                     plist.append((sid(st), v))
             for st_id, _v in plist:
                 for rc in rcs:

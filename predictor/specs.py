@@ -448,9 +448,14 @@ class Layout:
                     raise InfeasibleConfig("stage_layers", f"sums to {sum(self.stage_layers)} but the model has "
                                                            f"{model.num_layers} layers.")
             elif self.schedule == "interleaved" and model.num_layers % chunks:
-                raise InfeasibleConfig(
-                    "vpp", f"{model.num_layers} layers do not split evenly into pp*vpp = {chunks} chunks.",
-                    "choose vpp so that layers / (pp*vpp) is an integer.")
+                from .decompose import interleaved_split
+                if interleaved_split(model.num_layers, chunks) is None:
+                    raise InfeasibleConfig(
+                        "vpp", f"{model.num_layers} layers do not split evenly into pp*vpp = {chunks} chunks (nor "
+                               f"do layers + 2, Megatron-Core's split that counts the embedding and the loss as "
+                               "layers).",
+                        "choose vpp so that layers / (pp*vpp) or (layers + 2) / (pp*vpp) is an integer, or give "
+                        "stage_layers.")
 
 
 def _flag(name: str) -> str:
