@@ -270,6 +270,14 @@ def print_scored(title: str, rows: list[dict]) -> None:
     print(f"{rows[0]['platform']}: {_stats(rows)}; per family: {fam}")
 
 
+def machine_note(t: dict, models_dir: str | None) -> None:
+    """Say so when a table was measured on another CPU than the one its platform's models were sampled on."""
+    from .cpu_end_to_end import models_machine, same_machine_as_models, table_machine
+    if not same_machine_as_models(t, t["platform"], models_dir):
+        print(f"[measured on {table_machine(t).short()}, not on the machine {t['platform']}'s models were sampled on "
+              f"({models_machine(t['platform'], models_dir).short()}): predictions for another CPU]")
+
+
 def rescore(path: Path = RESULTS, models_dir: str | None = None) -> int:
     data = json.loads(path.read_text())
     titles = {"single": "HF MoE single process, 2 threads vs predict on cpu-2t",
@@ -289,6 +297,7 @@ def rescore(path: Path = RESULTS, models_dir: str | None = None) -> int:
               f"{t['facts'].get('torch')}, transformers {t['facts'].get('transformers')}; 1-min load during the jobs "
               f"{min(la):.2f}..{max(la):.2f}; steps redone for interference {red} (kept {kept}); memory bandwidth "
               f"{json.dumps(bw)} GB/s; measuring took {t.get('measuring_s')} s]")
+        machine_note(t, models_dir)
         print_scored(titles[kind], score_rows(t["runs"], t["platform"], models_dir))
     return 0
 
