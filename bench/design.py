@@ -203,12 +203,27 @@ def feasible(op: str, shape: dict[str, int | None], prof: Profile) -> bool:
     return opbench.largest_tensor_elements(op, sh) <= prof.max_elements
 
 
+# The operators whose designs were sampled before the vocabulary grew, in the order that seeded them (sorted): their
+# Sobol seeds must not move when operators are added (the speed check and re-runs rebuild the sampled shapes from
+# the seed); operators added later take the indices after these, in sorted order.
+_SEEDED_OPS = ("attn_context", "attn_mask_fill", "attn_out_proj", "attn_scores", "cross_entropy", "embedding",
+               "flash_attn", "fused_masked_softmax", "gelu", "layernorm", "lm_head", "mlp_down", "mlp_up", "optimizer",
+               "qkv_proj", "res_add", "rmsnorm", "rope", "softmax", "swiglu")
+
+
+def op_seed_index(op: str) -> int:
+    """A stable per-operator seed offset (see _SEEDED_OPS)."""
+    if op in _SEEDED_OPS:
+        return _SEEDED_OPS.index(op)
+    return len(_SEEDED_OPS) + sorted(o for o in P.OPS if o not in _SEEDED_OPS).index(op)
+
+
 def op_design(op: str, n: int, profile: str | Profile = "cpu", tps: tuple[int, ...] = (1,), seed: int = 0
               ) -> list[DesignPoint]:
     """The first `n` feasible points of the op's scrambled Sobol sequence (deterministic for a seed)."""
     prof = PROFILES[profile] if isinstance(profile, str) else profile
     names = list(_DIMS[op]) + (["tp"] if len(tps) > 1 else [])
-    rng_seed = seed * 1009 + sorted(P.OPS).index(op)
+    rng_seed = seed * 1009 + op_seed_index(op)
     sob = qmc.Sobol(d=len(names), scramble=True, seed=rng_seed)
     m = max(4, math.ceil(math.log2(max(n, 1) * 4)))
     pts = sob.random_base2(m)

@@ -42,7 +42,7 @@ for i in range(n):
         st.markdown(f"##### Setup {letter.upper()}")
         mf = inputs.model_inputs(pre, default=d["model"])
         pf = inputs.platform_inputs(pre, default=d["platform"], allow_custom=False)
-        lf = inputs.layout_inputs(pre, defaults=d, more="Sequence, schedule, memory savers")
+        lf = inputs.layout_inputs(pre, defaults=d, more="Sequence, schedule, memory savers", model=mf)
     setups.append((letter.upper(), mf, pf, lf))
 
 results = []
@@ -84,7 +84,7 @@ with results_area:
         p, L, mem, cost = r["pred"], r["layout"], r["mem"], r["cost"]
         rows[f"Setup {r['name']}"] = {
             "model": r["mf"].get("model", "custom"), "platform": p.platform_id, "GPUs": L.num_gpus,
-            "TP × PP × DP": f"{L.tp} × {L.pp} × {L.dp}",
+            "TP × PP × CP × DP": f"{L.tp} × {L.pp} × {L.cp} × {L.dp}", "EP (expert parallel)": L.ep,
             "micro-batch / global batch": f"{L.micro_batch} / {L.global_batch}",
             "sequence length": L.seq_len, "schedule": L.schedule + (f" (vpp {L.vpp})" if L.vpp > 1 else ""),
             "recomputation": L.recompute, "sequence parallel": "on" if L.sequence_parallel else "off",

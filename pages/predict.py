@@ -15,7 +15,7 @@ sb.subheader("Platform")
 plat_fields = inputs.platform_inputs(container=sb)
 key = inputs.platform_key(plat_fields)
 sb.subheader("Layout")
-layout_fields = inputs.layout_inputs(container=sb, stage_layers=True)
+layout_fields = inputs.layout_inputs(container=sb, stage_layers=True, model=model_fields)
 sb.subheader("Training run")
 target = inputs.target_inputs(container=sb)
 
@@ -93,7 +93,8 @@ t_break, t_ops, t_time, t_mem, t_data, t_export = st.tabs(
 if t_break.open:
     with t_break:
         st.html(charts.breakdown_html(charts.visible_breakdown(pred.breakdown_s, host_modelled)))
-        bd = charts.breakdown_table(pred.breakdown_s, pred.step_time_s, host_modelled, cp=layout.cp)
+        bd = charts.breakdown_table(pred.breakdown_s, pred.step_time_s, host_modelled, cp=layout.cp,
+                                    ep=layout.ep)
         detail = ", ".join(f"{k.replace('_', ' ')} {fmt.seconds(v)}" for k, v in pred.detail_s.items())
         st.caption(f"Along the critical path (stage {pred.critical_stage}); compute splits into {detail}."
                    + ("" if host_modelled else " Host / framework overhead is not modelled on this platform "

@@ -115,11 +115,12 @@ if "days" in view:
 if isinstance(best.get("warnings"), str) and best["warnings"]:
     st.warning(f"**Best layout**: {best['warnings']}", icon=":material/info:")
 host_on = rep.host_modelled
-shown = [col for col in ["rank", "tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "stage_layers", "recompute",
+shown = [col for col in ["rank", "tp", "pp", "cp", "ep", "dp", "micro_batch", "vpp", "schedule", "stage_layers",
+                         "recompute",
                          "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s", "mfu", "peak_mem_gib",
                          "fits", "days", "cost", "expected_error", "compute_s"]
          + (["host_overhead_s"] if host_on else [])
-         + ["tp_comm_s", "cp_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "reason"] if col in view]
+         + ["tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "reason"] if col in view]
 if not host_on:
     st.caption("Host / framework overhead is not modelled on this platform (no fitted host overhead): the "
                "table leaves it out, and its `host_overhead_s` column in the exports is empty, not 0.")
@@ -134,7 +135,8 @@ ev = st.dataframe(
                    "cost": st.column_config.NumberColumn("cost ($)", format="%.4g"),
                    "expected_error": st.column_config.NumberColumn("± error", format="percent"),
                    **{f"{c}_s": st.column_config.NumberColumn(f"{charts.CATEGORY_LABELS[c]} (s)", format="%.3g")
-                      for c in ("compute", "host_overhead", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble")},
+                      for c in ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm",
+                                "bubble")},
                    "stage_layers": st.column_config.TextColumn("layers/stage")})
 views.export(view, "search_results", "search_x")
 

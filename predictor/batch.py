@@ -7,6 +7,10 @@ Memory: every predicted row carries `memory_gib` and `fits`. A row that does not
 unless `allow_oom` is set: its time columns stay empty and `error` names the GiB needed, the GiB
 usable and the fix. With `allow_oom` its time is filled, `fits` is False and `warnings` starts with
 DOES NOT FIT IN MEMORY. Never a silent number.
+
+Mixture of Experts: when a row can be a MoE model (the header has `model` or a MoE / `ep` column) the output
+carries MOE_ECHO_COLUMNS, each predicted row's empty or absent ones filled with the value used (a preset's expert
+count and top_k, ep 1, ...), so the file says what was predicted.
 """
 from __future__ import annotations
 
@@ -14,11 +18,25 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .compose import CATEGORIES
-from .layout_io import layout_from_fields, model_from_fields
+from .layout_io import MOE_ECHO_COLUMNS, blank, layout_from_fields, model_from_fields, moe_echo
 from .specs import InfeasibleConfig
 
 RESULT_COLUMNS = ["step_time_s", *[f"{c}_s" for c in CATEGORIES], "tokens_per_s", "mfu", "memory_gib", "fits",
                   "expected_error", "provenance", "warnings", "error"]
+
+
+def output_columns(header: Iterable[str]) -> list[str]:
+    """The output header: the input's columns, MOE_ECHO_COLUMNS where a row can be a MoE model, RESULT_COLUMNS."""
+    cols = list(header)
+    if "model" in cols or any(c in cols for c in MOE_ECHO_COLUMNS):
+        cols += [c for c in MOE_ECHO_COLUMNS if c not in cols]
+    return cols + [c for c in RESULT_COLUMNS if c not in cols]
+
+
+def _echo(out: dict[str, Any], model, layout) -> None:
+    for k, v in moe_echo(model, layout).items():
+        if blank(out.get(k)):
+            out[k] = v
 
 
 def _platform_of(row: Mapping[str, Any]) -> str:
@@ -63,6 +81,7 @@ def predict_records(records: Iterable[Mapping[str, Any]], models_dir: str | None
             model = model_from_fields(row)
             layout = layout_from_fields(row)
             layout.validate(model)
+            _echo(out[i], model, layout)
             by_platform.setdefault(plat, []).append((i, model, layout))
         except InfeasibleConfig as e:
             out[i]["error"] = str(e)
@@ -103,4 +122,4 @@ def predict_rows(df, models_dir=None, progress=None, *, allow_oom: bool = False)
     """A DataFrame of rows in, a DataFrame out (the library form of predict-batch, same rules)."""
     import pandas as pd
     rows = predict_records(df.to_dict(orient="records"), models_dir, allow_oom=allow_oom, progress=progress)
-    return pd.DataFrame(rows, columns=[*df.columns, *[c for c in RESULT_COLUMNS if c not in df.columns]])
+    return pd.DataFrame(rows, columns=output_columns(df.columns))

@@ -8,7 +8,9 @@ import time
 from typing import Any
 
 from .batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
+from .cli_args import add_ep_arg, add_head_dim_arg, add_moe_args, model_fields
 from .layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
+from .model_summary import param_summary, routing_summary
 from .paths import clusters_file_arg
 from .specs import PRECISIONS, InfeasibleConfig
 
@@ -113,22 +115,28 @@ def cmd_models(a: argparse.Namespace) -> int:
         m = get_preset(n)
         rows.append({"model": n, "arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
                      "kv_heads": m.kv_heads, "head_dim": m.head_size, "ffn_hidden": m.ffn, "vocab": m.vocab_size,
-                     "params_b": round(m.total_params() / 1e9, 2)})
+                     "num_experts": m.num_experts, "top_k": m.top_k,
+                     "moe_ffn_hidden": m.expert_ffn if m.is_moe else None,
+                     "params_b": round(m.total_params() / 1e9, 2),
+                     "active_params_b": round(m.active_params() / 1e9, 2)})
     if a.json:
         print(json.dumps(rows, indent=2))
     else:
         import pandas as pd
-        print(pd.DataFrame(rows).to_string(index=False))
+        shown = [{**r, **(dict.fromkeys(("num_experts", "top_k", "moe_ffn_hidden", "active_params_b"), "-")
+                          if not r["num_experts"] else {})} for r in rows]   # dense: "-", not 0 / NaN
+        print(pd.DataFrame(shown).rename(columns={"num_experts": "experts", "moe_ffn_hidden": "expert_ffn",
+                                                  "active_params_b": "active_b"}).to_string(index=False))
     return 0
 
 
 # ---- predict --------------------------------------------------------------------------------
 def _fields_from_args(a: argparse.Namespace) -> dict:
-    keys = ["model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
+    keys = ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
-            "overlap_param_gather", "cp", "head_dim"]
-    return {k: getattr(a, k, None) for k in keys}
+            "overlap_param_gather", "cp", "ep")
+    return model_fields(a, keys)
 
 
 def print_prediction(pred, console=None) -> None:
@@ -136,8 +144,11 @@ def print_prediction(pred, console=None) -> None:
     c = console or _console()
     L, m = pred.layout, pred.model
     cps = f" cp{L.cp}" if L.cp > 1 else ""
+    eps = f" ep{L.ep}" if L.ep > 1 else ""
+    if m.is_moe:
+        c.print(f"[bold]{m.name}[/bold]: {routing_summary(m)}; {param_summary(m)} per token")
     c.print(f"[bold]{m.name}[/bold] on [bold]{pred.platform_id}[/bold]: {L.num_gpus} GPUs, "
-            f"tp{L.tp} pp{L.pp}{cps} dp{L.dp}"
+            f"tp{L.tp} pp{L.pp}{cps} dp{L.dp}{eps}"
             f"{f' vpp{L.vpp}' if L.vpp > 1 else ''}, micro-batch {L.micro_batch}, global batch {L.global_batch} "
             f"({L.num_micro_batches} micro-batches), seq {L.seq_len}, {L.schedule}, recompute {L.recompute}"
             f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}")
@@ -158,7 +169,7 @@ def print_prediction(pred, console=None) -> None:
     for k, v in pred.breakdown_s.items():
         if k == "host_overhead" and v == 0:
             continue  # not modelled on this platform (see the warnings)
-        if k == "cp_comm" and L.cp == 1:
+        if (k == "cp_comm" and L.cp == 1) or (k == "ep_comm" and L.ep == 1):
             continue  # no context parallelism: no ring
         t.add_row(k, f"{v:.4g}", f"{v / pred.step_time_s:.1%}")
     c.print(t)
@@ -185,7 +196,11 @@ def cmd_predict(a: argparse.Namespace) -> int:
     model = model_from_fields(f)
     layout = layout_from_fields(f)
     t0 = time.perf_counter()
-    pred = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters)).predict(model, layout)
+    P = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters))
+    layout.validate(model)   # then the checks predict-batch makes, in its order: ranks, the precision asked for
+    P.check_runs(layout)     # (named as asked: fp8 on V100 is "no FP8 tensor cores", not its missing bf16)
+    P.platform.device.check_precision(layout.precision)
+    pred = P.predict(model, layout)
     elapsed = time.perf_counter() - t0
     if not pred.fits_memory and not a.allow_oom:
         from .memory_verdict import oom_error
@@ -203,12 +218,12 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
     """Stream the input in chunks, predict each, write them to a temporary file renamed onto --output at
     the end. Whole-file problems (checked before computing where they can be) exit 2 with nothing
     written; row problems are reported in the row's `error` and the batch goes on (exit 0)."""
-    from .batch import RESULT_COLUMNS, predict_records
+    from .batch import output_columns, predict_records
     from .batch_io import AtomicCsvWriter, check_output, chunks, open_input
     inp, handle = open_input(a.input)
     with handle:
         out = check_output(a.output, inp.path)
-        columns = inp.header + [c for c in RESULT_COLUMNS if c not in inp.header]
+        columns = output_columns(inp.header)
         t0 = time.perf_counter()
         ok = bad = oom = 0
         with AtomicCsvWriter(out, columns) as w:
@@ -324,10 +339,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab", "seq-len", "num-gpus", "tp", "pp",
                  "dp", "micro-batch", "global-batch", "vpp", "zero-stage"):
         sp.add_argument(f"--{name}", type=int)
-    sp.add_argument("--head-dim", type=int, dest="head_dim",
-                    help="attention head dimension when it is not hidden / heads (Qwen3: 128); default hidden / heads")
+    add_head_dim_arg(sp)
     sp.add_argument("--cp", type=int, help="context-parallel degree: each micro-batch's sequence split over cp "
                                            "ranks, Megatron-Core ring attention (default 1; num_gpus = tp*pp*cp*dp)")
+    add_ep_arg(sp)
     sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     sp.add_argument("--recompute", choices=["none", "selective", "full"])
     sp.add_argument("--sequence-parallel", action="store_true", default=None)
@@ -340,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--overlap-param-gather", dest="overlap_param_gather", action=argparse.BooleanOptionalAction,
                     default=None, help="override the framework's default (Megatron's --overlap-param-gather)")
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
+    add_moe_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     sp.add_argument("--allow-oom", action="store_true",
                     help="print the time of a layout that does not fit in memory (with a loud warning) instead of "

@@ -18,11 +18,10 @@ from .compose import CATEGORIES
 from .paths import clusters_file_arg, json_default
 from .specs import InfeasibleConfig
 
-TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "cp", "dp", "micro_batch", "num_micro_batches", "vpp", "schedule",
-                 "stage_layers", "recompute", "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s",
-                 "tflops_per_gpu", "mfu", "peak_mem_gib", "compute_s", "tp_comm_s", "cp_comm_s", "pp_comm_s",
-                 "dp_comm_s",
-                 "bubble_s", "optimizer_s", "gpu_hours_per_mtok"]
+TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "num_micro_batches", "vpp",
+                 "schedule", "stage_layers", "recompute", "sequence_parallel", "zero_stage", "step_time_s",
+                 "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib", "compute_s", "tp_comm_s", "cp_comm_s",
+                 "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "gpu_hours_per_mtok"]
 COST_COLUMNS = ["steps", "days", "gpu_hours", "cost", "cost_per_mtok"]
 
 
@@ -58,6 +57,7 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 def cmd_search(a: argparse.Namespace) -> int:
+    from .cli_args import model_fields
     from .costing import parse_count
     from .frameworks import get_framework
     from .layout_io import model_from_fields
@@ -66,9 +66,8 @@ def cmd_search(a: argparse.Namespace) -> int:
     from .search import RC, SearchSpace, search
     from .specs import DEFAULT_FRAMEWORK
 
-    fields = {k: getattr(a, k, None) for k in ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
-                                               "vocab", "attention")}
-    model = model_from_fields(fields)
+    model = model_from_fields(model_fields(a, ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden",
+                                              "vocab", "attention")))
     P = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters))
     gpus = parse_gpus(a.num_gpus, P.platform.gpus_per_node)
     rc = tuple(x.strip() for x in a.recompute.split(",")) if a.recompute else RC
@@ -78,7 +77,7 @@ def cmd_search(a: argparse.Namespace) -> int:
     sp = {"both": (False, True), "on": (True,), "off": (False,)}[a.sequence_parallel]
     schedules = tuple(x.strip() for x in a.schedules.split(","))
     space = SearchSpace(tp=_ints(a.tp, "tp"), pp=_ints(a.pp, "pp"), cp=_ints(a.cp, "cp"),
-                        micro_batch=_ints(a.micro_batch, "micro_batch"),
+                        ep=_ints(a.ep, "ep"), micro_batch=_ints(a.micro_batch, "micro_batch"),
                         max_micro_batch=a.max_micro_batch, vpp=_ints(a.vpp, "vpp"), max_vpp=a.max_vpp,
                         recompute=rc, sequence_parallel=sp,
                         zero_stage=_ints(a.zero_stage, "zero_stage") or (0, 1, 2, 3), schedules=schedules,
@@ -172,8 +171,8 @@ def _print_report(rep, table, cols, a) -> None:
             f"{a.global_batch}, seq {a.seq_len}: {rep.n_enumerated} layouts enumerated, {rep.n_feasible} fit, "
             f"ranked by {rep.objective} in {rep.elapsed_s:.2f} s")
     t = Table(title=f"Top {len(table)} layouts")
-    show = [("rank", "#"), ("num_gpus", "GPUs"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("dp", "dp"),
-            ("micro_batch", "mb"),
+    show = [("rank", "#"), ("num_gpus", "GPUs"), ("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"),
+            ("dp", "dp"), ("micro_batch", "mb"),
             ("vpp", "vpp"), ("stage_layers", "split"), ("recompute", "recomp"), ("sequence_parallel", "SP"),
             ("zero_stage", "ZeRO"), ("step_time_s", "step s"), ("tokens_per_s", "tok/s"),
             ("tflops_per_gpu", "TFLOP/s/GPU"), ("mfu", "MFU"), ("peak_mem_gib", "mem GiB")]
@@ -266,6 +265,8 @@ def clusters_arg(sp: argparse.ArgumentParser) -> None:
 
 def add_search_parser(subparsers) -> None:
     """Register `search` on the CLI's subparsers."""
+    from .cli_args import add_head_dim_arg, add_moe_args
+    from .specs import PRECISIONS
     sp = subparsers.add_parser("search", help="rank every layout that fits by step time, tokens/s, MFU or cost",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--platform", required=True)
@@ -273,6 +274,7 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--arch", choices=["gpt", "llama"])
     for name in ("layers", "hidden", "heads", "kv-heads", "ffn-hidden", "vocab"):
         sp.add_argument(f"--{name}", type=int)
+    add_head_dim_arg(sp)
     sp.add_argument("--attention", choices=["flash", "unfused"])
     sp.add_argument("--num-gpus", required=True, help="N, a list N1,N2 or a range A-B (doubling from A)")
     sp.add_argument("--global-batch", type=int, required=True, help="sequences per step")
@@ -281,7 +283,8 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--objective", choices=["time", "tokens", "mfu", "cost"], default="time")
     sp.add_argument("--tokens", help="tokens to train (e.g. 15T, 300B): adds steps, days, GPU-hours, cost")
     sp.add_argument("--price-per-gpu-hour", type=float, help="price per GPU-hour (any currency)")
-    sp.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
+    sp.add_argument("--precision", choices=list(PRECISIONS), default="bf16",
+                    help="fp8 needs FP8 tensor cores (refused by name on A100 / V100 / MI250X / CPU platforms)")
     sp.add_argument("--framework", help="megatron (default), megatron-deepspeed, deepspeed, fsdp or ddp")
     sp.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action=argparse.BooleanOptionalAction,
                     default=None, help="override the framework's default")
@@ -290,6 +293,8 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--pp", help="pipeline degrees, e.g. 1,2,4")
     g.add_argument("--cp", help="context-parallel degrees, e.g. 1 (none) or 1,2,4 (default: every power of two that "
                                 "divides the GPUs with seq_len / cp a multiple of 2*cp)")
+    g.add_argument("--ep", help="expert-parallel degrees for a MoE model, e.g. 1,8 (default: every divisor of "
+                                "num_experts that divides tp x cp x dp)")
     g.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,2")
     g.add_argument("--max-micro-batch", type=int, default=16)
     g.add_argument("--vpp", help="virtual stages for the interleaved schedule, e.g. 2,4")
@@ -303,6 +308,7 @@ def add_search_parser(subparsers) -> None:
     g = sp.add_argument_group("memory model")
     g.add_argument("--framework-gib", type=float, default=1.5, help="CUDA context + workspaces + NCCL allowance")
     g.add_argument("--allocator-reserve", type=float, default=0.05, help="share of HBM kept for fragmentation")
+    add_moe_args(sp)
     sp.add_argument("--no-refine", action="store_true", help="skip the exact re-prediction of the top K")
     sp.add_argument("--all", action="store_true", help="also list rejected layouts with their reason")
     sp.add_argument("--explain", help="why layouts with these values are absent, e.g. tp=8,pp=1,zero_stage=0")

@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # cp_comm: the context-parallel ring's exposed KV exchange (what the attention blocks do not hide)
-CATEGORIES = ("compute", "host_overhead", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer")
+# ep_comm: the MoE all-to-all dispatch and combine over the expert-parallel group (on the critical path)
+CATEGORIES = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
+              "optimizer")
 
 
 @dataclass

@@ -20,8 +20,10 @@ vocabulary padded to a multiple of 128*tp.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
+from . import moe as moe_
 from . import params
 from .frameworks import get_framework
 from .ops import OP_SHAPE_COLUMNS, SHAPE_COLUMNS
@@ -68,7 +70,7 @@ class OpCall:
 class CommCall:
     collective: str     # allreduce | allgather | reducescatter | p2p
     message_bytes: int  # the full buffer: all-gather output, reduce-scatter input, all-reduce buffer
-    group: str          # tp | pp | dp | embedding | cp
+    group: str          # tp | pp | dp | embedding | cp | ep (MoE all-to-all) | edp (expert gradients)
     phase: str          # fwd | bwd | recompute | step
     count: float        # calls per micro-batch (per step for dp / embedding)
     ranks: int
@@ -122,11 +124,34 @@ def split_layers(num_layers: int, chunks: int) -> list[int]:
     return counts
 
 
+def interleaved_split(num_layers: int, chunks: int) -> list[int] | None:
+    """The default layers per chunk of the interleaved schedule (Megatron-Core needs equal chunks): an even split,
+    or, where the layers do not divide but layers + 2 do, Megatron-Core's account-for-embedding / account-for-loss
+    split (--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split: the embedding and the
+    loss count as one layer each, so the first and the last chunk hold one transformer layer fewer; e.g. Llama 3.1
+    405B's 126 layers in 64 chunks: 1, 2, ..., 2, 1). None where neither applies."""
+    if num_layers % chunks == 0:
+        return [num_layers // chunks] * chunks
+    per, rem = divmod(num_layers + 2, chunks)
+    if rem or per < 2 or chunks < 2:
+        return None
+    counts = [per] * chunks
+    counts[0] -= 1
+    counts[-1] -= 1
+    return counts
+
+
 def chunk_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
-    """Layers of each pipeline chunk in pipeline order (the layout's split, or the even one)."""
+    """Layers of each pipeline chunk in pipeline order (the layout's split, or the default one: as even as possible,
+    interleaved chunks by `interleaved_split`)."""
     if layout.stage_layers:
         return [int(n) for n in layout.stage_layers]
-    return split_layers(model.num_layers, layout.pp * layout.vpp)
+    chunks = layout.pp * layout.vpp
+    if layout.schedule == "interleaved":
+        split = interleaved_split(model.num_layers, chunks)
+        if split is not None:
+            return split
+    return split_layers(model.num_layers, chunks)
 
 
 def group_topology(platform: Platform, layout: Layout, group: str) -> Topology:
@@ -146,6 +171,8 @@ def topology(gpus_per_node: int, tp: int, dp: int, pp: int, group: str) -> Topol
     g = gpus_per_node
     if group == "tp":
         size, stride = tp, 1
+    elif group == "ep":   # expert parallel (MoE folding): `dp` = ep consecutive ranks of the tp x cp x dp ranks
+        size, stride = dp, 1
     elif group in ("dp", "cp"):
         size, stride = dp, tp
     elif group in ("pp", "embedding"):
@@ -200,7 +227,10 @@ def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: i
 
 
 def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
-                   phase: str, cp: int = 1) -> tuple[list[OpCall], list[CommCall]]:
+                   phase: str, cp: int = 1, moe: tuple[moe_.Routing, Topology] | None = None
+                   ) -> tuple[list[OpCall], list[CommCall]]:
+    """The forward calls of one layer: attention, then the dense MLP or (`moe` = its routing and the
+    expert-parallel group's topology) the MoE block (predictor.moe)."""
     h = model.hidden_size
     s_sp = s // tp if sp else s
     shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
@@ -216,21 +246,70 @@ def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_byte
                if model.head_dim_decoupled else make_shape(tp=tp, batch=b, seq=s, hidden=h))
     ops.append(OpCall("attn_out_proj", "fwd", out_shp, 1, phase, "layer"))
     ops.append(OpCall("res_add", "fwd", shp_norm, 2, phase, "layer"))
-    mlp = make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=model.ffn)
-    if model.arch == "llama":
-        ops.append(OpCall("mlp_up", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=2 * model.ffn), 1,
-                          phase, "layer"))
-        ops.append(OpCall("swiglu", "fwd", mlp, 1, phase, "layer"))
+    if moe is None:
+        ops += _mlp_ops(model, tp, b, s, model.ffn, phase, "layer")
+        exchanges = 2   # around attention and around the MLP
+        comms: list[CommCall] = []
     else:
-        ops.append(OpCall("mlp_up", "fwd", mlp, 1, phase, "layer"))
-        ops.append(OpCall("gelu", "fwd", mlp, 1, phase, "layer"))
-    ops.append(OpCall("mlp_down", "fwd", mlp, 1, phase, "layer"))
+        m_ops, comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, phase, *moe)
+        ops += m_ops
+        exchanges = 1   # around attention; the routed experts run on the sequence-parallel shard
     if sp:
-        comms = (_tp_comms("allgather", phase, 2, act_bytes, tp_topo)
-                 + _tp_comms("reducescatter", phase, 2, act_bytes, tp_topo))
+        comms = (_tp_comms("allgather", phase, exchanges, act_bytes, tp_topo)
+                 + _tp_comms("reducescatter", phase, exchanges, act_bytes, tp_topo) + comms)
     else:
-        comms = _tp_comms("allreduce", phase, 2, act_bytes, tp_topo)
+        comms = _tp_comms("allreduce", phase, exchanges, act_bytes, tp_topo) + comms
     return ops, comms
+
+
+def _mlp_ops(model: ModelSpec, tp: int, b: int, s: int, width: int, phase: str, part: str,
+             count: float = 1) -> list[OpCall]:
+    """An MLP of inner width `width` split over tp: up (gate + up for SwiGLU), activation, down."""
+    h = model.hidden_size
+    mlp = make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=width)
+    if model.arch == "llama":
+        return [OpCall("mlp_up", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=2 * width), count,
+                       phase, part),
+                OpCall("swiglu", "fwd", mlp, count, phase, part),
+                OpCall("mlp_down", "fwd", mlp, count, phase, part)]
+    return [OpCall("mlp_up", "fwd", mlp, count, phase, part), OpCall("gelu", "fwd", mlp, count, phase, part),
+            OpCall("mlp_down", "fwd", mlp, count, phase, part)]
+
+
+def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_topo: Topology, phase: str,
+               r: moe_.Routing, ep_topo: Topology) -> tuple[list[OpCall], list[CommCall]]:
+    """The MoE block of one layer (predictor.moe): router, permutation, all-to-all dispatch and combine over the
+    expert-parallel group, each local expert's MLP on its rows, shared experts."""
+    h = model.hidden_size
+    e = act_bytes // max(b * s * h, 1)   # bytes per element of the activations
+    rows = make_shape(batch=1, seq=r.routed_rows, hidden=h)
+    ops = [OpCall("moe_router", "fwd", make_shape(batch=1, seq=r.tokens, hidden=h, params=h * model.num_experts),
+                  1, phase, "moe"),
+           OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe")]
+    ops += _mlp_ops(model, 1, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
+    ops.append(OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe"))
+    comms: list[CommCall] = []
+    if ep_topo[0] > 1:   # dispatch and combine: the busiest rank receives imbalance x its mean rows
+        a2a = int(math.ceil(r.routed_rows * r.imbalance)) * h * e
+        comms.append(CommCall("alltoall", a2a, "ep", phase, 2, *ep_topo))
+    if model.shared_experts:
+        ops += _mlp_ops(model, tp, b, s, model.shared_experts * model.shared_ffn, phase, "shared_experts")
+        if tp_topo[0] > 1:   # the shared experts gather the sequence-parallel shards and reduce-scatter back
+            comms += (_tp_comms("allgather", phase, 1, act_bytes, tp_topo)
+                      + _tp_comms("reducescatter", phase, 1, act_bytes, tp_topo))
+    return ops, comms
+
+
+# Memory-bound operators a framework with fused kernels (predictor.frameworks) runs as one fused pass
+FUSABLE_OPS = frozenset({"rmsnorm", "layernorm", "rope", "swiglu", "gelu", "res_add"})
+FUSED = "fused"   # OpCall.variant of such an operator under fused kernels
+
+
+def fuse(ops: list[OpCall], fused: bool) -> list[OpCall]:
+    """`ops` with the fusable memory-bound operators marked as fused kernels (variant FUSED) when `fused`."""
+    if not fused:
+        return ops
+    return [replace(c, variant=FUSED) if c.op in FUSABLE_OPS else c for c in ops]
 
 
 def _as_phase(calls: list, phase: str, pass_: str | None = None) -> list:
@@ -267,13 +346,21 @@ def cp_comms(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precisio
 
 def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
                recompute: str, precision: str, tp_topo: Topology, cp: int = 1,
-               cp_topo: Topology = (1, 1, 1)) -> Unit:
+               cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True,
+               fused: bool = False) -> Unit:
     """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
     tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
-    sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added."""
+    sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added.
+    A MoE model's layer is a MoE layer (`moe` False: one of its leading dense layers), its experts spread over
+    the `ep` ranks of `ep_topo`. `fused`: the framework's fused kernels (`fuse`)."""
     s = seq_len // cp
     act_bytes = micro_batch * s * model.hidden_size * BYTES_PER_ELEMENT[precision]
-    f_ops, f_comms = _layer_forward(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo, "fwd", cp)
+    routed = None
+    if moe and model.is_moe:
+        routed = (moe_.routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel), ep_topo)
+    f_ops, f_comms = _layer_forward(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo, "fwd", cp,
+                                    routed)
+    f_ops = fuse(f_ops, fused)
     b_ops = _as_phase(f_ops, "bwd", "bwd")
     b_comms = _as_phase(f_comms, "bwd")
     if recompute == "full":
@@ -287,7 +374,7 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
 
 
 def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
-               precision: str, tp_topo: Topology, cp: int = 1) -> Unit:
+               precision: str, tp_topo: Topology, cp: int = 1, fused: bool = False) -> Unit:
     """What the first chunk adds: the vocab-parallel embedding (and GPT's position add) and its reduction
     (on seq_len / cp tokens per rank)."""
     b, s, h = micro_batch, seq_len // cp, model.hidden_size
@@ -300,11 +387,11 @@ def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
         ops += [OpCall("res_add", "fwd", shp_add, 1, "fwd", "embedding"),
                 OpCall("res_add", "bwd", shp_add, 1, "bwd", "embedding")]
     comms = _tp_comms("reducescatter" if sequence_parallel else "allreduce", "fwd", 1, act_bytes, tp_topo)
-    return Unit(tuple(ops), tuple(comms))
+    return Unit(tuple(fuse(ops, fused)), tuple(comms))
 
 
 def last_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
-              precision: str, tp_topo: Topology, cp: int = 1) -> Unit:
+              precision: str, tp_topo: Topology, cp: int = 1, fused: bool = False) -> Unit:
     """What the last chunk adds: final norm, vocab-parallel LM head and cross-entropy (seq_len / cp tokens)."""
     b, s, h = micro_batch, seq_len // cp, model.hidden_size
     act_bytes = b * s * h * BYTES_PER_ELEMENT[precision]
@@ -323,7 +410,7 @@ def last_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequenc
         comms = _tp_comms("allreduce", "bwd", 1, act_bytes, tp_topo)
     if tp_topo[0] > 1:  # vocab-parallel cross-entropy: max, sum-exp and target-logit all-reduces of [b, s] fp32
         comms.append(CommCall("allreduce", b * s * 4, "tp", "fwd", 3, *tp_topo))
-    return Unit(tuple(ops), tuple(comms))
+    return Unit(tuple(fuse(ops, fused)), tuple(comms))
 
 
 def p2p_message_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
@@ -343,8 +430,8 @@ def p2p_calls_per_pass(chunk_index: int, chunks: int, pp: int) -> int:
 
 
 def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
-              layers: int, first: bool, last: bool, dp_topo: Topology, zero2_gather: str = "per_micro_batch"
-              ) -> StepWork:
+              layers: int, first: bool, last: bool, dp_topo: Topology, zero2_gather: str = "per_micro_batch",
+              dense: int | None = None, ep: int = 1, edp_topo: Topology | None = None) -> StepWork:
     """The optimizer of one chunk and its data-parallel traffic, by ZeRO stage:
 
     zero_stage  as frameworks name it                         data-parallel traffic of this chunk
@@ -363,7 +450,14 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
     Gradients travel in `specs.grad_comm_bytes(precision)` bytes per element (fp32 for bf16, as
     Megatron-LM and torchtitan / llm-foundry FSDP reduce them), parameters in the compute precision.
     FSDP x TP: the dp group holds the tp-sharded parameters of this GPU (`dp_topo` strides over tp).
+    MoE (`dense` of the `layers` have a dense MLP, the rest are MoE layers with num_experts / ep experts here): the
+    routed experts' gradients are reduced (ZeRO-1: reduce-scattered and gathered) over the expert-data-parallel
+    group `edp_topo` (tp * dp / ep ranks; `dp` is the data-parallel-with-CP degree), the rest over `dp_topo`.
     """
+    if model.is_moe:
+        return _moe_step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, precision=precision,
+                              seq_len=seq_len, layers=layers, first=first, last=last, dp_topo=dp_topo,
+                              dense=dense or 0, ep=ep, edp_topo=edp_topo or (1, 1, 1))
     elem = BYTES_PER_ELEMENT[precision]
     gelem = grad_comm_bytes(precision)
     n_params = params.chunk_params(model, tp, pp, layers, first, last, seq_len)
@@ -399,6 +493,44 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
     return StepWork(step_ops=(opt,), step_comms=steps, mb_comms=tuple(mb))
 
 
+def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
+                   layers: int, first: bool, last: bool, dp_topo: Topology, dense: int, ep: int,
+                   edp_topo: Topology) -> StepWork:
+    """`step_work` of a MoE model's chunk: the optimizer over both parameter groups, each group's data-parallel
+    traffic over its own group (ZeRO stages 0 and 1; `Layout.validate` refuses ZeRO-2/3 with ep > 1, and with
+    ep = 1 the expert-data-parallel group is the data-parallel group and stages 2-3 move whole layers as
+    for a dense model)."""
+    elem = BYTES_PER_ELEMENT[precision]
+    gelem = grad_comm_bytes(precision)
+    n_all = params.chunk_params(model, tp, pp, layers, first, last, seq_len, dense=dense, ep=ep)
+    n_exp = (layers - dense) * params.layer_expert_params_per_gpu(model, ep)
+    n_dense = n_all - n_exp
+    edp = edp_topo[0]
+    shard_d, shard_e = (dp, edp) if zero_stage >= 1 else (1, 1)
+    variant = "first" if first else "last" if last else "middle"
+    opt = OpCall("optimizer", "step", make_shape(tp=tp, hidden=model.hidden_size, layers=layers,
+                                                 params=max(1, n_dense // max(shard_d, 1) + n_exp // max(shard_e, 1))),
+                 1, "step", "optimizer", variant=variant)
+    if zero_stage >= 2:
+        base = replace(model, num_experts=0, top_k=None, moe_ffn_hidden=None, shared_experts=0,
+                       shared_ffn_hidden=None, dense_layers=0, capacity_factor=None, moe_imbalance=None)
+        w = step_work(base, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, precision=precision, seq_len=seq_len,
+                      layers=layers, first=first, last=last, dp_topo=dp_topo)
+        k = n_all / max(params.chunk_params(base, tp, pp, layers, first, last, seq_len), 1)
+        return StepWork((opt,), tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.step_comms),
+                        tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.mb_comms))
+    comms: list[CommCall] = []
+    for n, topo, group in ((n_dense, dp_topo, "dp"), (n_exp, edp_topo, "edp")):
+        if n <= 0 or topo[0] <= 1:
+            continue
+        if zero_stage == 0:
+            comms.append(CommCall("allreduce", n * gelem, group, "step", 1, *topo))
+        else:
+            comms += [CommCall("reducescatter", n * gelem, group, "step", 1, *topo),
+                      CommCall("allgather", n * elem, group, "step", 1, *topo)]
+    return StepWork((opt,), tuple(comms))
+
+
 def embedding_sync(model: ModelSpec, tp: int, pp: int, precision: str, emb_topo: Topology) -> CommCall | None:
     """Tied embeddings over pp > 1: the first and last stage all-reduce the embedding gradient once per step."""
     if not (model.tied_embeddings and pp > 1):
@@ -421,27 +553,36 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     layout.validate(model)
     chunks = layout.pp * layout.vpp
     counts = chunk_layer_counts(model, layout)
+    dense_counts = params.chunk_dense_layers(model, counts)
     tp, b, s, sp, prec = layout.tp, layout.micro_batch, layout.seq_len, layout.sequence_parallel, layout.precision
-    cp = layout.cp
+    cp, ep = layout.cp, layout.ep
     dpc = layout.dp * cp   # the data-parallel-with-CP group: gradients and ZeRO shards
     g = platform.gpus_per_node
     tp_topo = topology(g, tp, dpc, layout.pp, "tp")
     pp_topo = topology(g, tp, dpc, layout.pp, "pp")
     dp_topo = topology(g, tp, dpc, layout.pp, "dp")
     cp_topo = topology(g, tp, cp, layout.pp, "cp")
-    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo)
-    fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp)
-    lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp)
+    ep_topo = topology(g, 1, ep, 1, "ep")
+    edp_topo = topology(g, ep, tp * dpc // ep, 1, "dp")
+    fused = get_framework(layout.framework).fused_kernels and platform.device.vendor != "cpu"
+    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused)
+    dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False,
+                            fused=fused) if model.is_moe else lay)
+    fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
+    lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec, cp)
     emb = embedding_sync(model, tp, layout.pp, prec, topology(g, tp, dpc, layout.pp, "embedding"))
     plans: list[StagePlan] = []
     for idx, n_layers in enumerate(counts):
         first, last = idx == 0, idx == chunks - 1
+        n_dense = dense_counts[idx] if model.is_moe else 0
         plan = StagePlan(stage=idx % layout.pp, chunk=idx // layout.pp, layers=n_layers, is_first=first,
                          is_last=last, params_per_gpu=params.chunk_params(model, tp, layout.pp, n_layers, first,
-                                                                          last, s))
-        plan.ops += [_times(c, n_layers) for c in lay.ops]
-        plan.comms += [_ctimes(c, n_layers) for c in lay.comms]
+                                                                          last, s, dense=n_dense, ep=ep))
+        plan.ops += [_times(c, n_layers - n_dense) for c in lay.ops] + [_times(c, n_dense) for c in dense_lay.ops
+                                                                        if n_dense]
+        plan.comms += ([_ctimes(c, n_layers - n_dense) for c in lay.comms]
+                       + [_ctimes(c, n_dense) for c in dense_lay.comms if n_dense])
         if first:
             plan.ops += list(fst.ops)
             plan.comms += list(fst.comms)
@@ -454,7 +595,8 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
             plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "bwd", n_p2p, *pp_topo))
         work = step_work(model, tp=tp, pp=layout.pp, dp=dpc, zero_stage=layout.zero_stage, precision=prec,
                          seq_len=s, layers=n_layers, first=first, last=last, dp_topo=dp_topo,
-                         zero2_gather=get_framework(layout.framework).zero2_gather)
+                         zero2_gather=get_framework(layout.framework).zero2_gather, dense=n_dense, ep=ep,
+                         edp_topo=edp_topo)
         plan.step_ops += list(work.step_ops)
         plan.step_comms += list(work.step_comms)
         plan.comms += list(work.mb_comms)

@@ -36,13 +36,16 @@ from .specs import FRAMEWORKS, Layout, ModelSpec
 from .terms import EndToEndTerms, blend
 
 if TYPE_CHECKING:
+    from .platforms import Platform
     from .predict import Predictor
 
 COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "structure", "recompute",
-           "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce", "overlap_param_gather", "cp")
-(I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP) = range(len(COLUMNS))
+           "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce", "overlap_param_gather", "cp", "ep")
+(I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
+ I_EP) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
-PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "pp_comm", "dp_comm")  # per micro-batch categories
+# per micro-batch categories
+PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 MEMORY_PARTS = mem.MEMORY_PARTS
 # Expected error of parts without a measured error of their own
 ASSUMED_ERROR = {"measured": 0.10, "transferred": 0.15, "host": 0.15, "stand-in": 0.20, "analytical": 0.30}
@@ -79,7 +82,7 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
         opg = fw.overlap_param_gather if L.overlap_param_gather is None else L.overlap_param_gather
         rows.append((L.num_gpus, L.tp, L.pp, L.dp, L.micro_batch, L.num_micro_batches, index[st],
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
-                     FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp))
+                     FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -92,7 +95,7 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   stage_layers=structure.stage_layers, framework=fw.name,
                   overlap_grad_reduce=None if bool(row[I_OGR]) == fw.overlap_grad_reduce else bool(row[I_OGR]),
                   overlap_param_gather=None if bool(row[I_OPG]) == fw.overlap_param_gather else bool(row[I_OPG]),
-                  cp=int(row[I_CP]))
+                  cp=int(row[I_CP]), ep=int(row[I_EP]))
 
 
 def dp_cp(rows: np.ndarray) -> np.ndarray:
@@ -122,6 +125,8 @@ class UnitTimes:
     bt: float = 0.0      # ... in the backward (and recomputation)
     fcp: float = 0.0     # context-parallel ring communication the attention blocks do not hide, forward
     bcp: float = 0.0     # ... backward and recomputation
+    fep: float = 0.0     # MoE all-to-all (dispatch and combine over the expert-parallel group), forward
+    bep: float = 0.0     # ... backward and recomputation
     fi: float = 0.0      # forward tensor-core FLOPs at the achievable matmul throughput (seconds)
     bi: float = 0.0      # ... backward and recomputation
     ri: float = 0.0      # ... recomputation
@@ -138,10 +143,11 @@ class UnitTimes:
 
 @dataclass
 class Parts:
-    layer: UnitTimes
+    layer: UnitTimes             # a transformer layer (a MoE model's: a MoE layer)
     first: UnitTimes
     last: UnitTimes
     p2p_bytes: int
+    dense: UnitTimes | None = None   # a MoE model's leading dense layer (None: every layer is `layer`)
 
 
 @dataclass
@@ -217,8 +223,8 @@ class Engine:
 
     def prepare(self, model: ModelSpec, seq_len: int, precision: str, keys: Iterable[tuple[int, ...]]
                 ) -> None:
-        """Time the units of every (tp, micro_batch, sp, recompute, cp) in `keys` not cached yet (cp = 1
-        where a key has four entries)."""
+        """Time the units of every (tp, micro_batch, sp, recompute, cp, ep, fused kernels) in `keys` not cached yet
+        (cp = 1, ep = 1, unfused where a key has fewer entries)."""
         self.prepare_many([(model, seq_len, precision, k) for k in keys])
 
     def prepare_many(self, requests: Iterable[tuple[ModelSpec, int, str, tuple[int, ...]]]) -> None:
@@ -228,19 +234,27 @@ class Engine:
         for model, seq, prec, k in requests:
             tp, mb, sp, rc = k[:4]
             cp = k[4] if len(k) > 4 else 1
-            key = (model, seq, prec, tp, mb, sp, rc, cp)
+            ep = k[5] if len(k) > 5 else 1
+            fused = bool(k[6]) if len(k) > 6 else False
+            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused))
             if key in self._parts or key in todo:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
             cp_topo = D.topology(g, tp, cp, 1, "cp")
-            units = (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo),
-                     D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp),
-                     D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp))
+            ep_topo = D.topology(g, 1, ep, 1, "ep")
+            units: tuple[D.Unit, ...] = (
+                D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo,
+                             fused=fused),
+                D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused),
+                D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused))
+            if model.is_moe and model.dense_layers:
+                units += (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo,
+                                       moe=False, fused=fused),)
             todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec, cp))
         if not todo:
             return
         by_prec: dict[str, list] = {}
-        comms = []
+        comms: list[D.CommCall] = []
         for key, (units, _) in todo.items():
             for u in units:
                 by_prec.setdefault(key[2], []).extend(u.ops)
@@ -250,8 +264,9 @@ class Engine:
         self.P.comm_times(comms)
         for key, (units, p2p_bytes) in todo.items():
             prec = key[2]
-            layer, first, last = (self._time_unit(u, prec) for u in units)
-            self._parts[key] = Parts(layer, first, last, p2p_bytes=p2p_bytes)
+            timed = [self._time_unit(u, prec) for u in units]
+            self._parts[key] = Parts(timed[0], timed[1], timed[2], p2p_bytes=p2p_bytes,
+                                     dense=timed[3] if len(timed) > 3 else None)
 
     def _time_unit(self, unit: D.Unit, precision: str) -> UnitTimes:
         u = UnitTimes()
@@ -262,6 +277,7 @@ class Engine:
         fc = bc = rc = ft = bt = fi = bi = ri = 0.0
         attn = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # attention kernels per phase (the CP ring's cover)
         ring = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # CP ring sends per phase
+        fep = bep = 0.0                                      # MoE all-to-all
         for c, (t, prov, err), ideal in zip(unit.ops, op_t, self.P.op_ideal_s(unit.ops, precision)):
             total = t * c.count * c.scale
             itot = ideal * c.count * c.scale
@@ -288,6 +304,11 @@ class Engine:
             total = t * cc.count
             if cc.group == "cp":
                 ring[cc.phase] += total
+            elif cc.group == "ep":
+                if cc.phase == "fwd":
+                    fep += total
+                else:
+                    bep += total
             elif cc.phase == "fwd":
                 ft += total
             else:
@@ -296,6 +317,7 @@ class Engine:
             comm_e.append(e)
             _add_prov(prov_d, prov, total, e)
         u.fc, u.bc, u.rc, u.ft, u.bt, u.fi, u.bi, u.ri = fc, bc, rc, ft, bt, fi, bi, ri
+        u.fep, u.bep = fep, bep
         if unit.cp > 1:
             # Megatron-Core's ring: cp attention blocks, the sends of the next block overlapping the current one
             # (cp - 1 overlapped steps); exposed = what the ring's sends take beyond (cp - 1) / cp of the attention
@@ -307,7 +329,7 @@ class Engine:
         return u
 
     def _prepare_classes(self, model: ModelSpec, seq: int, prec: str, keys: set[tuple]) -> None:
-        """Optimizer + data-parallel work per (tp, pp, dp, zero, layers, first, last)."""
+        """Optimizer + data-parallel work per (tp, pp, dp, zero, gather mode, ep, layers, first, last, dense)."""
         self.prepare_classes_many([(model, seq, prec, k) for k in keys])
 
     def prepare_classes_many(self, requests: Iterable[tuple[ModelSpec, int, str, tuple]]) -> None:
@@ -318,10 +340,11 @@ class Engine:
             full = (model, seq, prec, *k)
             if full in self._classes or full in todo:
                 continue
-            tp, pp, dp, z, gmode, n, first, last = k
+            tp, pp, dp, z, gmode, ep, n, first, last, dense = k
             todo[full] = D.step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=z, precision=prec, seq_len=seq,
                                      layers=n, first=bool(first), last=bool(last),
-                                     dp_topo=D.topology(g, tp, dp, pp, "dp"), zero2_gather=ZERO2_GATHER[gmode])
+                                     dp_topo=D.topology(g, tp, dp, pp, "dp"), zero2_gather=ZERO2_GATHER[gmode],
+                                     dense=dense, ep=ep, edp_topo=D.topology(g, ep, tp * dp // ep, 1, "dp"))
         if not todo:
             return
         by_prec: dict[str, list] = {}
@@ -424,18 +447,19 @@ class Engine:
         rows = np.asarray(rows, dtype=np.int64)
         tp_a, pp_a, _dp_a, mb_a, _m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
         st_a, rc_a, sp_a, _z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
-        cp_a = rows[:, I_CP]
+        cp_a, ep_a = rows[:, I_CP], rows[:, I_EP]
         dpc_a = dp_cp(rows)   # the data-parallel(-with-CP) group: gradients, ZeRO, pipeline stride
-        ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a]))
-        klist = [(int(k[0]), int(k[1]), int(k[2]), int(k[3]), int(k[4])) for k in ukeys]
+        ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a, ep_a,
+                                                    fused_kernels(rows, self.platform)]))
+        klist = [tuple(int(v) for v in k) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
         parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
 
         def kvec(get) -> np.ndarray:
             return np.array([get(p) for p in parts], float)[kinv]
-        unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name), f))
-                       for f in ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp")}
-                for name in ("layer", "first", "last")}
+        unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name) or p.layer, f))
+                       for f in UNIT_FIELDS}
+                for name in ("layer", "first", "last", "dense")}
         p2p_bytes = kvec(lambda p: p.p2p_bytes).astype(np.int64)
         u, inv = _unique_rows(np.column_stack([p2p_bytes, tp_a, pp_a, dpc_a]))
         p2p = [self._p2p_time(int(b), int(t), int(p), int(d)) for b, t, p, d in u]
@@ -444,7 +468,7 @@ class Engine:
         emb = [self._emb_sync(model, int(t), int(p), int(d), precision) for t, p, d in u2]
         emb_t = np.array([x[0] for x in emb])[inv2]
         # chunk classes of every (row, chunk)
-        struct_classes = [structure_classes(s) for s in structures]
+        struct_classes = [structure_classes(s, model) for s in structures]
         self._prepare_classes(model, seq_len, precision, class_keys(rows, struct_classes))
 
         for st_id in np.unique(st_a):
@@ -471,20 +495,28 @@ class Engine:
         cl[-1] = 1
         cstage = np.arange(nch) % pp
         n_p2p = np.array([D.p2p_calls_per_pass(i, nch, pp) for i in range(nch)], float)
-        cls_of = np.array([classes.index((S.counts[i], int(i == 0), int(i == nch - 1))) for i in range(nch)])
-        combo, cinv = _unique_rows(np.column_stack([sub[:, I_TP], dp_cp(sub), sub[:, I_ZERO], gather_mode(sub)]))
+        dn = np.array(chunk_dense(S, model), float)   # a MoE model's dense layers per chunk (0 for a dense model)
+        cls_of = np.array([classes.index((S.counts[i], int(i == 0), int(i == nch - 1), int(dn[i])))
+                           for i in range(nch)])
+        combo, cinv = _unique_rows(np.column_stack([sub[:, I_TP], dp_cp(sub), sub[:, I_ZERO], gather_mode(sub),
+                                                    sub[:, I_EP]]))
         work = np.zeros((len(combo), len(classes), 7))
-        for ci, (tp, dp, z, gm) in enumerate(combo):
-            for j, (n_l, f, l_) in enumerate(classes):
-                c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), int(gm), n_l, f, l_)]
+        for ci, (tp, dp, z, gm, ep) in enumerate(combo):
+            for j, (n_l, f, l_, d_) in enumerate(classes):
+                c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), int(gm), int(ep), n_l, f,
+                                   l_, d_)]
                 work[ci, j] = (c.optimizer_s, c.dp_sync_s, c.param_gather_s, c.zf_total, c.zf_unit, c.zb_total,
                                c.zb_unit)
         W = work[cinv][:, cls_of, :]          # [R, chunks, 7]
 
         def chunks_of(f: str) -> np.ndarray:   # [R, chunks]
-            return (cn * unit["layer"][f][idx][:, None] + cf * unit["first"][f][idx][:, None]
-                    + cl * unit["last"][f][idx][:, None])
-        fc, bc, rcp, ft, bt, fcp, bcp = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt", "fcp", "bcp"))
+            out = (cn * unit["layer"][f][idx][:, None] + cf * unit["first"][f][idx][:, None]
+                   + cl * unit["last"][f][idx][:, None])
+            if dn.any():   # a MoE model's leading dense layers instead of MoE layers
+                out = out + dn * (unit["dense"][f][idx] - unit["layer"][f][idx])[:, None]
+            return out
+        fc, bc, rcp, ft, bt, fcp, bcp, fep, bep = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt", "fcp", "bcp",
+                                                                          "fep", "bep"))
         sampled = fc + bc
         alpha = e2e.compute_factor if e2e is not None else 1.0
         beta = e2e.power_factor if e2e is not None else 0.0
@@ -505,15 +537,17 @@ class Engine:
         m_r = sub[:, I_M].astype(float)
         if host is not None:
             bpasses = np.array([host.passes("bwd", RECOMPUTE[int(v)]) for v in sub[:, I_RC]])[:, None]
-            fh = host.extra_s(fc + ft, cn[None, :], "fwd", "none")
-            bh = host.extra_for_passes_s(bc + bt, cn[None, :], bpasses)
+            fh = host.extra_s(fc + ft + fep, cn[None, :], "fwd", "none")
+            bh = host.extra_for_passes_s(bc + bt + bep, cn[None, :], bpasses)
         elif e2e is not None and e2e.host:
-            fh, bh = self._framework_host(e2e, sub, cn, vpp, fc + ft, bc + bt)
+            fh, bh = self._framework_host(e2e, sub, cn, vpp, fc + ft + fep, bc + bt + bep)
         else:
             fh = bh = np.zeros_like(fc)
         onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
-        fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "cp_comm": fcp, "pp_comm": ppc, "dp_comm": fdp}
-        bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "cp_comm": bcp, "pp_comm": ppc, "dp_comm": bdp}
+        fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "cp_comm": fcp, "ep_comm": fep, "pp_comm": ppc,
+               "dp_comm": fdp}
+        bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "cp_comm": bcp, "ep_comm": bep, "pp_comm": ppc,
+               "dp_comm": bdp}
         emb_s = ((cf + cl) > 0).astype(float) @ onehot * emb_t[:, None]
         ov_grad = sub[:, I_OGR].astype(bool) & opts.overlap_grad_reduce        # the platform may forbid it
         ov_gather = sub[:, I_OPG].astype(bool) & opts.overlap_param_gather
@@ -534,6 +568,7 @@ class Engine:
         # memory per stage
         arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
                                       tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
+                                      ep=sub[:, I_EP],
                                       micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
                                       recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt)
         total = np.sum([arr[k] for k in MEMORY_PARTS], axis=0)
@@ -597,7 +632,10 @@ class Engine:
                     v[0] += s * k
                     v[1] += se * k
             L = float(sum(S.counts))
-            add(P.layer.prov, m * L)
+            n_dense = float(sum(chunk_dense(S, model)))
+            add(P.layer.prov, m * (L - n_dense))
+            if n_dense:
+                add((P.dense or P.layer).prov, m * n_dense)
             add(P.first.prov, m)
             add(P.last.prov, m)
             t_p2p, prov_p2p, e_p2p = p2p[p2p_inv[r]]
@@ -608,10 +646,11 @@ class Engine:
             if t_emb > 0:
                 add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
             gm = int(gather_mode(row[None, :])[0])
+            dense = chunk_dense(S, model)
             for i in range(nch):
                 c = self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP] * row[I_CP]),
-                                   int(row[I_ZERO]),
-                                   gm, S.counts[i], int(i == 0), int(i == nch - 1))]
+                                   int(row[I_ZERO]), gm, int(row[I_EP]), S.counts[i], int(i == 0), int(i == nch - 1),
+                                   dense[i])]
                 add(c.prov_step, 1.0)
                 add(c.prov_mb, m)
             h = float(out.host_all_s[r])
@@ -636,16 +675,47 @@ def terms_error(e2e: EndToEndTerms | None) -> float:
     return float(v) if isinstance(v, (int, float)) and v == v else ASSUMED_ERROR["host"]
 
 
-def structure_classes(s: Structure) -> list[tuple[int, int, int]]:
-    """The distinct (layers, is first, is last) chunk kinds of a pipeline structure."""
+def chunk_dense(s: Structure, model: ModelSpec) -> list[int]:
+    """A MoE model's dense-MLP layers in each chunk of `s` (all zero for a dense model, whose layer unit is the
+    dense layer)."""
+    if not model.is_moe or not model.dense_layers:
+        return [0] * len(s.counts)
+    from .params import chunk_dense_layers
+    return chunk_dense_layers(model, s.counts)
+
+
+def structure_classes(s: Structure, model: ModelSpec | None = None) -> list[tuple[int, int, int, int]]:
+    """The distinct (layers, is first, is last, dense layers) chunk kinds of a pipeline structure (`model`: the
+    MoE model whose leading dense layers the chunks hold; None = no dense layers counted apart)."""
     nch = s.pp * s.vpp
-    return sorted({(s.counts[i], int(i == 0), int(i == nch - 1)) for i in range(nch)})
+    dense = chunk_dense(s, model) if model is not None else [0] * nch
+    return sorted({(s.counts[i], int(i == 0), int(i == nch - 1), dense[i]) for i in range(nch)})
 
 
-def unit_keys(rows: np.ndarray) -> set[tuple[int, int, int, int, int]]:
-    """The (tp, micro_batch, sp, recompute, cp) units `rows` need."""
-    u, _ = _unique_rows(rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP]])
-    return {(int(k[0]), int(k[1]), int(k[2]), int(k[3]), int(k[4])) for k in u}
+UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep")
+
+
+def fused_kernels(rows: np.ndarray, platform: Platform) -> np.ndarray:
+    """Per row: 1 where its framework runs fused memory-bound kernels on this platform (predictor.frameworks:
+    GPU kernels; a CPU platform runs the sampled PyTorch kernels whatever the framework), else 0."""
+    if platform.device.vendor == "cpu":
+        return np.zeros(len(rows), dtype=np.int64)
+    flags = np.array([int(FRAMEWORK_SPECS[f].fused_kernels) for f in FRAMEWORKS])
+    return flags[rows[:, I_FW]]
+
+
+def unit_key(layout: Layout, platform: Platform) -> tuple[int, ...]:
+    """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels) of one layout on `platform`."""
+    fused = get_framework(layout.framework).fused_kernels and platform.device.vendor != "cpu"
+    return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
+            layout.cp, layout.ep, int(fused))
+
+
+def unit_keys(rows: np.ndarray, platform: Platform) -> set[tuple[int, ...]]:
+    """The (tp, micro_batch, sp, recompute, cp, ep, fused kernels) units `rows` need on `platform`."""
+    u, _ = _unique_rows(np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]],
+                                         fused_kernels(rows, platform)]))
+    return {tuple(int(v) for v in k) for k in u}
 
 
 ZERO2_GATHER = ("per_micro_batch", "per_step")
@@ -657,12 +727,13 @@ def gather_mode(rows: np.ndarray) -> np.ndarray:
     return modes[rows[:, I_FW]]
 
 
-def class_keys(rows: np.ndarray, struct_classes: list[list[tuple[int, int, int]]]) -> set[tuple]:
-    """The (tp, pp, dp, zero, gather mode, layers, first, last) chunk classes `rows` need."""
+def class_keys(rows: np.ndarray, struct_classes: list[list[tuple[int, int, int, int]]]) -> set[tuple]:
+    """The (tp, pp, dp, zero, gather mode, ep, layers, first, last, dense) chunk classes `rows` need."""
     out: set[tuple] = set()
     g = gather_mode(rows)
-    for tp, pp, dp, z, gm, st in _unique_rows(np.column_stack([rows[:, I_TP], rows[:, I_PP], dp_cp(rows),
-                                                               rows[:, I_ZERO], g, rows[:, I_STRUCT]]))[0]:
-        for (cn, cf, cl) in struct_classes[st]:
-            out.add((int(tp), int(pp), int(dp), int(z), int(gm), cn, cf, cl))
+    for tp, pp, dp, z, gm, ep, st in _unique_rows(np.column_stack([rows[:, I_TP], rows[:, I_PP], dp_cp(rows),
+                                                                   rows[:, I_ZERO], g, rows[:, I_EP],
+                                                                   rows[:, I_STRUCT]]))[0]:
+        for (cn, cf, cl, dn) in struct_classes[st]:
+            out.add((int(tp), int(pp), int(dp), int(z), int(gm), int(ep), cn, cf, cl, dn))
     return out

@@ -330,6 +330,19 @@ def _roofline_parts(op, pass_, a, device, precision, d=None):
     return flops, byts, t_c, t_m
 
 
+# A fused single-pass memory-bound kernel (Transformer Engine / Megatron-Core fusions) moves its bytes at about this
+# fraction of the HBM bandwidth: an assumption stated with every such prediction, not fitted to any run
+FUSED_BANDWIDTH_EFFICIENCY = 0.8
+
+
+def fused_kernel_s(op: str, pass_: str, shapes: pd.DataFrame | Mapping[str, Any], device,
+                   precision: str = "fp16") -> np.ndarray:
+    """Seconds of a memory-bound operator run as one fused kernel: its minimal bytes (`_ELEMENTWISE_PASSES`) at
+    FUSED_BANDWIDTH_EFFICIENCY of the HBM bandwidth (its FLOPs at the peak where they dominate), plus one launch."""
+    _, _, t_c, t_m = _roofline_parts(op, pass_, shape_arrays(shapes), device, precision)
+    return np.maximum(t_c, t_m / FUSED_BANDWIDTH_EFFICIENCY) + LAUNCH_LATENCY_S
+
+
 def roofline_s(op: str, pass_: str, shapes: pd.DataFrame | Mapping[str, Any], device,
                precision: str = "fp16") -> np.ndarray:
     """max(flops / peak, bytes / HBM bandwidth) + a fixed launch latency, in seconds."""

@@ -107,7 +107,13 @@ def mfu_peak_precision(precision: str) -> str:
     return COMPUTE_PRECISION if precision == "fp8" else precision
 
 
-def layer_gemm_params_per_gpu(model: Any, tp: int) -> float:
-    """Parameters of one layer's FP8 GEMMs on one tensor-parallel rank (what gets an FP8 copy)."""
-    from .params import layer_matmul_params
-    return layer_matmul_params(model) / tp
+def layer_gemm_params_per_gpu(model: Any, tp: int, moe: bool = False, ep: int = 1) -> float:
+    """Parameters of one layer's FP8 GEMMs on one tensor-parallel rank (what gets an FP8 copy); `moe`: a MoE layer,
+    whose attention and shared experts are split over tp and whose num_experts / ep routed experts are whole here
+    (the router stays in higher precision)."""
+    from . import params
+    if moe and model.is_moe:
+        shared = model.shared_experts * params.mlp_params(model, model.shared_ffn)
+        split = params.attention_matmul_params(model) + shared
+        return split / tp + model.num_experts // max(ep, 1) * params.mlp_params(model, model.expert_ffn)
+    return params.layer_matmul_params(model) / tp

@@ -23,6 +23,13 @@ whether it hides behind the backward pass, when ZeRO parameters are gathered, wh
                       (backward prefetch), reduce-scatter in backward, all overlapped with compute.
   ddp                 PyTorch DistributedDataParallel: bucketed all-reduce overlapped with the backward
                       (ZeroRedundancyOptimizer for stage 1).
+
+Kernels (`fused_kernels`): Megatron-Core runs the memory-bound operators of a layer as fused kernels (Transformer
+Engine's fused RMSNorm / LayerNorm inside LayerNormLinear, the fused RoPE kernel, the fused bias-SwiGLU / GeLU,
+the fused bias-dropout-add residual). The sampled regressors of those operators (the paper's Megatron-LM kernels,
+PyTorch kernels in the other frameworks) take several passes over memory; for a framework with fused kernels they
+are timed as one pass at the device's HBM bandwidth (`predictor.features.fused_kernel_s`, provenance
+"analytical (fused kernel)").
 """
 from __future__ import annotations
 
@@ -41,11 +48,12 @@ class Framework:
     zero_needs_no_pp: bool           # ZeRO-2/3 cannot be combined with pipeline parallelism
     overlap_switch: bool             # the user can switch the overlap of the gradient reduction
     description: str
+    fused_kernels: bool = False      # norms, RoPE, activation and residual run as fused single-pass kernels
 
 
 FRAMEWORK_SPECS: dict[str, Framework] = {f.name: f for f in [
     Framework("megatron", False, False, (0, 1, 2, 3), "per_micro_batch", False, True,
-              "Megatron-LM / Megatron-Core (distributed optimizer = ZeRO-1, Megatron FSDP = 2/3)"),
+              "Megatron-LM / Megatron-Core (distributed optimizer = ZeRO-1, Megatron FSDP = 2/3)", fused_kernels=True),
     Framework("megatron-deepspeed", False, False, (0, 1, 2, 3), "per_step", True, False,
               "Megatron-DeepSpeed (DeepSpeed engine; ZeRO-2/3 only without pipeline parallelism)"),
     Framework("deepspeed", False, False, (0, 1, 2, 3), "per_step", True, False,

@@ -10,11 +10,17 @@ from .bounds import check_bound
 from .presets import get_preset
 from .specs import DEFAULT_FRAMEWORK, InfeasibleConfig, Layout, ModelSpec
 
+# Mixture-of-Experts model fields (ModelSpec names = CLI flags without dashes = batch columns); empty = default.
+MOE_INT_FIELDS = ("num_experts", "top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden", "dense_layers")
+MOE_FLOAT_FIELDS = ("capacity_factor", "moe_imbalance")
+MOE_FIELDS = MOE_INT_FIELDS + MOE_FLOAT_FIELDS
+# What a predict-batch output row carries back of the MoE set-up (the resolved values, preset ones included).
+MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep")
 BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
 OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "attention", "stage_layers",
-                          "model", "name", "tied_embeddings", "cp", "head_dim")
+                          "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep")
 
 DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
   kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
@@ -24,10 +30,16 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
   recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash;
   framework = megatron (megatron, megatron-deepspeed, deepspeed, fsdp, ddp: when the data-parallel traffic runs
   and whether it overlaps compute, see predictor/frameworks.py); overlap_grad_reduce / overlap_param_gather =
-  the framework's default."""
+  the framework's default.
+  Mixture of Experts: num_experts = 0 (dense; a preset's own count otherwise); top_k required for a MoE model;
+  moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
+  capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
+  (expert parallel: divides num_experts and tp*cp*dp). num_experts = 0 on a MoE preset makes it dense (the
+  preset's other MoE fields are dropped; ones you give are still checked)."""
 
 
-def _blank(v: Any) -> bool:
+def blank(v: Any) -> bool:
+    """An empty cell: None, NaN or whitespace only."""
     return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and v.strip() == "")
 
 
@@ -37,7 +49,7 @@ def _int(row: Mapping[str, Any], name: str) -> int | None: ...
 def _int(row: Mapping[str, Any], name: str, default: int) -> int: ...
 def _int(row: Mapping[str, Any], name: str, default: int | None = None) -> int | None:
     v = row.get(name)
-    if v is None or _blank(v):
+    if v is None or blank(v):
         return default
     try:
         f = float(v)
@@ -61,12 +73,42 @@ def _str(row: Mapping[str, Any], name: str) -> str | None: ...
 def _str(row: Mapping[str, Any], name: str, default: str) -> str: ...
 def _str(row: Mapping[str, Any], name: str, default: str | None = None) -> str | None:
     v = row.get(name)
-    return default if _blank(v) else str(v).strip().lower()
+    return default if blank(v) else str(v).strip().lower()
+
+
+def _float(row: Mapping[str, Any], name: str) -> float | None:
+    """A finite number, or None for an empty cell / an omitted flag."""
+    v = row.get(name)
+    if v is None or blank(v):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InfeasibleConfig(name, f"must be a number, got {v!r}.") from None
+    if not math.isfinite(f):
+        raise InfeasibleConfig(name, f"must be a finite number, got {v!r}.")
+    return f
+
+
+def moe_given(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The Mixture-of-Experts fields the row gives (parsed, each named on bad input); absent / empty ones left out."""
+    out: dict[str, Any] = {n: _int(row, n) for n in MOE_INT_FIELDS if not blank(row.get(n))}
+    out.update({n: _float(row, n) for n in MOE_FLOAT_FIELDS if not blank(row.get(n))})
+    return out
+
+
+_DENSE = {"top_k": None, "moe_ffn_hidden": None, "shared_experts": 0, "shared_ffn_hidden": None, "dense_layers": 0,
+          "capacity_factor": None, "moe_imbalance": None}
+
+
+def moe_echo(model: ModelSpec, layout: Layout) -> dict[str, Any]:
+    """The MoE fields and ep a prediction used (None where the model leaves a field to its default)."""
+    return {**{n: getattr(model, n) for n in MOE_FIELDS}, "ep": layout.ep}
 
 
 def _bool(row: Mapping[str, Any], name: str, default: bool = False) -> bool:
     v = row.get(name)
-    if _blank(v):
+    if blank(v):
         return default
     if isinstance(v, bool):
         return v
@@ -92,9 +134,13 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
                                               ("num_heads", "heads"), ("num_kv_heads", "kv_heads"),
                                               ("ffn_hidden_size", "ffn_hidden"), ("vocab_size", "vocab"),
                                               ("head_dim", "head_dim"))
-                if not _blank(row.get(f))}
+                if not blank(row.get(f))}
         if attention:
             over["attention_impl"] = attention
+        moe = moe_given(row)
+        if moe.get("num_experts") == 0 and m.is_moe:
+            moe = {**_DENSE, **moe}   # a MoE preset made dense: its routing fields go, ones given stay (checked)
+        over.update(moe)
         from dataclasses import replace
         m = replace(m, **over) if over else m
         m.validate()
@@ -104,7 +150,7 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
         raise InfeasibleConfig("model", "no model given.",
                                "name a preset (--model llama3-70b) or give --arch and the fields.")
     for req in ("layers", "hidden", "heads"):
-        if _blank(row.get(req)):
+        if blank(row.get(req)):
             raise InfeasibleConfig(req, f"is required for a custom {arch} model.",
                                    f"give --{req.replace('_', '-')} (or a preset with --model).")
     hidden = _required_int(row, "hidden")
@@ -116,7 +162,7 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
                   ffn_hidden_size=ffn, head_dim=_int(row, "head_dim"),
                   vocab_size=_int(row, "vocab", 50257),
                   tied_embeddings=_bool(row, "tied_embeddings", arch == "gpt"),
-                  attention_impl=attention or "flash")
+                  attention_impl=attention or "flash", **moe_given(row))
     m.validate()
     return m
 
@@ -124,7 +170,7 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
 def _given_ints_in_range(row: Mapping[str, Any]) -> None:
     """The integer fields the user gave, positive and within their bounds, checked before any is
     derived from another (so `--tp 0` is reported as tp, not as the num_gpus it would give)."""
-    for name in ("tp", "pp", "dp", "cp", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp"):
+    for name in ("tp", "pp", "dp", "cp", "ep", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp"):
         v = _int(row, name)
         if v is not None:
             if v <= 0:
@@ -154,7 +200,7 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
     vpp = _int(row, "vpp", 1)
     schedule = _str(row, "schedule", "interleaved" if vpp > 1 else "1f1b")
     stage_layers = row.get("stage_layers")
-    if not _blank(stage_layers):
+    if not blank(stage_layers):
         try:
             stage_layers = tuple(int(x) for x in str(stage_layers).replace(";", ",").split(",") if x.strip())
         except ValueError:
@@ -168,9 +214,9 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   precision=_str(row, "precision", "bf16"), stage_layers=stage_layers,
                   framework=_str(row, "framework", DEFAULT_FRAMEWORK),
                   overlap_grad_reduce=_opt_bool(row, "overlap_grad_reduce"),
-                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp)
+                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp, ep=_int(row, "ep", 1))
 
 
 def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:
     """True / False, or None (the default) for an empty cell."""
-    return None if _blank(row.get(name)) else _bool(row, name)
+    return None if blank(row.get(name)) else _bool(row, name)

@@ -194,11 +194,18 @@ def _dropout(model: ModelSpec, options: MemoryOptions) -> bool:
 
 
 def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str = "bf16",
-                     options: MemoryOptions = MemoryOptions()) -> dict[str, float]:
+                     options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
+                     sequence_parallel: bool = False) -> dict[str, float]:
     """Bytes kept for backward by one layer and micro-batch, per GPU, split by how they shard:
     `replicated` (whole on every TP rank unless SP splits it), `sharded` (split over tp),
     `quadratic` (the s^2 attention probabilities of unfused attention, split over tp),
-    `flash` (flash attention's fp32 logsumexp, split over tp), `input` (the layer input)."""
+    `flash` (flash attention's fp32 logsumexp, split over tp), `input` (the layer input).
+
+    `moe` (a MoE layer of a MoE model, `seq_len` already per CP rank): instead of the MLP intermediates, the
+    rows this GPU's experts compute on the busiest rank (predictor.moe.routing: tokens x top_k x imbalance)
+    keep the dispatched input, the fc1 output (gate and up), the activation output and the expert output the
+    un-permutation weights (2h + 3 ffn_e elements per row for SwiGLU, 2h + 2 ffn_e for GeLU), plus the fp32
+    router probabilities; the shared experts keep what a dense MLP of their width keeps."""
     s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
     e = BYTES_PER_ELEMENT[precision]
     a, hd = model.num_heads, model.head_size
@@ -217,10 +224,21 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     q = s * b * (a / t) * hd * e
     kv = 2 * s * b * kv_r * hd * e
     o = s * b * (a / t) * hd * g
-    if model.arch == "llama":
-        mlp = s * b * (ffn / t) * (2 * e + g)   # fc1 output (gate and up, 2*ffn) + SwiGLU output (fc2 input)
+    def mlp_terms(width: float) -> float:
+        if model.arch == "llama":
+            return s * b * (width / t) * (2 * e + g)   # fc1 output (gate and up, 2*ffn) + SwiGLU output (fc2 input)
+        return s * b * (width / t) * (e + g)           # GeLU input + GeLU output (fc2 input)
+    if moe and model.is_moe:
+        from .moe import routing
+        r = routing(model, b, s, t, 1, ep, sequence_parallel)
+        rows = r.rows_per_expert * r.local_experts
+        fe = model.expert_ffn
+        per_row = 2 * h * e + (2 * fe * e + fe * g if model.arch == "llama" else fe * e + fe * g)
+        mlp = rows * per_row + 4.0 * r.tokens * model.num_experts + 8.0 * r.routed_rows
+        if model.shared_experts:
+            mlp += mlp_terms(model.shared_experts * model.shared_ffn)
     else:
-        mlp = s * b * (ffn / t) * (e + g)       # GeLU input + GeLU output (fc2 input)
+        mlp = mlp_terms(ffn)
     sharded = q + kv + o + mlp
     if model.attention_impl in FLASH_IMPLS:
         quadratic = 0.0
@@ -235,11 +253,11 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                                recompute: str, precision: str = "bf16",
-                               options: MemoryOptions = MemoryOptions()) -> float:
-    """Bytes one layer keeps for backward per micro-batch on one GPU."""
+                               options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1) -> float:
+    """Bytes one layer keeps for backward per micro-batch on one GPU (`moe`: a MoE layer, experts over `ep`)."""
     t = tp
     sp_div = t if sequence_parallel else 1
-    T = activation_terms(model, seq_len, micro_batch, tp, precision, options)
+    T = activation_terms(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel)
     if recompute == "full":
         return T["input"] / sp_div
     stored = T["replicated"] / sp_div + T["sharded"] + T["flash"]
@@ -249,9 +267,22 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
 
 
 def full_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                                precision: str = "bf16", options: MemoryOptions = MemoryOptions()) -> float:
+                                precision: str = "bf16", options: MemoryOptions = MemoryOptions(), moe: bool = False,
+                                ep: int = 1) -> float:
     """One layer's activations without any recomputation (what full recomputation rematerialises)."""
-    return activation_bytes_per_layer(model, seq_len, micro_batch, tp, sequence_parallel, "none", precision, options)
+    return activation_bytes_per_layer(model, seq_len, micro_batch, tp, sequence_parallel, "none", precision, options,
+                                      moe, ep)
+
+
+def moe_dispatch_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                              precision: str, cp: int, ep: int) -> float:
+    """A MoE layer's transient all-to-all buffers: the permuted rows sent and the rows received on the busiest rank
+    (0 for a dense model or ep = 1, where the permuted rows are the experts' input, counted as activations)."""
+    if not model.is_moe or ep <= 1:
+        return 0.0
+    from .moe import routing
+    r = routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel)
+    return (r.routed_rows + r.rows_per_expert * r.local_experts) * model.hidden_size * BYTES_PER_ELEMENT[precision]
 
 
 def korthikanti_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
@@ -335,7 +366,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                         pp: int, vpp: int, schedule: str, *, tp: np.ndarray, dp: np.ndarray, zero_stage: np.ndarray,
                         micro_batch: np.ndarray, num_micro_batches: np.ndarray, recompute: np.ndarray,
                         sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions(),
-                        cp: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                        cp: np.ndarray | None = None, ep: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
     'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
@@ -346,45 +377,77 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     sbh terms with s -> s/cp), plus one transient K/V block pair of the ring, 2 x [b, s/cp, kv heads per rank x
     head_dim] x e, in `buffers`. Weights, gradients and optimizer states per rank do not change with cp; the
     caller passes dp * cp as `dp`, since the ZeRO / distributed-optimizer shards spread over the
-    data-parallel-with-CP group."""
+    data-parallel-with-CP group.
+
+    Mixture-of-Experts (`ep`, default 1; predictor.moe): a MoE layer's routed experts (num_experts / ep whole
+    experts per GPU) have their gradients and distributed-optimizer shards over the expert-data-parallel group
+    (tp * dp / ep ranks, `dp` being dp * cp), everything else over dp; MoE layers keep the routed rows'
+    activations (`activation_terms`), the leading dense layers a dense MLP's, and the all-to-all buffers of one
+    layer are transient (`buffers`)."""
     tp, dp, zero = (np.asarray(x, dtype=np.int64) for x in (tp, dp, zero_stage))
     mb, rc = np.asarray(micro_batch, dtype=np.int64), np.asarray(recompute, dtype=np.int64)
     sp = np.asarray(sequence_parallel, dtype=np.int64)
     n = len(tp)
     cpa = np.ones(n, dtype=np.int64) if cp is None else np.asarray(cp, dtype=np.int64)
+    epa = np.ones(n, dtype=np.int64) if ep is None else np.asarray(ep, dtype=np.int64)
     nch = pp * vpp
     counts = np.asarray(chunk_layers, dtype=float)
+    dense_c = np.asarray(params.chunk_dense_layers(model, [int(c) for c in chunk_layers]), dtype=float)
+    moe_c = counts - dense_c   # MoE layers per chunk (0 for a dense model)
     cstage = np.arange(nch) % pp
     onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
-    mean_layers = (counts @ onehot) / np.bincount(cstage, minlength=pp)
+    per_stage = np.bincount(cstage, minlength=pp)
+    mean_dense = (dense_c @ onehot) / per_stage
+    mean_moe = (moe_c @ onehot) / per_stage
     e = BYTES_PER_ELEMENT[precision]
     g_full = resolved(options, precision)[0]
-    # activations per (tp, micro-batch, SP, recompute, cp), on the seq_len / cp tokens of a CP rank
-    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa]))
-    acts_k = np.array([(activation_bytes_per_layer(model, seq_len // int(c), int(b), int(t), bool(s),
-                                                   RECOMPUTE_ORDER[int(r)], precision, options),
-                        full_layer_activation_bytes(model, seq_len // int(c), int(b), int(t), bool(s), precision,
-                                                    options),
-                        *edge_activation_bytes(model, seq_len // int(c), int(b), int(t), bool(s), precision, options),
-                        cp_ring_buffer_bytes(model, seq_len, int(b), int(t), precision, int(c)))
-                       for t, b, s, r, c in keys], dtype=float).reshape(-1, 6)[kinv]
-    act_layer, act_full, act_first, act_last, act_last_tr, ring = (acts_k[:, j] for j in range(6))
-    # parameters per (tp): every chunk, the largest ZeRO unit of the edge stages
-    tps2, tinv = unique_rows(tp[:, None])
-    tps = tps2[:, 0]
-    cparams = np.array([[params.chunk_params(model, int(t), pp, int(counts[i]), i == 0, i == nch - 1, seq_len)
-                         for i in range(nch)] for t in tps], dtype=float)[tinv]
-    lp = np.array([params.layer_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
+    # activations per (tp, micro-batch, SP, recompute, cp, ep), on the seq_len / cp tokens of a CP rank
+    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa]))
+    is_moe = model.is_moe
+
+    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int) -> tuple[float, ...]:
+        sc = seq_len // c
+        dense_l = activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options)
+        dense_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options)
+        moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x)
+                 if is_moe else dense_l)
+        moe_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x) if is_moe else dense_f
+        # what full recomputation rematerialises: the larger of the layer kinds the model has
+        full_f = (max(dense_f, moe_f) if model.dense_layers else moe_f) if is_moe else dense_f
+        return (dense_l, full_f,
+                *edge_activation_bytes(model, sc, b, t, s, precision, options),
+                cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
+                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x))
+    acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5])) for k in keys],
+                      dtype=np.float64).reshape(-1, 8)[kinv]
+    act_dense, act_full, act_first, act_last, act_last_tr, ring, act_moe, a2a_buf = (acts_k[:, j] for j in range(8))
+    # parameters per (tp, ep): every chunk (the routed experts apart), the largest ZeRO unit of the edge stages
+    te2, tinv = unique_rows(np.column_stack([tp, epa]))
+    tps = te2[:, 0]
+    cparams = np.array([[params.chunk_params(model, int(t), pp, int(counts[i]), i == 0, i == nch - 1, seq_len,
+                                             dense=int(dense_c[i]), ep=int(x))
+                         for i in range(nch)] for t, x in te2], dtype=float)[tinv]
+    eparams = np.array([[moe_c[i] * params.layer_expert_params_per_gpu(model, int(x)) for i in range(nch)]
+                        for _, x in te2], dtype=float)[tinv]
+    lp = np.array([max(params.layer_params_per_gpu(model, int(t)),
+                       params.layer_params_per_gpu(model, int(t), is_moe, int(x))) for t, x in te2],
+                  dtype=float)[tinv]
     edge_first = np.array([params.chunk_params(model, int(t), pp, 0, True, nch == 1, seq_len) for t in tps],
                           dtype=float)[tinv]
     edge_last = np.array([params.chunk_params(model, int(t), pp, 0, nch == 1, True, seq_len) for t in tps],
                          dtype=float)[tinv]
     stage_params = cparams @ onehot
+    stage_experts = eparams @ onehot        # routed-expert parameters of each stage (0 for a dense model)
+    stage_rest = stage_params - stage_experts
     zd, zinv = unique_rows(np.column_stack([zero, dp]))
     bpp = np.array([bytes_per_param(precision, int(z), int(d), options) for z, d in zd],
                    dtype=float).reshape(-1, 3)[zinv]
+    edp = np.maximum(tp * dp // epa, 1)      # expert-data-parallel group
+    ze, zeinv = unique_rows(np.column_stack([zero, edp]))
+    bpp_e = np.array([bytes_per_param(precision, int(z), int(d), options) for z, d in ze],
+                     dtype=float).reshape(-1, 3)[zeinv]
     k_in = in_flight_array(schedule, pp, vpp, num_micro_batches)
-    acts = k_in * mean_layers[None, :] * act_layer[:, None]
+    acts = k_in * (mean_dense[None, :] * act_dense[:, None] + mean_moe[None, :] * act_moe[:, None])
     k_first = k_in[:, 0] if vpp == 1 else np.ceil(k_in[:, 0] / vpp)
     acts[:, 0] += k_first * act_first
     acts[:, -1] += act_last
@@ -393,21 +456,28 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     if cp is not None:
         buffers += ring[:, None]
     full = (rc == RECOMPUTE_ORDER.index("full")).astype(float)[:, None]
-    buffers += full * np.maximum(0.0, act_full - act_layer)[:, None]
+    buffers += full * np.maximum(0.0, act_full - act_dense)[:, None]   # (under full recomputation every layer keeps
+    #                                                                     its input only, MoE or dense alike)
+    if is_moe:
+        buffers += a2a_buf[:, None]
     unit = np.repeat(lp[:, None], pp, axis=1)
     unit[:, 0] = np.maximum(unit[:, 0], edge_first)
     unit[:, -1] = np.maximum(unit[:, -1], edge_last)
     sharded = ((zero >= 2) & (dp > 1)).astype(float)[:, None]
     z3 = ((zero == 3) & (dp > 1)).astype(float)[:, None]
     buffers += sharded * unit * g_full + z3 * options.zero3_live_units * unit * e
-    weights = stage_params * bpp[:, 0:1]
+    weights = stage_rest * bpp[:, 0:1] + stage_experts * bpp_e[:, 0:1]
     if precision == "fp8":
         # + the FP8 copy of every transformer-layer GEMM weight (1 byte per GEMM parameter, sharded like the weights)
         gemm = np.array([fp8.layer_gemm_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
+        gemm_moe = np.array([fp8.layer_gemm_params_per_gpu(model, int(t), True, int(x)) for t, x in te2],
+                            dtype=float)[tinv]
         w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
-        weights = weights + (gemm * w_share)[:, None] * (counts @ onehot)[None, :]
-    return {"weights": weights, "grads": stage_params * bpp[:, 1:2],
-            "optimizer": stage_params * bpp[:, 2:3], "activations": acts, "buffers": buffers,
+        weights = (weights + (gemm * w_share)[:, None] * (dense_c @ onehot)[None, :]
+                   + (gemm_moe * w_share)[:, None] * (moe_c @ onehot)[None, :])
+    return {"weights": weights, "grads": stage_rest * bpp[:, 1:2] + stage_experts * bpp_e[:, 1:2],
+            "optimizer": stage_rest * bpp[:, 2:3] + stage_experts * bpp_e[:, 2:3], "activations": acts,
+            "buffers": buffers,
             "framework": np.full((n, pp), options.framework_gib * GIB), "params": stage_params, "in_flight": k_in}
 
 
@@ -424,7 +494,7 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
     one = lambda v: np.array([v])  # noqa: E731
     arr = stage_memory_arrays(model, layout.seq_len, layout.precision, chunk_layer_counts(model, layout),
                               layout.pp, layout.vpp, layout.schedule, tp=one(layout.tp),
-                              dp=one(layout.dp * layout.cp), cp=one(layout.cp),
+                              dp=one(layout.dp * layout.cp), cp=one(layout.cp), ep=one(layout.ep),
                               zero_stage=one(layout.zero_stage), micro_batch=one(layout.micro_batch),
                               num_micro_batches=one(layout.num_micro_batches),
                               recompute=one(RECOMPUTE_ORDER.index(layout.recompute)),

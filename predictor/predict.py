@@ -25,17 +25,18 @@ import numpy as np
 
 from . import features, fp8, paths
 from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
-from .decompose import CommCall, OpCall
+from .decompose import FUSED, CommCall, OpCall
 from .engine import (
     HOST_PROVENANCE,
-    RECOMPUTE,
     ZERO2_GATHER,
     Engine,
     Evaluation,
     Structure,
+    chunk_dense,
     class_keys,
     rows_for,
     structure_classes,
+    unit_key,
     unit_keys,
 )
 from .frameworks import get_framework
@@ -63,6 +64,7 @@ def default_models_dir() -> Path:
 # Efficiency assumed where only the roofline is known (no samples at all): compute-bound ops
 # reach about 60 % of peak, memory-bound ones about 70 % of HBM bandwidth.
 ANALYTIC_EFFICIENCY = 0.6
+FUSED_PROVENANCE = "analytical (fused kernel)"
 # Expected error of an end-to-end composition not validated on this platform.
 UNVALIDATED_COMPOSITION_ERROR = 0.15
 # Operators whose time is floored at their FLOPs over the achievable matmul throughput
@@ -229,7 +231,9 @@ class Predictor:
         todo: dict[tuple[str, str, str | None], dict] = {}
         cache = self._op_cache
         base = fp8.base_precision(precision)  # fp8: every regressor is asked for bf16 (predictor.fp8)
-        for p in {precision, base}:  # the device runs the step's precision (and, under fp8, the BF16 rest)
+        # the device runs the step's precision (and, under fp8, the BF16 rest); checked in that order, so the
+        # message names the precision asked for
+        for p in dict.fromkeys((precision, base)):
             self.platform.device.check_precision(p)
         for c in calls:
             if (*c.key, precision) not in cache:
@@ -237,6 +241,13 @@ class Predictor:
         for (op, pass_, variant), shp in todo.items():
             shapes = list(shp)
             arrays = features.arrays_from_shapes(shapes, variant)
+            if variant == FUSED:   # the framework's fused kernel (predictor.frameworks): one pass over memory
+                self.platform.device.check_op(op)
+                t_f = np.asarray(features.fused_kernel_s(op, pass_, arrays, self.platform.device, base), "float64")
+                for s_, t in zip(shapes, t_f):
+                    cache[(op, pass_, s_, variant, precision)] = (float(t), FUSED_PROVENANCE, None)
+                    self._ideal_cache[(op, pass_, s_, variant, precision)] = 0.0
+                continue
             try:
                 secs, prov, err = self._predict_op_group(op, pass_, arrays, base)
             except ArtifactError as e:  # a model file changed on disk after it was checked: fall back, say so
@@ -413,8 +424,8 @@ class Predictor:
         for (model, seq, prec), idx in groups.items():
             rows, structs = rows_for(model, [items[i][1] for i in idx])
             prepared.append((model, seq, prec, idx, rows, structs))
-            units += [(model, seq, prec, k) for k in unit_keys(rows)]
-            classes += [(model, seq, prec, k) for k in class_keys(rows, [structure_classes(s) for s in structs])]
+            units += [(model, seq, prec, k) for k in unit_keys(rows, self.platform)]
+            classes += [(model, seq, prec, k) for k in class_keys(rows, [structure_classes(s, model) for s in structs])]
         self.engine.prepare_many(units)
         self.engine.prepare_classes_many(classes)
         out: list[StepPrediction | None] = [None] * len(items)
@@ -475,11 +486,13 @@ class Predictor:
             aw = alignment_warning(model, layout)
             if aw:
                 warnings.append(aw)
+        if model.is_moe:
+            from .moe import routing_note
+            warnings.append(routing_note(model, layout))
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
-            key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
-                   int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp)
-            lay = self.engine._parts[key].layer
+            lay = self.engine._parts[(model, layout.seq_len, layout.precision,
+                                      *unit_key(layout, self.platform))].layer
             per_pass = lay.fc + lay.ft
             if per_pass < SHORT_LAYER_PASS_S:
                 warnings.append(f"Kernels are short here ({per_pass * 1e3:.2f} ms of GPU work per layer forward) and "
@@ -499,12 +512,12 @@ class Predictor:
 
     def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:
         """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step)."""
-        key = (model, layout.seq_len, layout.precision, layout.tp, layout.micro_batch,
-               int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute), layout.cp)
-        parts = self.engine._parts[key]
+        parts = self.engine._parts[(model, layout.seq_len, layout.precision, *unit_key(layout, self.platform))]
         S: Structure = det["structure"]
         nch = S.pp * S.vpp
-        cats = {"tp": "tp_comm", "cp": "cp_comm", "pp": "pp_comm", "dp": "dp_comm", "embedding": "dp_comm"}
+        cats = {"tp": "tp_comm", "cp": "cp_comm", "ep": "ep_comm", "pp": "pp_comm", "dp": "dp_comm", "edp": "dp_comm",
+                "embedding": "dp_comm"}
+        dense_counts = chunk_dense(S, model)
         rows: list[tuple] = []
 
         def add_unit(stage: int, chunk: int, unit, k: float) -> None:
@@ -518,7 +531,10 @@ class Predictor:
                                  t * c.count * k, prov, tc.raw_error))
         for i in range(nch):
             stage, chunk, n = i % S.pp, i // S.pp, S.counts[i]
-            add_unit(stage, chunk, parts.layer, float(n))
+            n_dense = dense_counts[i]
+            add_unit(stage, chunk, parts.layer, float(n - n_dense))
+            if n_dense:
+                add_unit(stage, chunk, parts.dense or parts.layer, float(n_dense))
             if i == 0:
                 add_unit(stage, chunk, parts.first, 1.0)
             if i == nch - 1:
@@ -535,7 +551,7 @@ class Predictor:
                                  HOST_PROVENANCE, self.host.cv_mape if self.host else None))
             gm = ZERO2_GATHER.index(get_framework(layout.framework).zero2_gather)
             cls = self.engine._classes[(model, layout.seq_len, layout.precision, layout.tp, S.pp,
-                                        layout.dp * layout.cp, layout.zero_stage, gm, *det["classes"][i])]
+                                        layout.dp * layout.cp, layout.zero_stage, gm, layout.ep, *det["classes"][i])]
             for tc in cls.calls:
                 c, t, prov = tc.call, tc.seconds, tc.provenance
                 if isinstance(c, CommCall):

@@ -36,7 +36,7 @@ from . import memory as mem
 from .bounds import check_bound
 from .compose import CATEGORIES
 from .costing import TrainingEstimate, training_estimate
-from .decompose import split_layers
+from .decompose import interleaved_split, split_layers
 from .engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  # noqa: F401  (_unique_rows re-exported)
 from .fp8 import mfu_peak_precision
 from .frameworks import get_framework
@@ -68,6 +68,9 @@ class SearchSpace:
     # divides seq_len with seq_len / cp a multiple of 2*cp (Megatron's causal load balancing), on GPUs with
     # flash attention
     cp: tuple[int, ...] | None = None
+    # expert-parallel degrees (MoE models; dense models always 1); None = every divisor of num_experts that divides
+    # the tp * cp * dp ranks of a stage (Megatron-Core's MoE parallel folding)
+    ep: tuple[int, ...] | None = None
     micro_batch: tuple[int, ...] | None = None
     max_micro_batch: int = 16
     vpp: tuple[int, ...] | None = None
@@ -182,7 +185,7 @@ class SearchReport:
 
 
 def _layout_dict(L: Layout) -> dict[str, Any]:
-    d = {k: getattr(L, k) for k in ("num_gpus", "tp", "pp", "cp", "dp", "micro_batch", "global_batch", "seq_len",
+    d = {k: getattr(L, k) for k in ("num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
                                     "vpp",
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
                                     "framework", "overlap_grad_reduce", "overlap_param_gather")}
@@ -203,7 +206,7 @@ def _divisors(n: int) -> list[int]:
 def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, global_batch: int, seq_len: int,
                       space: SearchSpace = SearchSpace()):
     """(rows, structures, exclusions): candidate rows as tuples
-    (num_gpus, tp, pp, dp, mb, m, struct_id, rc_id, sp, zero), the pipeline structures they use,
+    in engine.COLUMNS order, the pipeline structures they use,
     and the options never enumerated with the reason."""
     L = model.num_layers
     gpn = platform.gpus_per_node
@@ -233,6 +236,14 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
                                "the attention scores itself); ranked as recompute=none."})
     rows: list[tuple] = []
     cps = _cp_choices(model, platform, num_gpus, seq_len, space, excl)
+    if not model.is_moe and space.ep is not None and any(e != 1 for e in space.ep):
+        excl.append({"option": "ep>1", "values": {"ep": max(space.ep)},
+                     "reason": "expert parallelism needs a Mixture-of-Experts model (num_experts > 0)."})
+    elif model.is_moe and space.ep is not None:
+        for e in space.ep:
+            if e < 1 or model.num_experts % e:
+                excl.append({"option": f"ep={e}", "values": {"ep": e},
+                             "reason": f"ep {e} does not divide num_experts {model.num_experts}."})
     tps = space.tp or tuple(_divisors(num_gpus))
     for tp in tps:
         why = None
@@ -297,6 +308,8 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                      rows) -> None:
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
     sps = [s for s in space.sequence_parallel if not s or (tp > 1 and (seq_len // cp) % tp == 0)]
+    if model.is_moe and tp > 1:   # Megatron-Core runs MoE with tp > 1 only with sequence parallelism
+        sps = [s for s in sps if s]
     rest = num_gpus // (tp * cp)
     pps = space.pp or tuple(_divisors(rest))
     for pp in pps:
@@ -319,6 +332,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                if per_replica % b == 0 and b <= (space.max_micro_batch if space.micro_batch is None else b)]
         zs = [z for z in space.zero_stage if (z == 0 or dp * cp > 1) and z in fw.zero_stages
               and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
+        eps = _ep_choices(model, space, tp * cp * dp)
         structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
         if "1f1b" in space.schedules or pp == 1:
             even = Structure(pp, 1, "1f1b", tuple(split_layers(L, pp)), None)
@@ -335,22 +349,34 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
         if "interleaved" in space.schedules and pp >= 2:
             cand_v = space.vpp or tuple(range(2, space.max_vpp + 1))
             for v in cand_v:
-                if v >= 2 and L % (pp * v) == 0:
+                if v >= 2 and interleaved_split(L, pp * v) is not None:
                     inter.append(v)
         for mb in mbs:
             m = per_replica // mb
             plist = list(structures_pp) if pp > 1 else [structures_pp[0]]
             for v in inter:
                 if m % pp == 0:
-                    st = Structure(pp, v, "interleaved", tuple([L // (pp * v)] * (pp * v)), None)
+                    st = Structure(pp, v, "interleaved", tuple(interleaved_split(L, pp * v) or ()), None)
                     plist.append((sid(st), v))
             for st_id, _v in plist:
                 for rc in rcs:
                     rci = RC.index(rc)
                     for sp in sps:
                         for z in zs:
-                            rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
-                                         cp))
+                            for ep in eps:
+                                if ep > 1 and z >= 2:   # MoE states shard with the distributed optimizer (ZeRO-1)
+                                    continue
+                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
+                                             cp, ep))
+
+
+def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:
+    """Expert-parallel degrees for a stage of `ranks` = tp * cp * dp GPUs: 1 for a dense model; for a MoE model
+    the divisors of num_experts that divide `ranks` (those of `space.ep` when given)."""
+    if not model.is_moe:
+        return [1]
+    cand = space.ep or tuple(_divisors(model.num_experts))
+    return [e for e in cand if e >= 1 and model.num_experts % e == 0 and ranks % e == 0]
 
 
 # ------------------------------------------------------------------------------ the search
@@ -460,7 +486,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "sequence_parallel": arr[:, 8].astype(bool), "zero_stage": arr[:, 9],
         "framework": pd.Series(np.array(FRAMEWORKS, dtype=object)[arr[:, 10]], dtype=object),
         "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
-        "cp": arr[:, 13],
+        "cp": arr[:, 13], "ep": arr[:, 14],
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -547,7 +573,8 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   recompute=str(row["recompute"]), sequence_parallel=bool(row["sequence_parallel"]),
                   zero_stage=int(row["zero_stage"]), precision=str(row["precision"]),
                   stage_layers=tuple(int(x) for x in sl.split(",")) if sl else None, **_framework_fields(row),
-                  cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1)
+                  cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1,
+                  ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1)
 
 
 def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:

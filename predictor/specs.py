@@ -336,6 +336,11 @@ class Layout:
                                          "expert-parallel group into them).",
                                    f"use an ep dividing {ranks}, or raise dp so that tp x cp x dp is a multiple of "
                                    f"{self.ep}.")
+        if self.ep > 1 and self.zero_stage >= 2:
+            raise InfeasibleConfig("zero_stage", f"expert parallelism (ep = {self.ep}) with ZeRO-{self.zero_stage} "
+                                                 "is not modelled (Megatron-Core shards MoE optimizer states with its "
+                                                 "distributed optimizer, ZeRO-1).",
+                                   "use zero_stage 1 (or 0) with ep > 1, or ep = 1.")
         if self.tp > 1 and not self.sequence_parallel:
             raise InfeasibleConfig("sequence_parallel", "a MoE model with tp > 1 needs sequence parallelism "
                                                         "(Megatron-Core requires it: each tensor-parallel rank routes "
@@ -443,9 +448,14 @@ class Layout:
                     raise InfeasibleConfig("stage_layers", f"sums to {sum(self.stage_layers)} but the model has "
                                                            f"{model.num_layers} layers.")
             elif self.schedule == "interleaved" and model.num_layers % chunks:
-                raise InfeasibleConfig(
-                    "vpp", f"{model.num_layers} layers do not split evenly into pp*vpp = {chunks} chunks.",
-                    "choose vpp so that layers / (pp*vpp) is an integer.")
+                from .decompose import interleaved_split
+                if interleaved_split(model.num_layers, chunks) is None:
+                    raise InfeasibleConfig(
+                        "vpp", f"{model.num_layers} layers do not split evenly into pp*vpp = {chunks} chunks (nor "
+                               f"do layers + 2, Megatron-Core's split that counts the embedding and the loss as "
+                               "layers).",
+                        "choose vpp so that layers / (pp*vpp) or (layers + 2) / (pp*vpp) is an integer, or give "
+                        "stage_layers.")
 
 
 def _flag(name: str) -> str:

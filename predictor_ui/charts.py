@@ -28,13 +28,15 @@ class _LazyAltair:
 
 alt: Any = _LazyAltair()
 
-CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "bubble", "optimizer"]
+CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
+                  "optimizer"]
 CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework overhead", "tp_comm": "TP communication",
-                   "cp_comm": "CP communication (exposed ring)", "pp_comm": "PP communication",
+                   "cp_comm": "CP communication (exposed ring)", "ep_comm": "EP all-to-all (MoE dispatch / combine)",
+                   "pp_comm": "PP communication",
                    "dp_comm": "DP communication", "bubble": "pipeline bubble",
                    "optimizer": "optimizer step"}
 CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "cp_comm": "#ff9da6",
-                   "pp_comm": "#e45756",
+                   "ep_comm": "#eeca3b", "pp_comm": "#e45756",
                    "dp_comm": "#72b7b2", "bubble": "#bab0ac", "optimizer": "#54a24b"}
 PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured runs)": "#6a1b9a",
                      "transferred": "#1e88e5", "stand-in": "#f9a825", "analytical (calibrated)": "#8d6e63",
@@ -79,13 +81,14 @@ def visible_breakdown(breakdown: dict[str, float], host_modelled: bool = True) -
 
 
 def breakdown_table(breakdown: dict[str, float], step_time_s: float, host_modelled: bool = True,
-                    cp: int | None = None) -> pd.DataFrame:
+                    cp: int | None = None, ep: int | None = None) -> pd.DataFrame:
     """One row per category (category_id, category, seconds, share, note) in the fixed order; the host
     overhead's seconds are empty (NaN, null in JSON) with a note where it is not modelled. With `cp` = 1 (a
-    layout without context parallelism) the CP row is left out: there is no ring, not a measured zero."""
+    layout without context parallelism) the CP row is left out: there is no ring, not a measured zero; likewise the
+    EP all-to-all row with `ep` = 1."""
     rows = []
     for k in sorted(breakdown, key=lambda c: CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else 99):
-        if k == "cp_comm" and cp == 1:
+        if (k == "cp_comm" and cp == 1) or (k == "ep_comm" and ep == 1):
             continue
         v = breakdown[k]
         note = ""
@@ -422,6 +425,7 @@ def _layout_label(r: pd.Series) -> str:
              f"PP{int(r['pp'])}" if "pp" in r and pd.notna(r.get("pp")) else "",
              f"CP{int(r['cp'])}" if "cp" in r and pd.notna(r.get("cp")) and int(r["cp"]) > 1 else "",
              f"DP{int(r['dp'])}" if "dp" in r and pd.notna(r.get("dp")) else "",
+             f"EP{int(r['ep'])}" if "ep" in r and pd.notna(r.get("ep")) and int(r["ep"]) > 1 else "",
              f"mb{int(r['micro_batch'])}" if "micro_batch" in r and pd.notna(r.get("micro_batch")) else ""]
     if "schedule" in r and pd.notna(r.get("schedule")):
         parts.append(str(r["schedule"]) + (f"×{int(r['vpp'])}" if "vpp" in r and pd.notna(r.get("vpp"))

@@ -95,6 +95,8 @@ def _predict(key: str, mj: str, lj: str, timeline: bool, models_version: str, cl
 
 
 def predict(key: str, model: ModelSpec, layout: Layout, timeline: bool = True):
+    # the precision asked for, named as asked (fp8 on V100: no FP8 tensor cores), as the CLI and predict-batch do
+    predictor(key).platform.device.check_precision(layout.precision)
     mj, lj = _spec_json(model, layout)
     return _predict(key, mj, lj, timeline, config.models_version(), config.clusters_version())
 

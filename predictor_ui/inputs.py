@@ -11,12 +11,12 @@ from typing import Any
 
 import streamlit as st
 
-from predictor.layout_io import llama_ffn
+from predictor.layout_io import llama_ffn, model_from_fields
 from predictor.platforms import load_devices, load_platforms, save_cluster
 from predictor.presets import get_preset, list_presets
-from predictor.specs import PRECISIONS, RECOMPUTES, SCHEDULES
+from predictor.specs import PRECISIONS, RECOMPUTES, SCHEDULES, InfeasibleConfig
 
-from . import config, fmt
+from . import config, experts, fmt
 from .clusters import CUSTOM_FIELDS, DASHBOARD_SOURCE, custom_platform
 
 CUSTOM = "custom"
@@ -43,16 +43,22 @@ def _k(prefix: str, name: str) -> str:
 
 # --------------------------------------------------------------------------- model
 def _fill_custom_from_preset(prefix: str) -> None:
-    """When the user switches the model to 'custom', start from the preset they had."""
-    key = _k(prefix, "model")
-    if st.session_state.get(key) != CUSTOM:
+    """When the user switches the model to 'custom', start from the preset they had (its experts too); when
+    they switch to a MoE preset, its experts replace the ones on screen (keyed widgets keep their value else)."""
+    name = st.session_state.get(_k(prefix, "model"))
+    if name != CUSTOM:
+        if name:
+            m = get_preset(name)
+            if m.is_moe:
+                experts.set_state(prefix, experts.preset_values(m))
         return
     last = st.session_state.get(_k(prefix, "_last_preset"))
     if not last:
         return
     m = get_preset(last)
     vals = {"arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
-            "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size, "head_dim": m.head_dim}
+            "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size, "head_dim": m.head_dim,
+            "moe": m.is_moe, **experts.preset_values(m)}
     for f, v in vals.items():
         st.session_state[_k(prefix, f)] = v
 
@@ -69,11 +75,7 @@ def model_inputs(prefix: str = "", container=None, default: str | None = None) -
                        help="A published architecture, or 'custom' to enter layers, hidden size, heads, ...")
     if name != CUSTOM:
         st.session_state[_k(prefix, "_last_preset")] = name
-        m = get_preset(name)
-        c.caption(f"{m.total_params() / 1e9:.3g} B parameters · {m.num_layers} layers · hidden {m.hidden_size} · "
-                  f"{m.num_heads} heads" + (f" ({m.kv_heads} KV)" if m.kv_heads != m.num_heads else "")
-                  + f" · {m.arch}")
-        return {"model": name}
+        return experts.preset_model_inputs(prefix, c, name)   # caption with total / active parameters
     d = CUSTOM_MODEL_DEFAULT
     arch = c.selectbox("Architecture", ["llama", "gpt"], index=0 if d["arch"] == "llama" else 1,
                        key=_k(prefix, "arch"), bind=BIND,
@@ -92,8 +94,15 @@ def model_inputs(prefix: str = "", container=None, default: str | None = None) -
                          bind=BIND, help="MLP inner width (each of gate and up for SwiGLU). 0 = the architecture's "
                                          f"rule (4·hidden for gpt, {llama_ffn(4096)} for a 4096 llama).")
     vocab = a.number_input("Vocabulary", 1, 2_000_000, d["vocab"], key=_k(prefix, "vocab"), bind=BIND)
-    return {"arch": arch, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
-            "ffn_hidden": ffn or None, "vocab": vocab, "head_dim": head_dim, "name": "custom"}
+    fields = {"arch": arch, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
+              "ffn_hidden": ffn or None, "vocab": vocab, "head_dim": head_dim, "name": "custom",
+              **experts.custom_moe_inputs(prefix, c)}
+    if "num_experts" in fields:
+        try:
+            c.caption(experts.moe_summary(model_from_fields(fields)))
+        except InfeasibleConfig:
+            pass   # the page shows the warning naming the field
+    return fields
 
 
 # --------------------------------------------------------------------------- platform
@@ -181,9 +190,11 @@ def platform_key(fields: dict[str, Any]) -> str:
 
 # --------------------------------------------------------------------------- layout
 def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | None = None,
-                  show_gpus: bool = True, stage_layers: bool = False, more: str | None = None) -> dict[str, Any]:
-    """TP, PP, CP, DP, micro-batch, global batch, sequence, schedule, virtual stages, recomputation, SP, ZeRO.
-    `more`: the label of a collapsed expander that holds everything after the batch sizes."""
+                  show_gpus: bool = True, stage_layers: bool = False, more: str | None = None,
+                  model: dict[str, Any] | None = None) -> dict[str, Any]:
+    """TP, PP, CP, DP, EP, micro-batch, global batch, sequence, schedule, virtual stages, recomputation, SP, ZeRO.
+    `more`: the label of a collapsed expander that holds everything after the batch sizes. `model`: the model
+    fields, for the expert-parallel choices (disabled for a dense model)."""
     c = container or st
     d = {**DEFAULT_SETUP, **(defaults or {})}
     out: dict[str, Any] = {}
@@ -199,6 +210,7 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     if show_gpus:
         out["dp"] = e.number_input("DP", 1, 1_000_000, d["dp"], key=_k(prefix, "dp"), bind=BIND, placeholder="auto",
                                    help="Data-parallel degree; leave empty for GPUs / (TP × PP × CP).")
+    out["ep"] = experts.ep_input(prefix, c, experts.num_experts_of(model) if model else 0, _stage_ranks(out))
     a, b = c.columns(2)
     out["micro_batch"] = a.number_input("Micro-batch", 1, 4096, d["micro_batch"], key=_k(prefix, "micro_batch"),
                                         bind=BIND, help="Sequences per micro-batch per GPU")
@@ -242,6 +254,14 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     return out
 
 
+def _stage_ranks(out: dict[str, Any]) -> int | None:
+    """TP × CP × DP (the ranks of a pipeline stage), DP derived from the GPUs when left empty; None if unknown."""
+    tp, pp, cp, dp, n = (out.get(k) for k in ("tp", "pp", "cp", "dp", "num_gpus"))
+    if dp is None and n and tp and pp and cp and n % (tp * pp * cp) == 0:
+        dp = n // (tp * pp * cp)
+    return tp * cp * dp if tp and cp and dp else None
+
+
 def target_inputs(prefix: str = "", container=None) -> dict[str, Any]:
     """The token target and the price per GPU-hour (None when not entered: no cost is shown)."""
     c = container or st
@@ -260,7 +280,7 @@ def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], lay
     extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [f"recompute {L.recompute}"] + \
         (["SP"] if L.sequence_parallel else []) + ([f"ZeRO-{L.zero_stage}"] if L.zero_stage else []) + [L.precision] + \
         ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else [])
-    return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × CP {L.cp} × DP {L.dp} · "
-            f"micro-batch "
+    return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × CP {L.cp} × DP {L.dp}"
+            + (f", EP {L.ep}" if L.ep > 1 else "") + " · micro-batch "
             f"{L.micro_batch}, global batch {L.global_batch} ({L.num_micro_batches} micro-batches), seq "
             f"{L.seq_len} · {', '.join(extra)} · {fmt.count(L.tokens_per_step)} tokens/step")

@@ -39,8 +39,8 @@ def search_view(rep: SearchReport, host_modelled: bool) -> SearchView:
 def predict_query(row: pd.Series | dict[str, Any]) -> dict[str, str]:
     """The Predict page's query parameters for one row of the search table (its layout)."""
     L = layout_of(row)
-    out = {f: str(getattr(L, f)) for f in ("num_gpus", "tp", "pp", "cp", "dp", "micro_batch", "global_batch", "seq_len",
-                                           "vpp", "zero_stage", "schedule", "recompute", "precision")}
+    out = {f: str(getattr(L, f)) for f in ("num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch",
+                                           "seq_len", "vpp", "zero_stage", "schedule", "recompute", "precision")}
     out["sequence_parallel"] = "true" if L.sequence_parallel else "false"
     if L.stage_layers:
         out["stage_layers"] = ",".join(map(str, L.stage_layers))

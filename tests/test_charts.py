@@ -306,7 +306,7 @@ def test_search_view_and_predict_query(bare_models):
     f = predict_query(feas.iloc[0])
     L = layout_from_fields(f)
     L.validate(model)
-    assert L.tp * L.pp * L.dp == 16
+    assert L.tp * L.pp * L.cp * L.dp == 16
     assert (L.tp, L.pp, L.micro_batch, L.schedule) == (feas.iloc[0]["tp"], feas.iloc[0]["pp"],
                                                        feas.iloc[0]["micro_batch"], "1f1b")
 

@@ -22,6 +22,9 @@ SEARCHES = [
     ("mistral-7b", "vista-gh200", 16, 64, 4096, "fsdp"),
     ("gpt3-2.7b", "dgx-b200", 48, 96, 2048, "deepspeed"),
     ("llama2-13b", "dgx-a100-40gb", 32, 128, 4096, "ddp"),
+    # Mixture-of-Experts: expert parallelism enumerated too (ep dividing num_experts and tp x cp x dp)
+    ("mixtral-8x7b", "dgx-h100", 64, 256, 4096, "megatron"),
+    ("qwen3-30b-a3b", "dgx-b200", 32, 128, 4096, "megatron"),
 ]
 
 
@@ -47,6 +50,7 @@ def _search_and_predict_agree(name, platform, n, gb, seq, fw, precision):
                  space=SearchSpace(framework=fw, schedules=("1f1b", "interleaved", "gpipe"), precision=precision))
     t = rep.table
     assert (t["cp"] > 1).any() == (model.attention_impl in ("flash", "triton"))
+    assert (t["ep"] > 1).any() == model.is_moe
     assert len(t) >= 50
     rng = np.random.default_rng(7)
     for i in rng.choice(len(t), size=50, replace=False):
@@ -152,3 +156,27 @@ def test_predict_batch_framework_column(tmp_path):
     assert set(out.loc[["megatron", "ddp"], "fits"]) == {"False"}
     assert float(out.loc["ddp", "dp_comm_s"]) < float(out.loc["megatron", "dp_comm_s"])
     assert "framework" in out.loc["nonsense", "error"] and "megatron-deepspeed" in out.loc["nonsense", "error"]
+
+
+def test_megatron_core_runs_fused_memory_bound_kernels():
+    """Megatron-Core (framework megatron) times norms, RoPE, SwiGLU and residual adds as one fused pass at the HBM
+    bandwidth (FUSED_BANDWIDTH_EFFICIENCY); Megatron-DeepSpeed keeps the sampled kernels; a CPU platform never fuses."""
+    from predictor import features
+    from predictor.decompose import FUSABLE_OPS
+    P = get_predictor("dgx-h100")
+    m = get_preset("llama3-8b")
+    L = Layout(num_gpus=8, dp=8, micro_batch=1, global_batch=16, seq_len=4096, zero_stage=1)
+    core = P.predict(m, L, timeline=False).ops
+    ds = P.predict(m, Layout(**{**L.__dict__, "framework": "megatron-deepspeed"}), timeline=False).ops
+    fused = core[core["op"].isin(FUSABLE_OPS)]
+    assert len(fused) and (fused["provenance"] == "analytical (fused kernel)").all()
+    assert not (ds["provenance"] == "analytical (fused kernel)").any()
+    row = fused[(fused["op"] == "rmsnorm") & (fused["pass"] == "bwd") & (fused["part"] == "layer")].iloc[0]
+    want = features.fused_kernel_s("rmsnorm", "bwd", {"batch": 1, "seq": 4096, "hidden": 4096},
+                                   P.platform.device, "bf16")
+    assert row["seconds_each"] == pytest.approx(float(want[0]), rel=1e-9)
+    rms_ds = ds[(ds["op"] == "rmsnorm") & (ds["pass"] == "bwd") & (ds["part"] == "layer")].iloc[0]
+    assert rms_ds["seconds_each"] > row["seconds_each"]   # the sampled (unfused) kernel takes several passes
+    cpu = get_predictor("cpu-2t").predict(get_preset("llama3-8b"), Layout(num_gpus=1, global_batch=1, seq_len=128,
+                                                                            precision="fp32"), timeline=False).ops
+    assert not (cpu["provenance"] == "analytical (fused kernel)").any()

@@ -156,7 +156,7 @@ def test_predictor_labels_and_rescales_transferred_ops(tmp_path):
     assert (up["provenance"] == "transferred from perlmutter-a100").all()
     assert up["cv_mape"].iloc[0] == pytest.approx(0.061)
     others = out.ops[out.ops["op"] == "gelu"]
-    assert (others["provenance"] == "analytical").all()
+    assert others["provenance"].str.startswith("analytical").all()   # (Megatron-Core's fused kernel: analytical too)
     assert "transferred from perlmutter-a100" in out.error_basis
     # the transferred time is the A100 regressor's time on the A100, times the 40GB/80GB ratio (HBM 1555 vs 2039)
     from predictor.regressors import ModelBank

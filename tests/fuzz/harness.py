@@ -72,8 +72,9 @@ def read_output(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def batch(tmp_path: Path, capsys, rows: list[dict[str, str]], *extra: str) -> tuple[int, list[dict[str, str]], str]:
-    src = write_rows(tmp_path / "in.csv", rows)
+def batch(tmp_path: Path, capsys, rows: list[dict[str, str]], *extra: str,
+          header: list[str] | None = None) -> tuple[int, list[dict[str, str]], str]:
+    src = write_rows(tmp_path / "in.csv", rows, header)
     rc, _, err = run(["predict-batch", "--input", str(src), "--output", str(tmp_path / "out.csv"), "--quiet", *extra],
                      capsys)
     assert "Traceback" not in err

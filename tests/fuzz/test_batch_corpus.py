@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from predictor.layout_io import BATCH_COLUMNS
+from predictor.layout_io import BATCH_COLUMNS, MOE_ECHO_COLUMNS
 
 from .harness import assert_error, batch, read_output, row, run, write_rows
 
@@ -134,6 +134,37 @@ def test_a_bad_row_is_rejected_and_the_batch_goes_on(tmp_path, capsys, cells, fi
     for ok in ("before", "after"):
         step = float(by[ok]["step_time_s"])
         assert by[ok]["error"] == "" and math.isfinite(step) and step > 0
+
+
+# Mixture of Experts: the base row is a dense llama on 8 GPUs, tp 2 (dp 4: tp*cp*dp = 8)
+MOE = {"num_experts": "8", "top_k": "2", "sequence_parallel": "true"}
+MOE_ROW_CASES = [
+    ({"num_experts": "8"}, "top_k"), ({**MOE, "top_k": "9"}, "top_k"), ({"top_k": "2"}, "top_k"),
+    ({"capacity_factor": "1.0"}, "capacity_factor"), ({"shared_experts": "1"}, "shared_experts"),
+    ({"ep": "2"}, "ep"), ({**MOE, "ep": "3"}, "ep"), ({**MOE, "num_experts": "16", "ep": "16"}, "ep"),
+    ({**MOE, "ep": "0"}, "ep"), ({**MOE, "ep": "-2"}, "ep"), ({**MOE, "ep": "1.5"}, "ep"), ({**MOE, "ep": "inf"}, "ep"),
+    ({**MOE, "ep": str(2 ** 21)}, "ep"), ({**MOE, "sequence_parallel": "false"}, "sequence_parallel"),
+    ({**MOE, "capacity_factor": "nan"}, "capacity_factor"), ({**MOE, "capacity_factor": "1e999"}, "capacity_factor"),
+    ({**MOE, "capacity_factor": "5"}, "capacity_factor"), ({**MOE, "moe_imbalance": "0.9"}, "moe_imbalance"),
+    ({**MOE, "num_experts": "1e9"}, "num_experts"), ({**MOE, "num_experts": "two"}, "num_experts"),
+    ({**MOE, "num_experts": "1"}, "num_experts"), ({**MOE, "top_k": "0"}, "top_k"),
+    ({**MOE, "moe_ffn_hidden": str(2 ** 20)}, "moe_ffn_hidden"), ({**MOE, "dense_layers": "4"}, "dense_layers"),
+    ({"model": "deepseek-v3", "arch": ""}, "model"),
+]
+MOE_HEADER = [*BATCH_COLUMNS, "model", *MOE_ECHO_COLUMNS]
+
+
+@pytest.mark.parametrize("cells,field", MOE_ROW_CASES, ids=[f"{f}-{i}" for i, (_, f) in enumerate(MOE_ROW_CASES)])
+def test_a_bad_moe_row_is_rejected_and_the_batch_goes_on(tmp_path, capsys, cells, field):
+    rows = [row(case_id="before", **MOE, ep="4"), row(case_id="bad", **cells), row(case_id="after")]
+    rc, out, err = batch(tmp_path, capsys, rows, header=MOE_HEADER)
+    assert rc == 0, err
+    by = {r["case_id"]: r for r in out}
+    assert by["bad"]["error"].startswith(f"{field}:"), by["bad"]["error"]
+    assert by["bad"]["step_time_s"] == ""
+    for ok in ("before", "after"):
+        assert by[ok]["error"] == "" and float(by[ok]["step_time_s"]) > 0, by[ok]["error"]
+    assert (by["before"]["ep"], by["after"]["ep"], by["after"]["num_experts"]) == ("4", "1", "0")
 
 
 @pytest.mark.parametrize("extra", [1, 2, 5, -1, -3, -21])

@@ -18,7 +18,12 @@ OVER = {  # flag -> (value over the bound, extra flags making the rest valid)
     "kv-heads": (2 ** 15, []), "ffn-hidden": (2 ** 20, []), "vocab": (10 ** 12, []), "seq-len": (10 ** 9, []),
     "num-gpus": (2 ** 21, []), "tp": (2 ** 21, []), "pp": (2 ** 13, []), "dp": (2 ** 21, []),
     "vpp": (2 ** 13, ["--schedule", "interleaved", "--pp", "2"]), "micro-batch": (2 ** 17, []),
-    "global-batch": (2 ** 25, []),
+    "global-batch": (2 ** 25, []), "ep": (2 ** 21, []),
+    "num-experts": (2 ** 14 + 1, ["--top-k", "2"]), "top-k": (2 ** 10 + 1, ["--num-experts", "8"]),
+    "moe-ffn-hidden": (2 ** 19 + 1, ["--num-experts", "8", "--top-k", "2"]),
+    "shared-ffn-hidden": (2 ** 19 + 1, ["--num-experts", "8", "--top-k", "2"]),
+    "shared-experts": (2 ** 10 + 1, ["--num-experts", "8", "--top-k", "2"]),
+    "dense-layers": (2 ** 12 + 1, ["--num-experts", "8", "--top-k", "2"]),
 }
 
 
@@ -175,6 +180,17 @@ def test_unknown_models(capsys, model):
     ([*SMALL, "--recompute", "half"], "recompute"),
     ([*SMALL, "--arch", "mamba"], "arch"),
     (["--layers", "4"], "model"),
+    # Mixture of Experts
+    ([*SMALL, "--num-experts", "8"], "top_k"), ([*SMALL, "--top-k", "2"], "top_k"), ([*SMALL, "--ep", "2"], "ep"),
+    ([*SMALL, "--num-experts", "8", "--top-k", "9"], "top_k"),
+    ([*SMALL, "--num-experts", "8", "--top-k", "2", "--num-gpus", "8", "--ep", "3"], "ep"),
+    ([*SMALL, "--num-experts", "8", "--top-k", "2", "--num-gpus", "8", "--pp", "2", "--ep", "8"], "ep"),
+    ([*SMALL, "--num-experts", "8", "--top-k", "2", "--num-gpus", "8", "--tp", "2"], "sequence_parallel"),
+    ([*SMALL, "--num-experts", "8", "--top-k", "2", "--capacity-factor", "-1"], "capacity_factor"),
+    ([*SMALL, "--num-experts", "8", "--top-k", "2", "--moe-imbalance", "nan"], "moe_imbalance"),
+    ([*SMALL, "--num-experts", "8", "--top-k", "2", "--dense-layers", "4"], "dense_layers"),
+    ([*SMALL, "--num-experts", "8", "--top-k", "2.5"], "top_k"), ([*SMALL, "--ep", "x"], "ep"),
+    (["--model", "deepseek-v3"], "model"), (["--model", "mixtral-8x7b", "--num-experts", "0", "--top-k", "2"], "top_k"),
 ])
 def test_invalid_layouts_name_the_field(capsys, args, field):
     rc, _, err = run(["predict", "--platform", "dgx-a100-80gb", *args], capsys)
@@ -210,7 +226,10 @@ def test_search_gpu_counts_that_cannot_be_read(capsys, gpus):
     (["--seq-len", str(2 ** 23)], "seq_len"), (["--global-batch", "0"], "global_batch"),
     (["--global-batch", str(2 ** 25)], "global_batch"), (["--hidden", str(2 ** 20)], "hidden"),
     (["--recompute", "half"], "recompute"), (["--tp", "x"], "tp"), (["--tokens", "lots"], "tokens"),
-    (["--objective", "speed"], "objective"), (["--precision", "fp8"], "precision"),
+    (["--objective", "speed"], "objective"), (["--precision", "fp4"], "precision"),
+    (["--platform", "dgx-a100-80gb", "--precision", "fp8"], "precision"), (["--top-k", "2"], "top_k"),
+    (["--model", "mixtral-8x7b", "--top-k", "9"], "top_k"), (["--model", "deepseek-v3"], "model"),
+    (["--model", "mixtral-8x7b", "--capacity-factor", "inf"], "capacity_factor"),
 ])
 def test_search_bad_fields(capsys, args, field):
     argv = [*SEARCH, "--num-gpus", "64"]

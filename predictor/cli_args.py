@@ -1,0 +1,43 @@
+"""Model flags shared by `predict` and `search`: the Mixture-of-Experts fields (and `--head-dim`), spelt as the
+ModelSpec fields / predict-batch columns with dashes. Parsed and checked by predictor.layout_io, which names the
+field at fault."""
+from __future__ import annotations
+
+import argparse
+
+from .layout_io import MOE_FIELDS
+
+MOE_FLAGS: dict[str, str] = {
+    "num_experts": "routed experts per MoE layer; 0 = a dense model (default: the preset's, else 0)",
+    "top_k": "experts each token is routed to (required for a MoE model: Mixtral 2, Qwen3-MoE 8)",
+    "moe_ffn_hidden": "width of one routed expert (default: --ffn-hidden)",
+    "shared_experts": "always-on shared experts per MoE layer (default 0)",
+    "shared_ffn_hidden": "width of one shared expert (default: --moe-ffn-hidden)",
+    "dense_layers": "leading layers that keep the dense MLP (default 0)",
+    "capacity_factor": "expert capacity factor (tokens beyond it dropped); default: dropless",
+    "moe_imbalance": "busiest expert-parallel rank's load over the mean (>= 1); default: modelled",
+}
+FLOAT_FLAGS = ("capacity_factor", "moe_imbalance")   # read as text: layout_io refuses nan / inf by name
+
+
+def add_head_dim_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--head-dim", type=int, dest="head_dim",
+                    help="attention head dimension when it is not hidden / heads (Qwen3: 128); default hidden / heads")
+
+
+def add_moe_args(sp: argparse.ArgumentParser) -> None:
+    g = sp.add_argument_group("Mixture of Experts (override a preset's, or describe a custom MoE model)")
+    for name in MOE_FIELDS:
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, help=MOE_FLAGS[name],
+                       **({"metavar": "X"} if name in FLOAT_FLAGS else {"type": int}))
+
+
+def add_ep_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--ep", type=int, help="expert-parallel degree (MoE models): each MoE layer's experts spread "
+                                           "over ep ranks taken from tp*cp*dp; divides num_experts and tp*cp*dp "
+                                           "(default 1)")
+
+
+def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:
+    """The model's loose fields from parsed flags (layout_io.model_from_fields reads them)."""
+    return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS)}

@@ -1,0 +1,87 @@
+"""Published per-GPU memory of Megatron-Core training runs (MoE, FP8, context parallelism) against
+`memory.estimate_memory`: an independent check, never fitted to.
+
+`catalog/published_memory.json` holds each figure with its document, the unit it is printed in and what it counts
+(a README's 'mem' column read like nvidia-smi, torch's max reserved, a bound ...), the model (a preset or fields
+with their citation) and the layout. Entries whose stored text lacks the layout, or that give only a bound, are
+kept as found and reported as not comparable. A model or layout the predictor refuses (or a MoE field it does not
+accept yet) is reported with its message, never dropped silently.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+CATALOG = Path(__file__).resolve().parent / "catalog" / "published_memory.json"
+TO_GIB = {"GiB": 1.0, "MiB": 1 / 1024, "GB": 1e9 / 2 ** 30, "MB": 1e6 / 2 ** 30}
+MODEL_FIELDS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "kv_heads": "num_kv_heads",
+                "ffn_hidden": "ffn_hidden_size", "vocab": "vocab_size", "tied_embeddings": "tied_embeddings",
+                "head_dim": "head_dim", "num_experts": "num_experts", "top_k": "top_k",
+                "moe_ffn_hidden": "moe_ffn_hidden", "shared_experts": "shared_experts",
+                "shared_ffn_hidden": "shared_ffn_hidden", "dense_layers": "dense_layers"}
+
+
+def load(path: Path = CATALOG) -> dict[str, Any]:
+    return dict(json.loads(Path(path).read_text()))
+
+
+def model_spec(name: str, fields: dict[str, Any]) -> Any:
+    """A ModelSpec from a catalog model: a preset (`preset`) or the fields (predictor names); raises
+    InfeasibleConfig / TypeError where the predictor refuses or lacks a field."""
+    from .presets import get_preset
+    from .specs import ModelSpec
+    if "preset" in fields:
+        return get_preset(fields["preset"])
+    kw = {MODEL_FIELDS[k]: v for k, v in fields.items() if k in MODEL_FIELDS}
+    m = ModelSpec(name, fields.get("arch", "llama"), **kw)
+    m.validate()
+    return m
+
+
+def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
+    from .specs import Layout
+    fields = {k: raw[k] for k in ("num_gpus", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_len",
+                                  "precision", "zero_stage", "vpp")}
+    fields["recompute"] = recompute or raw["recompute"]
+    fields["sequence_parallel"] = bool(raw["sequence_parallel"]) and raw["tp"] > 1
+    fields["schedule"] = "interleaved" if raw.get("vpp", 1) > 1 else "1f1b"
+    layout = Layout(**fields)
+    return replace(layout, ep=raw["ep"]) if raw.get("ep", 1) != 1 else layout
+
+
+def _estimate(model: Any, raw: dict[str, Any], platform: str, recompute: str | None = None) -> float:
+    from .memory import estimate_memory
+    from .platforms import get_platform
+    layout = layout_of(raw, recompute)
+    return float(estimate_memory(model, layout, get_platform(platform)).peak_gib)
+
+
+def compare(path: Path = CATALOG) -> pd.DataFrame:
+    """One row per published figure: the figure in GiB, ours (peak over pipeline stages, framework allowance
+    included), the error, or why it cannot be compared."""
+    doc = load(path)
+    rows = []
+    for e in doc["entries"]:
+        pub = e["published"] * TO_GIB[e["unit"]]
+        row: dict[str, Any] = {"id": e["id"], "model": e.get("model"), "platform": e.get("platform"),
+                               "precision": e.get("layout", {}).get("precision"), "published_gib": pub,
+                               "counts": e["counts"], "ours_gib": None, "error": None, "ours_alt_gib": None,
+                               "note": ""}
+        if e.get("unpredictable"):
+            row["note"] = f"not comparable: {e['unpredictable']}"
+            rows.append(row)
+            continue
+        try:
+            model = model_spec(e["model"], doc["models"][e["model"]])
+            row["ours_gib"] = _estimate(model, e["layout"], e["platform"])
+            row["error"] = row["ours_gib"] / pub - 1
+            if e.get("recompute_alt"):
+                row["ours_alt_gib"] = _estimate(model, e["layout"], e["platform"], e["recompute_alt"])
+        except Exception as exc:  # noqa: BLE001 - a refused model / layout / MoE field is reported, not raised
+            row["note"] = f"not estimated: {type(exc).__name__}: {exc}"
+        rows.append(row)
+    return pd.DataFrame(rows)

@@ -1,0 +1,120 @@
+"""predictor.independent_nemo: published NeMo / Megatron-Bridge runs, checked, never fitted to (fast: no prediction
+except one dense run)."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from predictor import independent_nemo as nemo
+
+DOC = nemo.load()
+
+
+def test_catalog_loads_and_every_row_and_model_is_complete():
+    assert set(DOC) >= {"_comment", "systems", "precisions", "model_names", "models", "sources"}
+    for sid, src in DOC["sources"].items():
+        for key in ("description", "document", "licence", "framework", "columns", "rows", "definitions"):
+            assert src.get(key), (sid, key)
+        assert src["framework"] == "megatron"
+        assert all(len(r) == len(src["columns"]) for r in src["rows"]), sid
+        printed = {r[src["columns"].index("model")] for r in src["rows"]}
+        assert printed <= set(DOC["model_names"]), (sid, printed - set(DOC["model_names"]))
+    for key, m in DOC["models"].items():
+        if "unpredictable" in m:
+            continue
+        assert m["cite"] and {"layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab"} <= set(m), key
+        if m.get("num_experts"):  # the predictor's MoE field names
+            assert {"top_k", "moe_ffn_hidden", "shared_experts", "dense_layers", "head_dim"} <= set(m), key
+    assert set(DOC["model_names"].values()) <= set(DOC["models"])
+
+
+def test_every_kept_row_closes_and_the_drops_are_the_known_ones():
+    pr = nemo.published_runs(DOC)
+    ok = pr.ok
+    assert len(ok) + len(pr.dropped) == sum(len(s["rows"]) for s in DOC["sources"].values())
+    tpp = ok["tp"].fillna(1) * ok["pp"].fillna(1) * ok["cp"].fillna(1)
+    assert (ok["gpus"] == tpp * ok["dp_derived"]).all()
+    assert (ok["global_batch"] % (ok["micro_batch"] * ok["dp_derived"]) == 0).all()
+    derived = ok["global_batch"] * ok["seq_len"] / (ok["tokens_per_s_per_gpu"] * ok["gpus"])
+    assert ((ok["measured_s"] / derived - 1).abs() < 1e-9).all()
+    counts = pr.dropped_counts
+    # the transcription is clean: no throughput is off its model's FLOPs per token, no printed step time is off
+    assert nemo.BAD_FLOPS not in counts and nemo.BAD_STEP not in counts and nemo.BAD_GPUS not in counts
+    # the four rows whose published numbers do not close: Mixtral-8x22B printed with GBS 1 / MBS 64 (25.02, 25.04),
+    # Megatron-Bridge 25.11 GB300 Qwen3-235B and H100 GPT-OSS whose printed GA is not GBS / (MBS x dp)
+    bad = pr.dropped[pr.dropped["reason"] == nemo.BAD_BATCH]
+    assert sorted(bad["model"]) == ["GPT OSS 120B", "Mixtral-8x22B", "Mixtral-8x22B", "Qwen3_235B_a22B"]
+    assert counts[nemo.NO_STEP] == 9  # the long-sequence (CP) table prints no batch sizes
+    assert set(ok["platform"]) <= {"dgx-h100", "dgx-b200", "gb200-nvl72"}
+    assert set(ok["pred_precision"]) <= {"bf16", "fp8"}
+
+
+@pytest.mark.parametrize("column,change,reason", [("tokens_per_s_per_gpu", lambda v: v * 1.3, nemo.BAD_FLOPS),
+                                                   ("gpus", lambda v: v + 1, nemo.BAD_GPUS),
+                                                   ("global_batch", lambda v: v * 3, nemo.BAD_BATCH),
+                                                   ("step_time_ms", lambda v: v * 1.05, nemo.BAD_STEP)])
+def test_a_corrupted_row_is_dropped_and_counted(tmp_path, column, change, reason):
+    doc = json.loads(nemo.CATALOG.read_text())
+    sid = "megatron-bridge-cards" if column == "step_time_ms" else "megatron-bridge"
+    src = doc["sources"][sid]
+    i = src["columns"].index(column)
+    col = {c: j for j, c in enumerate(src["columns"])}
+    # an H100 Qwen3-30B-A3B row of a release that prints GA and the model more than once (TFLOP/s cross-check)
+    k = next(j for j, r in enumerate(src["rows"]) if r[col["model"]] in ("Qwen3_30B_a3B", "Qwen/Qwen3-30B-A3B")
+             and r[col["system"]] in ("DGX-H100", "H100") and r[col["release"]] in ("25.11", "card"))
+    src["rows"][k][i] = change(src["rows"][k][i])
+    before = nemo.published_runs(nemo.load(), [sid]).dropped_counts
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(doc))
+    after = nemo.published_runs(nemo.load(path), [sid]).dropped_counts
+    assert after.get(reason, 0) == before.get(reason, 0) + 1
+
+
+def _row(model_key: str, **over) -> pd.Series:
+    base = {"source": "t", "release": "r", "system": "DGX-H100", "model": "m", "gpus": 64, "precision": "fp8-cs",
+            "platform": "dgx-h100", "pred_precision": "fp8", "seq_len": 4096, "global_batch": 256, "micro_batch": 1,
+            "fsdp": 0, "tp": 2, "pp": 4, "cp": 2, "vp": 5, "ep": None, "dp_derived": 4}
+    base.update(over)
+    return pd.Series(base)
+
+
+def test_the_row_builder_emits_the_predict_batch_columns():
+    r = nemo.batch_row(_row("llama3-70b"), DOC["models"]["llama3-70b"])
+    assert list(r) == nemo.ROW_COLUMNS and all(isinstance(v, str) for v in r.values())
+    assert r["schedule"] == "interleaved" and r["vpp"] == "5" and r["sequence_parallel"] == "true"
+    assert (r["zero_stage"], r["framework"], r["precision"], r["recompute"]) == ("1", "megatron", "fp8", "none")
+    assert (r["tp"], r["pp"], r["cp"], r["dp"], r["ep"], r["num_gpus"]) == ("2", "4", "2", "4", "1", "64")
+    assert (r["layers"], r["kv_heads"], r["num_experts"], r["top_k"], r["head_dim"]) == ("80", "8", "0", "", "")
+    r = nemo.batch_row(_row("qwen3-30b-a3b", tp=1, pp=1, cp=1, vp=None, ep=8, fsdp=64, dp_derived=64),
+                       DOC["models"]["qwen3-30b-a3b"])
+    assert r["schedule"] == "1f1b" and r["sequence_parallel"] == "false" and r["zero_stage"] == "3"
+    assert (r["num_experts"], r["top_k"], r["moe_ffn_hidden"], r["ep"], r["head_dim"]) == ("128", "8", "768", "8",
+                                                                                          "128")
+    assert r["moe_imbalance"] == ""  # the modelled imbalance, unless the source states forced balancing
+    r = nemo.batch_row(_row("qwen3-30b-a3b", ep=8, force_balanced=True), DOC["models"]["qwen3-30b-a3b"])
+    assert r["moe_imbalance"] == "1"
+    assert nemo.batch_row(_row("llama3-70b", force_balanced=True), DOC["models"]["llama3-70b"])["moe_imbalance"] == ""
+
+
+def test_a_moe_row_is_never_sent_without_its_expert_columns():
+    moe = nemo.batch_row(_row("qwen3-30b-a3b", ep=8), DOC["models"]["qwen3-30b-a3b"])
+    dense = nemo.batch_row(_row("llama3-70b"), DOC["models"]["llama3-70b"])
+    base = nemo.accepted_columns() - set(nemo.MOE_DEFAULTS)  # a predictor without MoE columns
+    kept, why = nemo.predictable_record(dense, base)
+    assert why == "" and set(kept) <= base and "num_experts" not in kept
+    kept, why = nemo.predictable_record(moe, base)
+    assert "num_experts" in why and "ep" in why
+    full = base | set(nemo.MOE_DEFAULTS)  # once the predictor accepts them, they go through unchanged
+    kept, why = nemo.predictable_record(moe, full)
+    assert why == "" and kept["num_experts"] == "128" and kept["ep"] == "8"
+
+
+def test_a_dense_run_is_predicted_and_scored():
+    c = nemo.run_check(["nemo-24.07-h100"], accepted=nemo.accepted_columns() - set(nemo.MOE_DEFAULTS))
+    d = c.runs
+    assert len(d) == 7 and d["predicted_s"].notna().all() and (d["predicted_s"] > 0).all()
+    assert ((d["signed_error"] - (d["predicted_s"] / d["measured_s"] - 1)).abs() < 1e-12).all()
+    s = c.summary("platform")
+    assert list(s["group"]) == ["dgx-h100"] and int(s["runs"].iloc[0]) == 7

@@ -1,0 +1,43 @@
+"""predictor.published_memory: published per-GPU memory figures, cited, compared with the memory model."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from predictor import published_memory as pm
+
+
+def test_catalog_entries_are_complete():
+    doc = pm.load()
+    assert len(doc["entries"]) >= 5 and len({e["id"] for e in doc["entries"]}) == len(doc["entries"])
+    for e in doc["entries"]:
+        assert e["document"] and e["counts"] and e["unit"] in pm.TO_GIB and e["published"] > 0, e["id"]
+        if not e.get("unpredictable"):
+            assert e["model"] in doc["models"] and e["platform"] and e["setup"], e["id"]
+            lay = e["layout"]
+            assert lay["tp"] * lay["pp"] * lay["cp"] * lay["dp"] == lay["num_gpus"], e["id"]
+            assert lay["global_batch"] % (lay["micro_batch"] * lay["dp"]) == 0, e["id"]
+    kinds = {(e.get("layout") or {}).get("precision") for e in doc["entries"]}
+    assert "fp8" in kinds  # an FP8 figure, and a MoE one, are comparable today
+    assert any(doc["models"][e["model"]].get("num_experts") for e in doc["entries"] if not e.get("unpredictable"))
+
+
+def test_every_comparable_figure_is_estimated_and_the_rest_say_why():
+    d = pm.compare()
+    comparable = d[d["note"] == ""]
+    assert len(comparable) >= 5 and comparable["ours_gib"].gt(0).all()
+    assert ((comparable["error"] - (comparable["ours_gib"] / comparable["published_gib"] - 1)).abs() < 1e-12).all()
+    assert d.loc[d["ours_gib"].isna(), "note"].str.startswith(("not comparable", "not estimated")).all()
+    mb = d[d["id"] == "megatron-lm-2772-qwen3-30b-a3b-ep8"].iloc[0]
+    assert mb["published_gib"] == pytest.approx(45552.0e6 / 2 ** 30)  # units converted, MB = 1e6 bytes
+
+
+def test_a_refused_model_is_reported_not_raised(tmp_path):
+    doc = pm.load()
+    doc["models"]["qwen1.5-moe-8x1.8b"]["top_k"] = 99  # more than num_experts: the predictor refuses it
+    path = tmp_path / "mem.json"
+    path.write_text(json.dumps(doc))
+    d = pm.compare(path)
+    bad = d[d["model"] == "qwen1.5-moe-8x1.8b"]
+    assert len(bad) == 2 and bad["ours_gib"].isna().all() and bad["note"].str.contains("top_k").all()
