@@ -1,7 +1,11 @@
 """Mixture-of-Experts validation on real training runs on this machine's CPU: measures, or re-scores, tables.
 
-    python -m tests.benchmarks.cpu_moe_end_to_end --lock /work/cpu.lock   # measure (~15 min), write the JSON
-    python -m tests.benchmarks.cpu_moe_end_to_end --rescore              # predict the saved tables again
+    python -m tests.benchmarks.cpu_moe_end_to_end --lock /work/cpu.lock --steps 8 --max-wait 120  # measure
+    python -m tests.benchmarks.cpu_moe_end_to_end --rescore        # predict the saved tables again
+
+Measuring took 28 min of wall time on 2026-11-25 (18 + 8 + 4 jobs: about 4 min of steps, warm-up included, plus
+each job's start-up; most of the rest waiting for the shared lock). `--rescore` also prints, for context, the
+dense HF runs of cpu_end_to_end.py measured on the same CPU and predicted by the same models.
 
 Trains Hugging Face transformers MoE models (MixtralForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM with
 its shared expert; bench/e2e_moe.py builds them from config dicts: random weights, fp32, torch.optim.AdamW,
@@ -278,6 +282,26 @@ def machine_note(t: dict, models_dir: str | None) -> None:
               f"({models_machine(t['platform'], models_dir).short()}): predictions for another CPU]")
 
 
+def dense_baseline(t: dict, models_dir: str | None) -> None:
+    """The dense HF GPT-2 / Llama runs of tests/benchmarks/cpu_end_to_end.py measured on the same CPU (any
+    cpu_end_to_end.json under bench/samples), predicted by the same models: how much of the MoE table's error the
+    dense model on this CPU has too."""
+    from bench.e2e import predict_rows
+    from predictor.machine import same_machine
+
+    from .cpu_end_to_end import table_machine
+    kind, dp = ("ddp", 2) if t["platform"] == "cpu-1t" else ("single", 1)
+    for path in sorted((REPO / "bench" / "samples").glob("**/cpu_end_to_end.json")):
+        dense = json.loads(path.read_text()).get("tables", {}).get(kind)
+        if dense and same_machine(table_machine(dense), table_machine(t)):
+            signed = [r["signed"] for r in predict_rows(dense["runs"], t["platform"], dp, models_dir)]
+            print(f"dense baseline: the {len(signed)} dense HF runs measured on the same CPU "
+                  f"({path.relative_to(REPO)}, {dense['facts'].get('recorded_at')}) with the same models: MAPE "
+                  f"{statistics.fmean(abs(x) for x in signed):.1%}, mean signed {statistics.fmean(signed):+.1%}")
+            return
+    print("dense baseline: no dense HF table measured on this CPU under bench/samples")
+
+
 def rescore(path: Path = RESULTS, models_dir: str | None = None) -> int:
     data = json.loads(path.read_text())
     titles = {"single": "HF MoE single process, 2 threads vs predict on cpu-2t",
@@ -299,6 +323,8 @@ def rescore(path: Path = RESULTS, models_dir: str | None = None) -> int:
               f"{json.dumps(bw)} GB/s; measuring took {t.get('measuring_s')} s]")
         machine_note(t, models_dir)
         print_scored(titles[kind], score_rows(t["runs"], t["platform"], models_dir))
+        if kind != "eager":
+            dense_baseline(t, models_dir)
     return 0
 
 
