@@ -63,6 +63,9 @@ def calibration_configs(platform: str) -> list[dict]:
 
 # --------------------------------------------------------------------------- the training job
 def build_model(c: dict, hf_defaults: bool = False):
+    from .e2e_moe import build_moe_model, is_moe
+    if is_moe(c):  # Mixtral / Qwen3-MoE / Qwen2-MoE (bench/e2e_moe.py)
+        return build_moe_model(c)
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -84,12 +87,14 @@ def build_model(c: dict, hf_defaults: bool = False):
 
 
 def time_steps(model, c: dict, steps: int, warmup: int, seed: int = 0, ddp_group=None,
-               target_s: float | None = None, max_steps: int = 12) -> tuple[list[float], dict]:
+               target_s: float | None = None, max_steps: int = 12,
+               on_step: Callable[[bool], None] | None = None) -> tuple[list[float], dict]:
     """Step times (s) and what was thrown away. Under DDP every step starts after a barrier and counts
     the slowest rank. A step during which other processes took CPU time (bench.env.Interference) is
     discarded and, after waiting for calm, run again (at most 3 * steps extra steps). With `target_s`,
     the first kept step sets the count: enough steps for about `target_s` seconds, between `steps`
-    and `max_steps` (every rank agrees: the step time is already the slowest rank's)."""
+    and `max_steps` (every rank agrees: the step time is already the slowest rank's). `on_step(kept)` is
+    called after every step, outside its timer (kept: the step is one of the returned times)."""
     import torch
 
     from bench.env import Interference, wait_calm
@@ -127,9 +132,12 @@ def time_steps(model, c: dict, steps: int, warmup: int, seed: int = 0, ddp_group
         others, disturbed = Interference.others(wall, tot_j, own_j)
         dt, others, disturbed = allmax(dt), allmax(others), bool(allmax(float(disturbed)))
         i += 1
+        redo = i > warmup and disturbed and meter.available and info["discarded_steps"] < 3 * steps
+        if on_step is not None:
+            on_step(i > warmup and not redo)
         if i <= warmup:
             continue
-        if disturbed and meter.available and info["discarded_steps"] < 3 * steps:
+        if redo:
             info["discarded_steps"] += 1
             info["waited_for_calm_s"] += wait_calm(600, allreduce_max=allmax if dist is not None else None)
             continue
@@ -159,10 +167,20 @@ def single_worker(a) -> None:
     torch.set_num_threads(a.threads)
     c = json.loads(a.config)
     model = build_model(c, a.hf_defaults)
-    ts, info = time_steps(model, c, a.steps, a.warmup, target_s=a.target_s)
+    rec, extra = _moe_recorder(model, c)
+    ts, info = time_steps(model, c, a.steps, a.warmup, target_s=a.target_s, on_step=rec.step_done if rec else None)
+    extra |= {"routing": rec.summary()} if rec else {}
     Path(a.worker_out).write_text(json.dumps([{**c, "measured_s": statistics.median(ts), "steps_s": ts,
                                                "load": os.getloadavg()[0], "allocator": alloc,
-                                               "measured_at": _now(), **info}]))
+                                               "measured_at": _now(), **info, **extra}]))
+
+
+def _moe_recorder(model, c: dict):
+    """A MoE model's routing recorder and what the built model is (bench/e2e_moe.py); (None, {}) for a dense one."""
+    from .e2e_moe import RoutingRecorder, describe_model, is_moe
+    if not is_moe(c):
+        return None, {}
+    return RoutingRecorder(model), {"model_check": describe_model(model)}
 
 
 def ddp_worker(a) -> None:
@@ -177,23 +195,32 @@ def ddp_worker(a) -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     c = json.loads(a.config)
-    model = DDP(build_model(c))
-    ts, info = time_steps(model, c, a.steps, a.warmup, seed=rank, ddp_group=True, target_s=a.target_s)
+    inner = build_model(c)
+    rec, extra = _moe_recorder(inner, c)
+    model = DDP(inner)
+    ts, info = time_steps(model, c, a.steps, a.warmup, seed=rank, ddp_group=True, target_s=a.target_s,
+                          on_step=rec.step_done if rec else None)
+    if rec is not None:  # every rank routes its own tokens: rank 0's statistics, and each rank's imbalance
+        per_rank: list = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, rec.summary())
+        extra |= {"routing": per_rank[0], "imbalance_by_rank": [r.get("imbalance") for r in per_rank]}
     if rank == 0:
         Path(a.worker_out).write_text(json.dumps([{**c, "measured_s": statistics.median(ts), "steps_s": ts,
                                                    "load": os.getloadavg()[0], "allocator": alloc,
-                                                   "measured_at": _now(), **info}]))
+                                                   "measured_at": _now(), **info, **extra}]))
     dist.destroy_process_group()
 
 
 def _worker_cmd(kind: str, c: dict, out: Path, steps: int, warmup: int, target_s: float | None,
-                threads: int = 2, hf_defaults: bool = False) -> list[str]:
+                threads: int = 2, hf_defaults: bool = False, lock: str | None = None) -> list[str]:
+    """The job's command line; with `lock`, run under `flock lock` (one heavy job at a time on a shared machine)."""
+    pre = ["flock", lock] if lock else []
     args = ["-m", "bench.e2e", f"--worker-{kind}", "--worker-out", str(out), "--config", json.dumps(c),
             "--threads", str(threads), "--steps", str(steps), "--warmup", str(warmup)]
     args += (["--target-s", str(target_s)] if target_s else []) + (["--hf-defaults"] if hf_defaults else [])
     if kind == "single":
-        return [sys.executable, *args]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
+        return [*pre, sys.executable, *args]
+    return [*pre, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *args]
 
 
 def _stderr(msg: str) -> None:
@@ -202,16 +229,17 @@ def _stderr(msg: str) -> None:
 
 def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, hf_defaults: bool = False,
                system_malloc: bool = False, target_s: float | None = None,
-               log: Callable[[str], None] = _stderr, deadline: float | None = None) -> list[dict]:
+               log: Callable[[str], None] = _stderr, deadline: float | None = None,
+               lock: str | None = None) -> list[dict]:
     """Each config in a fresh process, one after another; with `deadline` (time.monotonic), configs not
-    started by then are left out (the caller records which)."""
+    started by then are left out (the caller records which); with `lock`, each job runs under `flock lock`."""
     res = []
     with tempfile.TemporaryDirectory() as td:
         for c in configs:
             if deadline is not None and time.monotonic() >= deadline:
                 break
             out = Path(td) / f"{c['name']}.json"
-            cmd = _worker_cmd("single", c, out, steps, warmup, target_s, threads, hf_defaults)
+            cmd = _worker_cmd("single", c, out, steps, warmup, target_s, threads, hf_defaults, lock)
             subprocess.run(cmd, cwd=REPO, env=_env({"BENCH_SYSTEM_MALLOC": "1" if system_malloc else "0"}),
                            check=True)
             r = json.loads(out.read_text())[0]
@@ -221,7 +249,8 @@ def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, h
 
 
 def run_ddp(configs: list[dict], steps: int, warmup: int, target_s: float | None = None,
-            log: Callable[[str], None] = _stderr, deadline: float | None = None) -> list[dict]:
+            log: Callable[[str], None] = _stderr, deadline: float | None = None,
+            lock: str | None = None) -> list[dict]:
     """One torchrun job (2 gloo ranks, 1 thread each) per config, as run_single."""
     res = []
     with tempfile.TemporaryDirectory() as td:
@@ -229,7 +258,7 @@ def run_ddp(configs: list[dict], steps: int, warmup: int, target_s: float | None
             if deadline is not None and time.monotonic() >= deadline:
                 break
             out = Path(td) / f"{c['name']}.json"
-            cmd = _worker_cmd("ddp", c, out, steps, warmup, target_s)
+            cmd = _worker_cmd("ddp", c, out, steps, warmup, target_s, lock=lock)
             for attempt in range(1, 4):  # gloo on loopback now and then aborts both ranks at start-up
                 try:                      # ("terminate called without an active exception"): a fresh job
                     subprocess.run(cmd, cwd=REPO, env=_env(), check=True)  # after a pause; the record says so
