@@ -1,5 +1,5 @@
-"""`python -m bench ...`: info, device, ops, collectives, context, curve, fit-network, cpu-platform, speed-check,
-sampled-on.
+"""`python -m bench ...`: info, device, ops, collectives, grouped-gemm, ring, context, curve, fit-network,
+cpu-platform, speed-check, sampled-on.
 
 Sample sets belong to one machine (predictor.machine): without --out a platform's set is
 bench/samples/<platform> when that folder is free or this machine's, else
@@ -100,11 +100,13 @@ def cmd_device(a) -> int:
     return 0
 
 
-def sample_dir(a, platform: str) -> Path | None:
+def sample_dir(a, platform: str, folder: str | None = None) -> Path | None:
     """The sample set of `platform` for this command: --out (refused when it holds another machine's
-    samples: None, after saying why), else this machine's default (bench.store_io.sample_set_dir)."""
+    samples: None, after saying why), else this machine's default (bench.store_io.sample_set_dir) named
+    `folder` (default the platform: sets kept apart from the platform's own, e.g. FP8, get their own name)."""
     from .env import this_machine
     here = this_machine()
+    platform = folder or platform
     default = store_io_mod().sample_set_dir(SAMPLES, platform, here)
     if not getattr(a, "out", None):
         if default != SAMPLES / platform and int(os.environ.get("RANK", "0")) == 0:
@@ -127,7 +129,13 @@ def store_io_mod():
 def cmd_ops(a) -> int:
     from .sampler import run_ops
     ws = int(os.environ.get("WORLD_SIZE", "1"))
-    out = sample_dir(a, a.platform)
+    if a.dtype == "fp8":  # FP8 GEMMs: a CUDA device with FP8 tensor cores, or a clear refusal
+        from .opbench import fp8_supported
+        ok, why = fp8_supported(a.device)
+        if not ok:
+            print(f"bench ops --dtype fp8: {why}; nothing sampled", file=sys.stderr)
+            return 2
+    out = sample_dir(a, a.platform, f"{a.platform}-fp8" if a.dtype == "fp8" else None)
     if out is None:
         return 2
     if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun, every rank on the same set
@@ -135,12 +143,28 @@ def cmd_ops(a) -> int:
             a._argv = [*a._argv, "--out", str(out)]
         return _relaunch(a, "--ranks", a.ranks)
     q = _quiet(a) if int(os.environ.get("RANK", "0")) == 0 else None
-    ops = tuple(a.ops) if a.ops else (D.DEFAULT_OPS + (D.UNFUSED_ATTENTION_OPS if a.unfused else ()))
+    if a.ops:
+        ops = tuple(a.ops)
+    elif a.dtype == "fp8":
+        from .gpu_ops import FP8_OPS
+        ops = FP8_OPS
+    else:
+        ops = D.DEFAULT_OPS + (D.UNFUSED_ATTENTION_OPS if a.unfused else ())
     run_ops(a.platform, out, ops=ops, device=a.device, dtype=a.dtype,
             threads=a.threads or (1 if ws > 1 else None), budget_s=a.budget_s, n_per_op=a.n_per_op,
             profile=a.profile, tps=tuple(a.tp), seed=a.seed, quiet_info=q, show_progress=not a.no_progress,
             guard_interference=not a.no_guard, log=_log)
+    _end_process_group()
     return 0
+
+
+def _end_process_group() -> None:
+    """Leave torch.distributed cleanly under torchrun: a rank that exits with its gloo group still up can abort
+    ("terminate called without an active exception"), and torchrun then fails the whole job."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def cmd_collectives(a) -> int:
@@ -167,6 +191,46 @@ def cmd_collectives(a) -> int:
     import torch.distributed as dist
     if dist.is_initialized():
         dist.destroy_process_group()
+    return 0
+
+
+def cmd_grouped_gemm(a) -> int:
+    """Grouped expert GEMMs (mlp_up / mlp_down of E experts in one call) on a GPU: bench/gpu_ops.py."""
+    from .gpu_ops import run_grouped
+    out = sample_dir(a, a.platform, f"{a.platform}-grouped-gemm")
+    if out is None:
+        return 2
+    if a.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            print("bench grouped-gemm: torch.cuda.is_available() is False; nothing sampled", file=sys.stderr)
+            return 2
+    run_grouped(a.platform, out, device=a.device, dtype=a.dtype, n_per_op=a.n_per_op, profile=a.profile,
+                seed=a.seed, impl=a.impl, budget_s=a.budget_s, show_progress=not a.no_progress,
+                guard_interference=not a.no_guard, log=_log)
+    return 0
+
+
+def cmd_ring(a) -> int:
+    """One ring-attention step (context parallelism) over the job's ranks: bench/ring.py (run under torchrun)."""
+    from .ring import run_ring
+    if "RANK" not in os.environ:
+        if not a.launch_local:
+            print("run under torchrun (e.g. torchrun --standalone --nproc_per_node 8 -m bench ring ...) "
+                  "or pass --launch-local N", file=sys.stderr)
+            return 2
+        out = sample_dir(a, a.platform, f"{a.platform}-ring")
+        if out is None:
+            return 2
+        if not a.out:
+            a._argv = [*a._argv, "--out", str(out)]
+        return _relaunch(a, "--launch-local", a.launch_local, wait_quiet=False)
+    out = sample_dir(a, a.platform, f"{a.platform}-ring")
+    if out is None:
+        return 2
+    run_ring(a.platform, out, device=a.device, dtype=a.dtype, n_points=a.n_points, profile=a.profile, seed=a.seed,
+             budget_s=a.budget_s, reps=a.reps, threads=a.threads, log=_log)
+    _end_process_group()
     return 0
 
 
@@ -369,7 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out", help="sample directory (default bench/samples/<platform>, or "
                                   "bench/samples/machine-<id>/<platform> when that holds another machine's samples)")
     sp.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    sp.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
+    sp.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16", "fp8"],
+                    help="fp8: FP8 GEMMs (torch._scaled_mm) of qkv_proj / attn_out_proj / mlp_up / mlp_down on a "
+                         "GPU with compute capability >= 8.9, into <platform>-fp8 by default")
     sp.add_argument("--threads", type=int, help="torch CPU threads per process")
     sp.add_argument("--budget-s", type=float, help="stop after this many seconds of sampling")
     sp.add_argument("--n-per-op", type=int, default=64, help="design points per op (each gives fwd + bwd rows)")
@@ -388,7 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out")
     sp.add_argument("--device", default="cpu")
     sp.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
-    sp.add_argument("--collectives", nargs="+", default=["allreduce", "allgather", "reducescatter", "p2p"])
+    from .collectives import COLLECTIVES
+    sp.add_argument("--collectives", nargs="+", default=list(COLLECTIVES), choices=list(COLLECTIVES))
     sp.add_argument("--sizes", type=int, default=24, help="message sizes per collective")
     sp.add_argument("--min-bytes", type=int, default=1024)
     sp.add_argument("--max-bytes", type=int, default=256 * 2**20)
@@ -398,6 +465,37 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-progress", action="store_true")
     _common(sp)
     sp.set_defaults(fn=cmd_collectives)
+
+    sp = sub.add_parser("grouped-gemm", help="grouped expert GEMMs on a GPU (torch._grouped_mm, else a per-expert "
+                                             "loop), recorded as per-expert mlp_up / mlp_down samples")
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--out", help="default bench/samples/<platform>-grouped-gemm (kept apart from dense GEMMs)")
+    sp.add_argument("--device", default="cuda")
+    sp.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
+    sp.add_argument("--impl", default="auto", choices=["auto", "grouped_mm", "loop"])
+    sp.add_argument("--n-per-op", type=int, default=48)
+    sp.add_argument("--profile", default="gpu", choices=sorted(D.PROFILES))
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--budget-s", type=float)
+    sp.add_argument("--no-progress", action="store_true")
+    _common(sp)
+    sp.set_defaults(fn=cmd_grouped_gemm)
+
+    sp = sub.add_parser("ring", help="one ring-attention step (context parallelism) over the job's ranks: attention "
+                                     "blocks, the K/V exchange and both overlapped (run under torchrun)")
+    sp.add_argument("--platform", required=True)
+    sp.add_argument("--out", help="default bench/samples/<platform>-ring")
+    sp.add_argument("--device", default="cuda")
+    sp.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
+    sp.add_argument("--n-points", type=int, default=32, help="flash_attn design points (seq = one rank's block)")
+    sp.add_argument("--profile", default="gpu", choices=sorted(D.PROFILES))
+    sp.add_argument("--seed", type=int, default=0)
+    sp.add_argument("--reps", type=int, default=10, help="timed repeats per measurement (the same on every rank)")
+    sp.add_argument("--budget-s", type=float)
+    sp.add_argument("--threads", type=int, default=1)
+    sp.add_argument("--launch-local", type=int, metavar="N", help="launch N local ranks with torchrun")
+    _common(sp)
+    sp.set_defaults(fn=cmd_ring)
 
     sp = sub.add_parser("curve", help="regressor error vs number of samples")
     sp.add_argument("--samples", nargs="+", help="default: this machine's cpu-2t and cpu-1t sets")

@@ -1,4 +1,4 @@
-"""The collective sampler: all-reduce, all-gather, reduce-scatter and send/recv over message sizes,
+"""The collective sampler: all-reduce, all-gather, reduce-scatter, send/recv and all-to-all over message sizes,
 with torch.distributed (NCCL on GPUs, gloo on CPU), launched by torchrun on one node or many.
 
     torchrun --standalone --nproc_per_node 2 -m bench collectives --platform cpu-1t --out bench/samples/cpu-1t
@@ -8,7 +8,9 @@ with torch.distributed (NCCL on GPUs, gloo on CPU), launched by torchrun on one 
 
 Topologies: the whole job (nodes x ranks per node) and, on many nodes, one rank per node and one
 whole node, each as its own process group. `message_bytes` follows the store's convention:
-all-reduce and reduce-scatter the full buffer, all-gather the per-rank input, p2p the tensor sent.
+all-reduce and reduce-scatter the full buffer, all-gather the per-rank input, p2p the tensor sent,
+all-to-all one rank's whole send buffer (`all_to_all_single`, equal chunks of message / ranks to every rank,
+its own included: the token exchange of expert parallelism; gloo and NCCL both run it).
 
 Timing: per repeat a barrier, then the collective (CUDA: synchronize before and after), timed on
 every rank; the repeat's time is the slowest rank's; the sample is the median over repeats
@@ -28,7 +30,7 @@ import numpy as np
 
 from . import env, store_io
 
-COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "p2p", "alltoall")
 BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
@@ -155,6 +157,10 @@ def run_collectives(platform: str, out_dir: str | Path, *, device: str = "cpu", 
                     inp = torch.ones(numel - numel % n, dtype=tdt, device=dev)
                     outp = torch.empty(inp.numel() // n, dtype=tdt, device=dev)
                     fn = lambda outp=outp, inp=inp, group=group: dist.reduce_scatter_tensor(outp, inp, group=group)  # noqa: E731
+                elif coll == "alltoall":  # message = one rank's send buffer, message / n to each rank
+                    inp = torch.ones(numel - numel % n, dtype=tdt, device=dev)
+                    outp = torch.empty_like(inp)
+                    fn = lambda outp=outp, inp=inp, group=group: dist.all_to_all_single(outp, inp, group=group)  # noqa: E731
                 elif coll == "p2p":  # first member -> last member (another node when the group spans nodes)
                     buf = torch.ones(numel, dtype=tdt, device=dev)
                     src, dst = members[0], members[-1]

@@ -25,6 +25,7 @@ from scipy.stats import qmc
 from predictor import ops as P
 
 from . import opbench
+from .moe import MOE_OPS
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Profile:
     seq_multiple: int = 16
     ffn_multiple: int = 8
     attention_max_seq: int | None = None
+    experts: tuple[int, int] = (4, 128)  # moe_router: experts behind the router (params = hidden * experts)
+    moe_top_k: int = 2                   # MoE ops: top-k of every point (recorded as the variant "top<k>")
 
     def bounds(self) -> dict[str, tuple[float, float]]:
         return {"batch": self.batch, "seq": self.seq, "hidden": (self.hidden[0], self.hidden[1]),
@@ -64,7 +67,7 @@ PROFILES = {
     "gpu": Profile("gpu", batch=(1, 16), seq=(128, 8192), hidden=(512, 16384), head_dims=(64, 128),
                    kv_groups=(1, 2, 4, 8), ffn_ratio=(2.0, 6.0), mlp_up_ratio=(2.0, 8.0), vocab=(32000, 262144),
                    layers=(1, 32), max_tokens=65536, max_fwd_flops=2e14, max_elements=2**31,
-                   max_params=4_000_000_000, seq_multiple=128, ffn_multiple=128),
+                   max_params=4_000_000_000, seq_multiple=128, ffn_multiple=128, experts=(8, 256)),
 }
 
 # free dimensions per op (besides tp, which is a fixed list per run)
@@ -89,10 +92,14 @@ _DIMS = {
     "swiglu": ("batch", "seq", "hidden", "ffn_ratio"),
     "cross_entropy": ("batch", "seq", "vocab"),
     "optimizer": ("hidden", "layers", "vocab"),
+    "moe_router": ("batch", "seq", "hidden", "experts"),
+    "moe_permute": ("batch", "seq", "hidden"),
+    "moe_unpermute": ("batch", "seq", "hidden"),
 }
-# the ops a decomposition of GPT / Llama with flash attention uses (the default plan)
+# the ops a decomposition of GPT / Llama with flash attention uses, and the Mixture-of-Experts token routing
+# (bench/moe.py; seq of permute / unpermute counts routed rows, tokens * top_k): the default plan
 DEFAULT_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "embedding", "flash_attn", "rope",
-               "layernorm", "rmsnorm", "res_add", "gelu", "swiglu", "cross_entropy", "optimizer")
+               "layernorm", "rmsnorm", "res_add", "gelu", "swiglu", "cross_entropy", "optimizer", *MOE_OPS)
 UNFUSED_ATTENTION_OPS = ("attn_scores", "attn_context", "attn_mask_fill", "softmax", "fused_masked_softmax")
 
 
@@ -105,6 +112,19 @@ class DesignPoint:
 
     def key(self, pass_: str, dtype: str) -> str:
         return sample_key(self.op, pass_, dtype, self.shape)
+
+    @property
+    def variant(self) -> str | None:
+        """The `variant` its samples record: the optimizer's stage, the attention kernel, a MoE op's top-k."""
+        if "variant" in self.extra:
+            return self.extra["variant"]
+        if self.op == "optimizer":
+            return "whole"
+        if self.op == "flash_attn":
+            return "sdpa-causal"
+        if self.op in MOE_OPS:
+            return f"top{int(self.extra['top_k'])}"
+        return None
 
 
 def sample_key(op: str, pass_: str, dtype: str, shape: dict[str, Any]) -> str:
@@ -169,6 +189,10 @@ def map_point(op: str, u: np.ndarray, prof: Profile, tp: int) -> tuple[dict[str,
             extra["vocab"] = vocab
         else:
             s["vocab"] = vocab
+    if "experts" in v:
+        s["params"] = s["hidden"] * int(round(_log_map(v["experts"], prof.experts[0], prof.experts[1])))
+    if op in MOE_OPS:
+        extra["top_k"] = prof.moe_top_k
     if op == "optimizer":
         s["hidden"] = _round_to(_log_map(v["hidden"], prof.hidden[0], prof.hidden[1]), 64 * tp)
         s["layers"] = int(min(prof.layers[1], math.floor(_log_map(v["layers"], prof.layers[0], prof.layers[1] + 1))))

@@ -29,6 +29,10 @@ per-rank tensors one GPU (or CPU process) computes. What each op times:
   optimizer       torch.optim.AdamW(...).step() with torch's default implementation for the device
                   (foreach on CUDA, the per-tensor loop on CPU) over fp32 parameters laid out like a
                   GPT stack: 12 tensors per layer split by tp + the vocab embedding + a final norm
+  moe_router, moe_permute, moe_unpermute   Megatron-Core's router / permute / unpermute (bench/moe.py)
+
+dtype "fp8" times the projection GEMMs in FP8 with torch._scaled_mm (`build_fp8_gemm`, CUDA with compute
+capability >= 8.9 only).
 
 Backward passes run through autograd (`out.backward(grad)`), as training does, with the inputs that
 need gradients in training marked `requires_grad`; `.grad` is cleared before each repeat (the
@@ -45,6 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from predictor.specs import padded_vocab
+
+from . import moe
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 Pass = tuple[Callable[[], Any], Callable[[Any], Any]]
@@ -103,6 +109,9 @@ def fwd_flops(op: str, shape: dict[str, int | None]) -> float:
         return 5.0 * d["b"] * d["l"] * d["Vpr"]
     if op == "optimizer":
         return 12.0 * (shape.get("params") or 0)
+    if op == "moe_router":
+        experts = max(1, round((shape.get("params") or 0) / d["h"]))
+        return 2.0 * d["b"] * d["l"] * d["h"] * experts + 5.0 * d["b"] * d["l"] * experts
     if op in ("gelu", "swiglu"):
         return 8.0 * d["b"] * d["l"] * d["ffn"] // d["tp"]
     return 5.0 * d["b"] * d["l"] * (d["h"] or 1)
@@ -127,6 +136,9 @@ def largest_tensor_elements(op: str, shape: dict[str, int | None]) -> int:
         return M * d["ffn"] // d["tp"]
     if op == "optimizer":
         return int(shape.get("params") or 0)
+    if op == "moe_router":
+        experts = max(1, round((shape.get("params") or 0) / d["h"]))
+        return max(M * d["h"], M * experts, d["h"] * experts)
     return M * (d["h"] or 1)
 
 
@@ -178,8 +190,12 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------- builders
 def build(op: str, shape: dict[str, int | None], dtype: str = "fp32", device: str = "cpu") -> dict[str, Pass]:
     """{pass: (setup, run)} timing `op` on `shape`; passes as in `predictor.ops.OPS[op].passes`."""
+    if dtype == "fp8":
+        return build_fp8_gemm(op, shape, device)
     dt = DTYPES[dtype]
     dev = torch.device(device)
+    if op in moe.MOE_OPS:
+        return moe.build(op, shape, dt, dev)
     d = dims(shape)
     if op in ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head"):
         M, N, K = gemm_mnk(op, shape)

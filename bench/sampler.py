@@ -73,7 +73,9 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
             flush_every_s: float = 15.0, quiet_info: dict[str, Any] | None = None, show_progress: bool = True,
             target_s: float = 0.12, guard_interference: bool = True, max_retries: int = 3,
             calm_wait_s: float = 600.0, log: Callable[[str], None] = print, machine=None,
-            clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+            clock: Callable[[], float] = time.monotonic, points: list[D.DesignPoint] | None = None,
+            build: Callable[[D.DesignPoint, str, str], dict] | None = None, kind: str = "ops",
+            design_note: str | None = None) -> dict[str, Any]:
     """Measure the plan (skipping shapes already in `out_dir`) until done or `budget_s` is spent
     (time spent waiting for other processes to finish does not count). With `guard_interference`, a
     shape during which other processes took CPU time is measured again once the machine is calm.
@@ -81,7 +83,12 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
 
     `out_dir` must be free or hold samples of this machine (`machine`, default the one it runs on,
     predictor.machine): another machine's samples raise store_io.ForeignSamples before anything is
-    measured or written. `clock` measures the budget (tests inject a deterministic one)."""
+    measured or written. `clock` measures the budget (tests inject a deterministic one).
+
+    `points` replaces the plan of `ops` (e.g. the grouped expert GEMMs of bench/gpu_ops.py), `build(point,
+    dtype, device)` the kernel builder (default opbench.build); `kind` and `design_note` name such a run in
+    the manifest. A set keeps one variant per op (e.g. a MoE op's top-k; the resume key does not hold it):
+    a plan whose variant differs from the set's is refused (ValueError) before anything is measured."""
     import torch
     dist = _dist()
     rank = dist.get_rank() if dist else 0
@@ -104,17 +111,22 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
     done = store_io.done_op_keys(out)
     if dist:
         dist.barrier()  # every rank has read the same done-set before rank 0 writes anything
-    points = D.plan(list(ops), n_per_op, profile, tps, seed)
+    if points is None:
+        points = D.plan(list(ops), n_per_op, profile, tps, seed)
+    else:
+        ops = sorted({p.op for p in points})
+    store_io.check_variants(out, points)
     todo = [p for p in points if any(p.key(ps, dtype) not in done for ps in P.OPS[p.op].passes)]
     run_id = time.strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:4]
     facts["ranks_concurrent"] = world
-    run = {"run_id": run_id, "kind": "ops", "started_at": store_io.now_iso(), "platform": platform,
+    run = {"run_id": run_id, "kind": kind, "started_at": store_io.now_iso(), "platform": platform,
            "device": device, "dtype": dtype, "threads": torch.get_num_threads(), "ranks_concurrent": world,
            "profile": profile if isinstance(profile, str) else profile.name, "tp": list(tps), "seed": seed,
            "n_per_op": n_per_op, "budget_s": budget_s,
            "ops": list(ops), "planned_points": len(points), "already_done_points": len(points) - len(todo),
            "loadavg_start": list(env.loadavg()), "quiet": quiet_info, "facts": facts, "machine_id": here.id,
-           "timing": f"warm-up 2, median of 3..30 repeats (target {target_s} s per shape and pass)"}
+           "timing": f"warm-up 2, median of 3..30 repeats (target {target_s} s per shape and pass)",
+           **({"design": design_note} if design_note else {})}
     if lead:
         store_io.update_manifest(out, platform, facts, run,
                                  description=f"{platform}: {facts.get('device_name')}, "
@@ -159,7 +171,8 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
         """{pass: (median, rank max, Timing)} or None when the shape cannot be built."""
         ok, err = 1, "another rank failed"
         try:
-            kernels = opbench.build(p.op, {**p.shape, **p.extra}, dtype, device)
+            kernels = build(p, dtype, device) if build else opbench.build(p.op, {**p.shape, **p.extra}, dtype,
+                                                                          device)
         except (RuntimeError, MemoryError) as exc:  # e.g. out of memory: skip the shape
             ok, kernels, err = 0, None, str(exc)[:200]
         if dist:
@@ -216,12 +229,12 @@ def run_ops(platform: str, out_dir: str | Path, *, ops: list[str] | tuple[str, .
                 continue
             wall = time.monotonic() - t_point
             for ps, (med, rank_max, tm) in results.items():
-                rows.append({"platform": platform, "op": p.op, "pass": ps, **p.shape,
-                             "variant": "whole" if p.op == "optimizer" else
-                             ("sdpa-causal" if p.op == "flash_attn" else None),
-                             "dtype": dtype, "duration_s": med, "source": source,
+                per = float(p.extra.get("calls_per_sample", 1))  # a grouped call of E experts: its 1/E share
+                rows.append({"platform": platform, "op": p.op, "pass": ps, **p.shape, "variant": p.variant,
+                             "dtype": dtype, "duration_s": med / per, "source": source, **p.extra.get("columns", {}),
                              "measured_at": store_io.now_iso(), "design_index": p.index, "reps": tm.reps,
-                             "iqr_s": tm.iqr_s, "min_s": tm.min_s, "rank_max_s": rank_max,
+                             "iqr_s": tm.iqr_s / per, "min_s": tm.min_s / per, "rank_max_s": rank_max / per,
+                             **({"call_s": med} if per != 1 else {}),
                              "wall_s": wall / max(1, len(results)), "threads": torch.get_num_threads(),
                              "ranks_concurrent": world, "device": device, "others_cores": round(others, 3),
                              "disturbed": bool(disturbed and guard), "attempts": attempt + 1})

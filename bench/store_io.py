@@ -85,6 +85,20 @@ def done_op_keys(out_dir: Path) -> set[str]:
     return keys
 
 
+def check_variants(out_dir: Path, points) -> None:
+    """Refuse a plan whose `variant` of an op differs from the one the set's samples of that op have (e.g.
+    a MoE op's top-k): the resume key does not hold the variant, so such a plan would skip its shapes."""
+    df = read_shards(out_dir, "ops")
+    if df.empty or "variant" not in df.columns:
+        return
+    have = {op: set(g["variant"].dropna().astype(str)) for op, g in df.groupby("op")}
+    for p in points:
+        v = p.variant
+        if v is not None and have.get(p.op) and v not in have[p.op]:
+            raise ValueError(f"{out_dir} holds {p.op} samples of variant {sorted(have[p.op])}, this plan samples "
+                             f"{v!r}: one variant per set (sample it into another folder)")
+
+
 def coll_key(collective: str, message_bytes: int, nodes: int, gpn: int, dtype: str) -> str:
     return f"{collective}|{int(message_bytes)}|{int(nodes)}x{int(gpn)}|{dtype}"
 

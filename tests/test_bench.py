@@ -257,11 +257,11 @@ def test_collective_sampler_runs_under_torchrun_with_two_gloo_ranks(tmp_path):
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     df = store_io.read_shards(out, "coll")
-    assert set(df["collective"]) == {"allreduce", "allgather", "reducescatter", "p2p"}
-    assert len(df) == 8 and (df["ranks"] == 2).all() and (df["duration_s"] > 0).all()
+    assert set(df["collective"]) == {"allreduce", "allgather", "reducescatter", "p2p", "alltoall"}
+    assert len(df) == 10 and (df["ranks"] == 2).all() and (df["duration_s"] > 0).all()
     assert (df["nodes"] == 1).all() and (df["gpus_per_node"] == 2).all() and (df["backend"] == "gloo").all()
     rep = ingest_path(out, store_path=tmp_path / "st.duckdb")
-    assert rep.ok and rep.rows_added["collective_samples"] == 8
+    assert rep.ok and rep.rows_added["collective_samples"] == 10
 
 
 # --------------------------------------------------------------------------- a sample set belongs to one machine

@@ -68,7 +68,7 @@ def test_plan_shows_phases_budgets_and_destinations_and_measures_nothing(tmp_pat
         assert f"\n  {n} " in out
     assert "curve" not in out.split("phase")[1]  # opt-in
     total = sum(s.budget_s for s in LP.SPECS if s.name in LP.DEFAULT_PHASES)
-    assert total <= LP.LIMIT_S and re.search(rf"\n  total +{total:.0f} s  18.8 min of work \(limit 20 min\)", out)
+    assert total <= LP.LIMIT_S and re.search(rf"\n  total +{total:.0f} s  19.4 min of work \(limit 20 min\)", out)
     for n in LP.DEFAULT_PHASES:
         assert re.search(rf"\n  {n} +{LP.PHASES[n].budget_s:.0f} s  ", out)
     assert "record      : " in out and "sample sets : " in out
@@ -102,7 +102,7 @@ def test_loop_runs_in_order_records_every_phase_and_resumes_after_a_failure(tmp_
     assert "resuming the loop started" in cap.err and "phase ops-2t: done" in cap.err
     assert re.search(r"phase +budget +spent +waited +status", cap.out)
     assert re.search(r"\n  calibrate +240 s +\d+ s +\d+ s +done", cap.out)
-    assert re.search(r"\n  total +1125 s +\d+ s +\d+ s +done", cap.out)
+    assert re.search(r"\n  total +1165 s +\d+ s +\d+ s +done", cap.out)
 
 
 def test_a_finished_loop_is_not_extended_and_fresh_starts_over(tmp_path, fake_phases, capsys):
