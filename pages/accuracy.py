@@ -135,6 +135,33 @@ def independent_source(source_id: str) -> None:
                     column_config=IND_COLS_CFG)
 
 
+def nemo_check() -> None:
+    """NVIDIA's published NeMo / Megatron-Core runs (predictor/catalog/independent_nemo.json), never fitted to."""
+    st.subheader("Independent check: NVIDIA NeMo / Megatron-Core published runs")
+    try:
+        runs, groups, dropped = data.nemo_check()
+    except Exception as e:  # noqa: BLE001 - a bad catalog or models: the rest of the page stays up
+        views.failed(e, "The NeMo / Megatron-Core check", "dgx-h100")
+        return
+    why = "; ".join(f"{n} {r}" for r, n in dropped.items()) or "none"
+    st.markdown(f"{len(runs)} published runs of Llama 3 / 3.1, GPT-3, Qwen3 (dense and MoE) and Mixtral on H100, "
+                "B200 and GB200 (FP8 and BF16, with tensor, pipeline, virtual-pipeline, context and expert "
+                "parallelism), from NVIDIA's NeMo performance summaries and Megatron-Bridge tables "
+                "(`predictor/catalog/independent_nemo.json`, each source with its document). Never ingested, "
+                "nothing fitted on them; the layout details the tables do not print are assumed (no "
+                "recomputation, distributed optimizer, NeMo's overlapped data-parallel traffic, modelled expert "
+                f"imbalance). Rows dropped before predicting: {why}. *Signed*: below zero, the prediction is "
+                "faster than the published step.")
+    table = pd.concat([g.assign(by=k) for k, g in groups.items()], ignore_index=True)
+    cols = ["by", "group", "runs", "predicted", "mape", "median_ape", "worst_ape", "mean_signed", "not_fitting"]
+    views.table(table[cols], "independent_nemo_summary", "ind_summary_nemo", column_config=IND_COLS_CFG)
+    with st.expander("Every run (NeMo / Megatron-Core)"):
+        rcols = [c for c in ("source", "system", "model", "gpus", "precision", "tp", "pp", "cp", "vp", "ep",
+                             "measured_s", "predicted_s", "signed_error", "memory_gib", "fits", "error")
+                 if c in runs.columns]
+        views.table(runs[rcols], "independent_nemo_runs", "ind_runs_nemo", height=320, column_config=IND_COLS_CFG)
+
+
 AUTO_PREDICT_MAX = 150  # measured runs predicted on load when nothing is saved (about 1 s); more on request
 SECONDS_PER_RUN = 0.008  # rough, for the button's estimate
 
@@ -246,6 +273,7 @@ if t_e2e.open:
                 show_results(res, f"validation_{plat}", "e2e")
         terms_by_source(*data.terms_by_source())
         independent_check()
+        nemo_check()
 
 if t_ops.open:
     with t_ops:

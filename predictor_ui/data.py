@@ -311,6 +311,21 @@ def independent_check(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
     return _independent_check(source_id, config.models_version())
 
 
+@st.cache_data(show_spinner=False, max_entries=4)
+def _nemo_check(models_version: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, int]]:
+    from predictor.independent_nemo import run_check
+    c = run_check(models_dir=config.models_dir_arg())
+    groups = {"all runs": c.summary(), "GPU": c.summary("platform"), "MoE / dense": c.summary("kind"),
+              "source": c.summary("source")}
+    return c.runs, groups, c.dropped_counts
+
+
+def nemo_check() -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, int]]:
+    """predictor.independent_nemo.run_check: NVIDIA's published NeMo / Megatron-Core runs (H100, B200, GB200; MoE,
+    FP8, CP), never fitted to, predicted with the current models (per run, summaries by group, rows dropped)."""
+    return _nemo_check(config.models_version())
+
+
 def bank(platform: str):
     """The ModelBank behind a platform's own regressors (None when untrained)."""
     _refresh_model_caches(config.models_version())

@@ -422,6 +422,20 @@ def test_accuracy_shows_the_independent_check_on_a_gpu_nobody_sampled():
     assert "against the FP8 peak" in text(at)
 
 
+def test_accuracy_shows_the_nemo_megatron_core_check():
+    """NVIDIA's published NeMo / Megatron-Core runs (never fitted): summaries by GPU and MoE / dense, every run."""
+    from predictor.independent_nemo import run_check
+    c = run_check()
+    at = run("pages/accuracy.py")
+    assert any(s.value == "Independent check: NVIDIA NeMo / Megatron-Core published runs" for s in at.subheader)
+    table = next(d.value for d in at.dataframe if "by" in d.value and "predicted" in d.value)
+    overall = table[table["by"] == "all runs"].iloc[0]
+    assert overall["mape"] == pytest.approx(c.summary()["mape"].iloc[0])
+    assert set(table.loc[table["by"] == "MoE / dense", "group"]) == {"MoE", "dense"}
+    runs = next(d.value for d in at.dataframe if "signed_error" in d.value and "ep" in d.value)
+    assert len(runs) == len(c.runs)
+
+
 def test_accuracy_opens_on_the_platform_with_the_most_measured_runs():
     """Not on the alphabetically first platform (cpu-1t, 8 runs) for everyone; the address bar still wins."""
     from predictor import store
