@@ -41,7 +41,8 @@ def test_predict_batch_empty_file_as_a_process(tmp_path):
 
 
 def test_ctrl_c_during_predict_batch(tmp_path):
-    src = write_rows(tmp_path / "in.csv", [row(case_id=str(i), seq_len=str(512 * (1 + i % 8))) for i in range(40000)])
+    # enough rows (about 20 s of work) that a parent starved of CPU on a busy 2-core machine still signals mid-batch
+    src = write_rows(tmp_path / "in.csv", [row(case_id=str(i), seq_len=str(512 * (1 + i % 8))) for i in range(120000)])
     out = tmp_path / "out.csv"
     proc = subprocess.Popen([sys.executable, "-m", "predictor", "predict-batch", "--input", str(src), "--output",
                              str(out), "--chunk-rows", "500"], cwd=REPO, stderr=subprocess.PIPE, text=True)
