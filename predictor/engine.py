@@ -457,9 +457,10 @@ class Engine:
 
         def kvec(get) -> np.ndarray:
             return np.array([get(p) for p in parts], float)[kinv]
+        names = ("layer", "first", "last") + (("dense",) if model.is_moe and model.dense_layers else ())
         unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name) or p.layer, f))
                        for f in UNIT_FIELDS}
-                for name in ("layer", "first", "last", "dense")}
+                for name in names}
         p2p_bytes = kvec(lambda p: p.p2p_bytes).astype(np.int64)
         u, inv = _unique_rows(np.column_stack([p2p_bytes, tp_a, pp_a, dpc_a]))
         p2p = [self._p2p_time(int(b), int(t), int(p), int(d)) for b, t, p, d in u]
