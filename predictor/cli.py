@@ -135,7 +135,7 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
     keys = ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
-            "overlap_param_gather", "cp", "ep")
+            "overlap_param_gather", "cp", "ep", "overlap_tp_comm")
     return model_fields(a, keys)
 
 
@@ -354,6 +354,9 @@ def build_parser() -> argparse.ArgumentParser:
                     default=None, help="override the framework's default (e.g. Megatron's --overlap-grad-reduce)")
     sp.add_argument("--overlap-param-gather", dest="overlap_param_gather", action=argparse.BooleanOptionalAction,
                     default=None, help="override the framework's default (Megatron's --overlap-param-gather)")
+    sp.add_argument("--overlap-tp-comm", dest="overlap_tp_comm", action="store_true", default=None,
+                    help="Transformer Engine's tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap, "
+                         "NeMo tp_comm_overlap): needs tp > 1 with --sequence-parallel")
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
     add_moe_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")

@@ -83,7 +83,7 @@ def cmd_search(a: argparse.Namespace) -> int:
                         zero_stage=_ints(a.zero_stage, "zero_stage") or (0, 1, 2, 3), schedules=schedules,
                         uneven_splits=not a.no_uneven, tp_within_node=not a.tp_across_nodes, precision=a.precision,
                         framework=get_framework(a.framework or DEFAULT_FRAMEWORK).name,
-                        overlap_grad_reduce=a.overlap_grad_reduce)
+                        overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm))
     mopt = MemoryOptions(framework_gib=a.framework_gib, allocator_reserve=a.allocator_reserve)
     try:
         tokens = parse_count(a.tokens)
@@ -288,6 +288,9 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--framework", help="megatron (default), megatron-deepspeed, deepspeed, fsdp or ddp")
     sp.add_argument("--overlap-grad-reduce", dest="overlap_grad_reduce", action=argparse.BooleanOptionalAction,
                     default=None, help="override the framework's default")
+    sp.add_argument("--overlap-tp-comm", dest="overlap_tp_comm", action="store_true",
+                    help="Transformer Engine's tensor-parallel communication overlap on every layout with tp > 1 and "
+                         "sequence parallelism")
     g = sp.add_argument_group("search space (default: everything valid)")
     g.add_argument("--tp", help="tensor-parallel degrees to try, e.g. 4,8")
     g.add_argument("--pp", help="pipeline degrees, e.g. 1,2,4")

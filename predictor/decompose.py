@@ -89,6 +89,7 @@ class Unit:
     ops: tuple[OpCall, ...] = ()
     comms: tuple[CommCall, ...] = ()
     cp: int = 1   # context-parallel degree (the ring's "cp" comms overlap the attention blocks)
+    tp_overlap: bool = False   # the layer's tensor-parallel exchanges overlap its GEMMs (Layout.overlap_tp_comm)
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,8 @@ def _tp_comms(kind: str, phase: str, count: float, act_bytes: int, tp_topo: Topo
 
 
 ATTENTION_CORE_OPS = ("flash_attn", "attn_scores", "fused_masked_softmax", "attn_context")
+# The tensor-parallel GEMMs whose sequence-parallel exchanges Transformer Engine's userbuffers overlap
+TP_OVERLAP_GEMMS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down")
 
 
 def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: int = 1) -> list[OpCall]:
@@ -347,7 +350,7 @@ def cp_comms(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precisio
 def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
                recompute: str, precision: str, tp_topo: Topology, cp: int = 1,
                cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True,
-               fused: bool = False) -> Unit:
+               fused: bool = False, tp_overlap: bool = False) -> Unit:
     """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
     tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
     sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added.
@@ -370,7 +373,7 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
     else:  # none, or selective with flash attention (which recomputes inside its own kernel)
         r_ops, r_comms = [], []
     ring = cp_comms(model, tp, micro_batch, seq_len, precision, cp, cp_topo, recompute)
-    return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms + ring), cp)
+    return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms + ring), cp, tp_overlap)
 
 
 def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
@@ -565,9 +568,11 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     ep_topo = topology(g, 1, ep, 1, "ep")
     edp_topo = topology(g, ep, tp * dpc // ep, 1, "dp")
     fused = get_framework(layout.framework).fused_kernels and platform.device.vendor != "cpu"
-    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused)
+    otp = layout.overlap_tp_comm
+    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused,
+                     tp_overlap=otp)
     dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False,
-                            fused=fused) if model.is_moe else lay)
+                            fused=fused, tp_overlap=otp) if model.is_moe else lay)
     fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec, cp)

@@ -40,9 +40,10 @@ if TYPE_CHECKING:
     from .predict import Predictor
 
 COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "structure", "recompute",
-           "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce", "overlap_param_gather", "cp", "ep")
+           "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce",
+           "overlap_param_gather", "cp", "ep", "overlap_tp_comm")
 (I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
- I_EP) = range(len(COLUMNS))
+ I_EP, I_OTP) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
@@ -82,7 +83,7 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
         opg = fw.overlap_param_gather if L.overlap_param_gather is None else L.overlap_param_gather
         rows.append((L.num_gpus, L.tp, L.pp, L.dp, L.micro_batch, L.num_micro_batches, index[st],
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
-                     FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep))
+                     FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -95,7 +96,7 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   stage_layers=structure.stage_layers, framework=fw.name,
                   overlap_grad_reduce=None if bool(row[I_OGR]) == fw.overlap_grad_reduce else bool(row[I_OGR]),
                   overlap_param_gather=None if bool(row[I_OPG]) == fw.overlap_param_gather else bool(row[I_OPG]),
-                  cp=int(row[I_CP]), ep=int(row[I_EP]))
+                  cp=int(row[I_CP]), ep=int(row[I_EP]), overlap_tp_comm=bool(row[I_OTP]))
 
 
 def dp_cp(rows: np.ndarray) -> np.ndarray:
@@ -236,7 +237,8 @@ class Engine:
             cp = k[4] if len(k) > 4 else 1
             ep = k[5] if len(k) > 5 else 1
             fused = bool(k[6]) if len(k) > 6 else False
-            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused))
+            otp = bool(k[7]) if len(k) > 7 else False
+            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp))
             if key in self._parts or key in todo:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
@@ -244,12 +246,12 @@ class Engine:
             ep_topo = D.topology(g, 1, ep, 1, "ep")
             units: tuple[D.Unit, ...] = (
                 D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo,
-                             fused=fused),
+                             fused=fused, tp_overlap=otp),
                 D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused),
                 D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused))
             if model.is_moe and model.dense_layers:
                 units += (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo,
-                                       moe=False, fused=fused),)
+                                       moe=False, fused=fused, tp_overlap=otp),)
             todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec, cp))
         if not todo:
             return
@@ -278,11 +280,15 @@ class Engine:
         attn = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # attention kernels per phase (the CP ring's cover)
         ring = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # CP ring sends per phase
         fep = bep = 0.0                                      # MoE all-to-all
+        gemm = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # tensor-parallel GEMMs per phase (the TP overlap's cover)
+        tpc = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}    # tensor-parallel exchanges per phase
         for c, (t, prov, err), ideal in zip(unit.ops, op_t, self.P.op_ideal_s(unit.ops, precision)):
             total = t * c.count * c.scale
             itot = ideal * c.count * c.scale
             if c.op in D.ATTENTION_CORE_OPS and c.phase in attn:
                 attn[c.phase] += total
+            elif c.op in D.TP_OVERLAP_GEMMS and c.phase in gemm and c.part != "experts":
+                gemm[c.phase] += total
             if c.phase == "fwd":
                 fc += total
                 fi += itot
@@ -309,15 +315,24 @@ class Engine:
                     fep += total
                 else:
                     bep += total
-            elif cc.phase == "fwd":
-                ft += total
             else:
-                bt += total
+                if cc.group == "tp" and cc.phase in tpc:
+                    tpc[cc.phase] += total
+                if cc.phase == "fwd":
+                    ft += total
+                else:
+                    bt += total
             e = self._err(prov, None, True)
             comm_e.append(e)
             _add_prov(prov_d, prov, total, e)
         u.fc, u.bc, u.rc, u.ft, u.bt, u.fi, u.bi, u.ri = fc, bc, rc, ft, bt, fi, bi, ri
         u.fep, u.bep = fep, bep
+        if unit.tp_overlap:
+            # userbuffers: each exchange runs in chunks under the GEMM it feeds; exposed = what the exchanges of a phase
+            # take beyond that phase's tensor-parallel GEMM time
+            hidden = {p: min(tpc[p], gemm[p]) for p in tpc}
+            u.ft -= hidden["fwd"]
+            u.bt -= hidden["bwd"] + hidden["recompute"]
         if unit.cp > 1:
             # Megatron-Core's ring: cp attention blocks, the sends of the next block overlapping the current one
             # (cp - 1 overlapped steps); exposed = what the ring's sends take beyond (cp - 1) / cp of the attention
@@ -450,7 +465,7 @@ class Engine:
         cp_a, ep_a = rows[:, I_CP], rows[:, I_EP]
         dpc_a = dp_cp(rows)   # the data-parallel(-with-CP) group: gradients, ZeRO, pipeline stride
         ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a, ep_a,
-                                                    fused_kernels(rows, self.platform)]))
+                                                    fused_kernels(rows, self.platform), rows[:, I_OTP]]))
         klist = [tuple(int(v) for v in k) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
         parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
@@ -706,16 +721,17 @@ def fused_kernels(rows: np.ndarray, platform: Platform) -> np.ndarray:
 
 
 def unit_key(layout: Layout, platform: Platform) -> tuple[int, ...]:
-    """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels) of one layout on `platform`."""
+    """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap) of one layout on
+    `platform`."""
     fused = get_framework(layout.framework).fused_kernels and platform.device.vendor != "cpu"
     return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
-            layout.cp, layout.ep, int(fused))
+            layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm))
 
 
 def unit_keys(rows: np.ndarray, platform: Platform) -> set[tuple[int, ...]]:
-    """The (tp, micro_batch, sp, recompute, cp, ep, fused kernels) units `rows` need on `platform`."""
+    """The (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap) units `rows` need on `platform`."""
     u, _ = _unique_rows(np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]],
-                                         fused_kernels(rows, platform)]))
+                                         fused_kernels(rows, platform), rows[:, I_OTP]]))
     return {tuple(int(v) for v in k) for k in u}
 
 

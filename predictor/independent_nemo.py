@@ -44,7 +44,7 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "vocab", "tied_embeddings", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts",
                "dense_layers", "moe_imbalance", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "dp", "vpp",
                "schedule", "micro_batch", "global_batch", "recompute", "sequence_parallel", "zero_stage",
-               "precision", "framework", "overlap_grad_reduce", "overlap_param_gather"]
+               "precision", "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
                 "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
@@ -193,7 +193,12 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         # NeMo overlaps the distributed optimizer's gradient reduce-scatter and parameter all-gather with compute
         # (NVIDIA/NeMo docs/source/features/optimizations/communication_overlap.rst: "enabled when setting
         # overlap_grad_sync=True and overlap_param_gather=True", the recipes' setting)
-        "overlap_grad_reduce": True, "overlap_param_gather": True}
+        "overlap_grad_reduce": True, "overlap_param_gather": True,
+        # and the tensor-parallel exchanges with the GEMMs wherever it applies (tp > 1 with sequence parallelism):
+        # assumed on, as the same document's "Tensor-parallel Communication Overlap" says ("The bulk TP communication
+        # is enabled by default"; the pipelined one comes with the recipes' MegatronCommOverlapCallback, which the
+        # document shows how to remove to turn it off)
+        "overlap_tp_comm": tp > 1}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 

@@ -19,8 +19,8 @@ MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep")
 BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
-OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "attention", "stage_layers",
-                          "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep")
+OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm", "attention",
+                          "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep")
 
 DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
   kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
@@ -214,7 +214,8 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   precision=_str(row, "precision", "bf16"), stage_layers=stage_layers,
                   framework=_str(row, "framework", DEFAULT_FRAMEWORK),
                   overlap_grad_reduce=_opt_bool(row, "overlap_grad_reduce"),
-                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp, ep=_int(row, "ep", 1))
+                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp, ep=_int(row, "ep", 1),
+                  overlap_tp_comm=_bool(row, "overlap_tp_comm", False))
 
 
 def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:

@@ -85,6 +85,7 @@ class SearchSpace:
     framework: str = DEFAULT_FRAMEWORK        # predictor.frameworks: its ZeRO stages and overlap defaults
     overlap_grad_reduce: bool | None = None   # None: the framework's default
     overlap_param_gather: bool | None = None
+    overlap_tp_comm: bool = False             # Transformer Engine's TP overlap on every layout with tp > 1 and SP
 
 
 @dataclass
@@ -188,7 +189,7 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
     d = {k: getattr(L, k) for k in ("num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
                                     "vpp",
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
-                                    "framework", "overlap_grad_reduce", "overlap_param_gather")}
+                                    "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm")}
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
     d["num_micro_batches"] = L.num_micro_batches
     return d
@@ -367,7 +368,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                 if ep > 1 and z >= 2:   # MoE states shard with the distributed optimizer (ZeRO-1)
                                     continue
                                 rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
-                                             cp, ep))
+                                             cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp))))
 
 
 def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:
@@ -486,7 +487,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "sequence_parallel": arr[:, 8].astype(bool), "zero_stage": arr[:, 9],
         "framework": pd.Series(np.array(FRAMEWORKS, dtype=object)[arr[:, 10]], dtype=object),
         "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
-        "cp": arr[:, 13], "ep": arr[:, 14],
+        "cp": arr[:, 13], "ep": arr[:, 14], "overlap_tp_comm": arr[:, 15].astype(bool),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -574,7 +575,8 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   zero_stage=int(row["zero_stage"]), precision=str(row["precision"]),
                   stage_layers=tuple(int(x) for x in sl.split(",")) if sl else None, **_framework_fields(row),
                   cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1,
-                  ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1)
+                  ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1,
+                  overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False)
 
 
 def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:

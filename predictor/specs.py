@@ -282,6 +282,10 @@ class Layout:
     # pipeline stage (ep divides tp * cp * dp), the expert weights are replicated over the remaining
     # tp * cp * dp / ep ranks (the expert-data-parallel group, over which expert gradients are reduced).
     ep: int = 1
+    # Transformer Engine's tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap, NeMo's
+    # tp_comm_overlap; userbuffers): the sequence-parallel all-gathers / reduce-scatters of a layer run in chunks
+    # under the GEMMs they feed; needs tp > 1 with sequence parallelism. Off by default (Megatron-Core's default).
+    overlap_tp_comm: bool = False
 
     @property
     def num_micro_batches(self) -> int:
@@ -413,6 +417,11 @@ class Layout:
             raise InfeasibleConfig("zero_stage", f"{fw.description} cannot combine ZeRO-{self.zero_stage} with "
                                                  f"pipeline parallelism (pp = {self.pp}).",
                                    "use zero_stage 0 or 1 with pipeline parallelism, or pp = 1.")
+        if self.overlap_tp_comm and (self.tp == 1 or not self.sequence_parallel):
+            raise InfeasibleConfig("overlap_tp_comm", "tensor-parallel communication overlap needs tp > 1 with "
+                                                      "sequence parallelism (it overlaps the SP all-gathers and "
+                                                      "reduce-scatters with the GEMMs).",
+                                   "set tp >= 2 and sequence_parallel on, or turn overlap_tp_comm off.")
         if self.sequence_parallel and self.tp == 1:
             raise InfeasibleConfig("sequence_parallel", "sequence parallelism needs tp > 1.",
                                    "set tp >= 2 or turn it off.")
