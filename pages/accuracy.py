@@ -149,7 +149,8 @@ def nemo_check() -> None:
                 "parallelism), from NVIDIA's NeMo performance summaries and Megatron-Bridge tables "
                 "(`predictor/catalog/independent_nemo.json`, each source with its document). Never ingested, "
                 "nothing fitted on them; the layout details the tables do not print are assumed (no "
-                "recomputation, distributed optimizer, NeMo's overlapped data-parallel traffic, modelled expert "
+                "recomputation, distributed optimizer, NeMo's overlap of the data- and tensor-parallel traffic "
+                "(NeMo's communication-overlap document), modelled expert "
                 f"imbalance). Rows dropped before predicting: {why}. *Signed*: below zero, the prediction is "
                 "faster than the published step.")
     table = pd.concat([g.assign(by=k) for k, g in groups.items()], ignore_index=True)
