@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from . import moe as moe_
 from . import params
-from .frameworks import get_framework
+from .frameworks import fused_kernels_on, get_framework
 from .ops import OP_SHAPE_COLUMNS, SHAPE_COLUMNS
 from .platforms import Platform
 from .specs import BYTES_PER_ELEMENT, FLASH_IMPLS, Layout, ModelSpec, grad_comm_bytes
@@ -161,6 +161,17 @@ def group_topology(platform: Platform, layout: Layout, group: str) -> Topology:
     if group == "cp":
         return topology(platform.gpus_per_node, layout.tp, layout.cp, layout.pp, "cp")
     return topology(platform.gpus_per_node, layout.tp, layout.dp * layout.cp, layout.pp, group)
+
+
+def ep_topology(gpus_per_node: int, ep: int) -> Topology:
+    """The expert-parallel group: ep consecutive ranks of a stage's tp x cp x dp ranks (MoE parallel folding)."""
+    return topology(gpus_per_node, 1, ep, 1, "ep")
+
+
+def edp_topology(gpus_per_node: int, tp: int, dp: int, ep: int) -> Topology:
+    """The expert-data-parallel group (expert gradients): the tp * dp / ep ranks holding the same experts, one
+    every ep ranks (`dp` is the data-parallel-with-CP degree)."""
+    return topology(gpus_per_node, ep, tp * dp // ep, 1, "dp")
 
 
 def topology(gpus_per_node: int, tp: int, dp: int, pp: int, group: str) -> Topology:
@@ -515,8 +526,7 @@ def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: i
                                                  params=max(1, n_dense // max(shard_d, 1) + n_exp // max(shard_e, 1))),
                  1, "step", "optimizer", variant=variant)
     if zero_stage >= 2:
-        base = replace(model, num_experts=0, top_k=None, moe_ffn_hidden=None, shared_experts=0,
-                       shared_ffn_hidden=None, dense_layers=0, capacity_factor=None, moe_imbalance=None)
+        base = model.as_dense()
         w = step_work(base, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, precision=precision, seq_len=seq_len,
                       layers=layers, first=first, last=last, dp_topo=dp_topo)
         k = n_all / max(params.chunk_params(base, tp, pp, layers, first, last, seq_len), 1)
@@ -565,9 +575,9 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     pp_topo = topology(g, tp, dpc, layout.pp, "pp")
     dp_topo = topology(g, tp, dpc, layout.pp, "dp")
     cp_topo = topology(g, tp, cp, layout.pp, "cp")
-    ep_topo = topology(g, 1, ep, 1, "ep")
-    edp_topo = topology(g, ep, tp * dpc // ep, 1, "dp")
-    fused = get_framework(layout.framework).fused_kernels and platform.device.vendor != "cpu"
+    ep_topo = ep_topology(g, ep)
+    edp_topo = edp_topology(g, tp, dpc, ep)
+    fused = fused_kernels_on(layout.framework, platform)
     otp = layout.overlap_tp_comm
     lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused,
                      tp_overlap=otp)

@@ -30,7 +30,7 @@ from . import decompose as D
 from . import memory as mem
 from .arrayops import unique_rows as _unique_rows
 from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
-from .frameworks import FRAMEWORK_SPECS, get_framework
+from .frameworks import FRAMEWORK_SPECS, fused_kernels_on, get_framework
 from .overhead import RECOMPUTE_PASSES, HostOverhead
 from .specs import FRAMEWORKS, Layout, ModelSpec
 from .terms import EndToEndTerms, blend
@@ -243,7 +243,7 @@ class Engine:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
             cp_topo = D.topology(g, tp, cp, 1, "cp")
-            ep_topo = D.topology(g, 1, ep, 1, "ep")
+            ep_topo = D.ep_topology(g, ep)
             units: tuple[D.Unit, ...] = (
                 D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo,
                              fused=fused, tp_overlap=otp),
@@ -359,7 +359,7 @@ class Engine:
             todo[full] = D.step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=z, precision=prec, seq_len=seq,
                                      layers=n, first=bool(first), last=bool(last),
                                      dp_topo=D.topology(g, tp, dp, pp, "dp"), zero2_gather=ZERO2_GATHER[gmode],
-                                     dense=dense, ep=ep, edp_topo=D.topology(g, ep, tp * dp // ep, 1, "dp"))
+                                     dense=dense, ep=ep, edp_topo=D.edp_topology(g, tp, dp, ep))
         if not todo:
             return
         by_prec: dict[str, list] = {}
@@ -648,7 +648,8 @@ class Engine:
                     v[0] += s * k
                     v[1] += se * k
             L = float(sum(S.counts))
-            n_dense = float(sum(chunk_dense(S, model)))
+            dense = chunk_dense(S, model)
+            n_dense = float(sum(dense))
             add(P.layer.prov, m * (L - n_dense))
             if n_dense:
                 add((P.dense or P.layer).prov, m * n_dense)
@@ -662,7 +663,6 @@ class Engine:
             if t_emb > 0:
                 add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
             gm = int(gather_mode(row[None, :])[0])
-            dense = chunk_dense(S, model)
             for i in range(nch):
                 c = self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP] * row[I_CP]),
                                    int(row[I_ZERO]), gm, int(row[I_EP]), S.counts[i], int(i == 0), int(i == nch - 1),
@@ -700,11 +700,11 @@ def chunk_dense(s: Structure, model: ModelSpec) -> list[int]:
     return chunk_dense_layers(model, s.counts)
 
 
-def structure_classes(s: Structure, model: ModelSpec | None = None) -> list[tuple[int, int, int, int]]:
-    """The distinct (layers, is first, is last, dense layers) chunk kinds of a pipeline structure (`model`: the
-    MoE model whose leading dense layers the chunks hold; None = no dense layers counted apart)."""
+def structure_classes(s: Structure, model: ModelSpec) -> list[tuple[int, int, int, int]]:
+    """The distinct (layers, is first, is last, dense layers) chunk kinds of a pipeline structure of `model` (a MoE
+    model's leading dense layers counted apart)."""
     nch = s.pp * s.vpp
-    dense = chunk_dense(s, model) if model is not None else [0] * nch
+    dense = chunk_dense(s, model)
     return sorted({(s.counts[i], int(i == 0), int(i == nch - 1), dense[i]) for i in range(nch)})
 
 
@@ -714,16 +714,14 @@ UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fe
 def fused_kernels(rows: np.ndarray, platform: Platform) -> np.ndarray:
     """Per row: 1 where its framework runs fused memory-bound kernels on this platform (predictor.frameworks:
     GPU kernels; a CPU platform runs the sampled PyTorch kernels whatever the framework), else 0."""
-    if platform.device.vendor == "cpu":
-        return np.zeros(len(rows), dtype=np.int64)
-    flags = np.array([int(FRAMEWORK_SPECS[f].fused_kernels) for f in FRAMEWORKS])
+    flags = np.array([int(fused_kernels_on(f, platform)) for f in FRAMEWORKS])
     return flags[rows[:, I_FW]]
 
 
 def unit_key(layout: Layout, platform: Platform) -> tuple[int, ...]:
     """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap) of one layout on
     `platform`."""
-    fused = get_framework(layout.framework).fused_kernels and platform.device.vendor != "cpu"
+    fused = fused_kernels_on(layout.framework, platform)
     return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
             layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm))
 

@@ -34,6 +34,7 @@ are timed as one pass at the device's HBM bandwidth (`predictor.features.fused_k
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .specs import FRAMEWORKS, InfeasibleConfig
 
@@ -64,6 +65,12 @@ FRAMEWORK_SPECS: dict[str, Framework] = {f.name: f for f in [
               "PyTorch DDP (ZeroRedundancyOptimizer = 1)"),
 ]}
 assert tuple(FRAMEWORK_SPECS) == FRAMEWORKS
+
+
+def fused_kernels_on(name: str, platform: Any) -> bool:
+    """Whether framework `name` runs its fused memory-bound kernels on `platform`: they are GPU kernels, so a CPU
+    platform runs the sampled PyTorch kernels whatever the framework."""
+    return get_framework(name).fused_kernels and platform.device.vendor != "cpu"
 
 
 def get_framework(name: str) -> Framework:

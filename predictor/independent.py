@@ -31,6 +31,17 @@ H100_FP8_PEAK_FLOPS = 1978.9e12  # dense FP8 tensor-core peak of H100 SXM (the F
 PEAK_FLOPS = {"bf16": H100_BF16_PEAK_FLOPS, "fp8": H100_FP8_PEAK_FLOPS}
 
 
+def summary_groups(runs: pd.DataFrame, by: str | None) -> list[tuple[str, pd.DataFrame]]:
+    """("all runs", every run), or one (name, runs) per value of column `by`, in order of appearance."""
+    return [("all runs", runs)] if by is None else [(str(k), g) for k, g in runs.groupby(by, sort=False)]
+
+
+def error_stats(predicted: pd.DataFrame) -> dict[str, float]:
+    """MAPE, median, worst and mean signed error of predicted runs (columns `ape`, `signed_error`)."""
+    return {"mape": predicted["ape"].mean(), "median_ape": predicted["ape"].median(),
+            "worst_ape": predicted["ape"].max(), "mean_signed": predicted["signed_error"].mean()}
+
+
 @dataclass(frozen=True)
 class IndependentCheck:
     """Per-run table (`runs`), summaries, and what the rows rest on."""
@@ -41,15 +52,11 @@ class IndependentCheck:
 
     def summary(self, by: str | None = None) -> pd.DataFrame:
         """MAPE, median, worst, mean signed error, published vs predicted MFU; one row per group."""
-        d = self.runs
-        groups = [("all runs", d)] if by is None else list(d.groupby(by, sort=False))
         rows = []
-        for name, g in groups:
+        for name, g in summary_groups(self.runs, by):
             ok = g[g["predicted_s"].notna()]
-            rows.append({"group": str(name), "runs": len(g), "mape": ok["ape"].mean(),
-                         "median_ape": ok["ape"].median(), "worst_ape": ok["ape"].max(),
-                         "mean_signed": ok["signed_error"].mean(), "published_mfu": ok["published_mfu"].mean(),
-                         "predicted_mfu": ok["predicted_mfu"].mean(),
+            rows.append({"group": name, "runs": len(g), **error_stats(ok),
+                         "published_mfu": ok["published_mfu"].mean(), "predicted_mfu": ok["predicted_mfu"].mean(),
                          "not_fitting": int((~ok["fits"].astype(bool)).sum())})
         return pd.DataFrame(rows)
 

@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from .independent import error_stats, summary_groups
+
 CATALOG = Path(__file__).resolve().parent / "catalog" / "independent_nemo.json"
 STEP_TOLERANCE = 0.01     # printed step time vs the one tokens/s gives
 FLOPS_TOLERANCE = 0.03    # published TFLOP/s per token vs the median of the same model and release
@@ -90,6 +92,11 @@ def _row_problem(r: pd.Series) -> str | None:
     return None
 
 
+def reason_counts(dropped: pd.DataFrame) -> dict[str, int]:
+    """Dropped rows per reason, the most frequent first."""
+    return dict(Counter(dropped["reason"]).most_common())
+
+
 @dataclass(frozen=True)
 class PublishedRuns:
     """Rows that passed every check (`ok`, with derived columns) and those dropped (`dropped`, with `reason`)."""
@@ -98,7 +105,7 @@ class PublishedRuns:
 
     @property
     def dropped_counts(self) -> dict[str, int]:
-        return dict(Counter(self.dropped["reason"]).most_common())
+        return reason_counts(self.dropped)
 
 
 def published_runs(doc: dict[str, Any], sources: list[str] | None = None) -> PublishedRuns:
@@ -229,18 +236,14 @@ class NemoCheck:
 
     @property
     def dropped_counts(self) -> dict[str, int]:
-        return dict(Counter(self.dropped["reason"]).most_common())
+        return reason_counts(self.dropped)
 
     def summary(self, by: str | None = None) -> pd.DataFrame:
         """MAPE, median, worst and mean signed error of the predicted runs, and how many runs were not predicted."""
-        d = self.runs
-        groups = [("all runs", d)] if by is None else list(d.groupby(by, sort=False))
         rows = []
-        for name, g in groups:
+        for name, g in summary_groups(self.runs, by):
             ok = g[g["predicted_s"].notna()]
-            rows.append({"group": str(name), "runs": len(g), "predicted": len(ok), "mape": ok["ape"].mean(),
-                         "median_ape": ok["ape"].median(), "worst_ape": ok["ape"].max(),
-                         "mean_signed": ok["signed_error"].mean(),
+            rows.append({"group": name, "runs": len(g), "predicted": len(ok), **error_stats(ok),
                          "not_fitting": int((~ok["fits"].astype(bool)).sum()),
                          "not_predicted": int(g["predicted_s"].isna().sum())})
         return pd.DataFrame(rows)

@@ -8,12 +8,11 @@ from typing import Any, overload
 
 from .bounds import check_bound
 from .presets import get_preset
-from .specs import DEFAULT_FRAMEWORK, InfeasibleConfig, Layout, ModelSpec
+from .specs import DEFAULT_FRAMEWORK, MOE_DENSE_DEFAULTS, MOE_FIELDS, InfeasibleConfig, Layout, ModelSpec
 
 # Mixture-of-Experts model fields (ModelSpec names = CLI flags without dashes = batch columns); empty = default.
-MOE_INT_FIELDS = ("num_experts", "top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden", "dense_layers")
 MOE_FLOAT_FIELDS = ("capacity_factor", "moe_imbalance")
-MOE_FIELDS = MOE_INT_FIELDS + MOE_FLOAT_FIELDS
+MOE_INT_FIELDS = tuple(n for n in MOE_FIELDS if n not in MOE_FLOAT_FIELDS)
 # What a predict-batch output row carries back of the MoE set-up (the resolved values, preset ones included).
 MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep")
 BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
@@ -97,8 +96,6 @@ def moe_given(row: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-_DENSE = {"top_k": None, "moe_ffn_hidden": None, "shared_experts": 0, "shared_ffn_hidden": None, "dense_layers": 0,
-          "capacity_factor": None, "moe_imbalance": None}
 
 
 def moe_echo(model: ModelSpec, layout: Layout) -> dict[str, Any]:
@@ -139,7 +136,8 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
             over["attention_impl"] = attention
         moe = moe_given(row)
         if moe.get("num_experts") == 0 and m.is_moe:
-            moe = {**_DENSE, **moe}   # a MoE preset made dense: its routing fields go, ones given stay (checked)
+            # a MoE preset made dense: its routing fields go, ones given stay (checked)
+            moe = {**MOE_DENSE_DEFAULTS, **moe}
         over.update(moe)
         from dataclasses import replace
         m = replace(m, **over) if over else m

@@ -33,8 +33,6 @@ from typing import Any
 
 from .specs import ModelSpec
 
-SHARED_EXPERT_NOTE = "shared experts run as one dense MLP of shared_experts x shared_ffn_hidden, split over tp"
-
 
 @dataclass(frozen=True)
 class Routing:

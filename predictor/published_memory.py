@@ -10,7 +10,6 @@ accept yet) is reported with its message, never dropped silently.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,6 @@ import pandas as pd
 
 CATALOG = Path(__file__).resolve().parent / "catalog" / "published_memory.json"
 TO_GIB = {"GiB": 1.0, "MiB": 1 / 1024, "GB": 1e9 / 2 ** 30, "MB": 1e6 / 2 ** 30}
-MODEL_FIELDS = {"layers": "num_layers", "hidden": "hidden_size", "heads": "num_heads", "kv_heads": "num_kv_heads",
-                "ffn_hidden": "ffn_hidden_size", "vocab": "vocab_size", "tied_embeddings": "tied_embeddings",
-                "head_dim": "head_dim", "num_experts": "num_experts", "top_k": "top_k",
-                "moe_ffn_hidden": "moe_ffn_hidden", "shared_experts": "shared_experts",
-                "shared_ffn_hidden": "shared_ffn_hidden", "dense_layers": "dense_layers"}
 
 
 def load(path: Path = CATALOG) -> dict[str, Any]:
@@ -30,16 +24,10 @@ def load(path: Path = CATALOG) -> dict[str, Any]:
 
 
 def model_spec(name: str, fields: dict[str, Any]) -> Any:
-    """A ModelSpec from a catalog model: a preset (`preset`) or the fields (predictor names); raises
-    InfeasibleConfig / TypeError where the predictor refuses or lacks a field."""
-    from .presets import get_preset
-    from .specs import ModelSpec
-    if "preset" in fields:
-        return get_preset(fields["preset"])
-    kw = {MODEL_FIELDS[k]: v for k, v in fields.items() if k in MODEL_FIELDS}
-    m = ModelSpec(name, fields.get("arch", "llama"), **kw)
-    m.validate()
-    return m
+    """A ModelSpec from a catalog model (`preset`, or the predict-batch fields), read as predict-batch reads a row
+    (`layout_io.model_from_fields`); raises InfeasibleConfig where the predictor refuses it."""
+    from .layout_io import model_from_fields
+    return model_from_fields({**fields, "model": fields.get("preset"), "name": name})
 
 
 def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
@@ -49,8 +37,7 @@ def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
     fields["recompute"] = recompute or raw["recompute"]
     fields["sequence_parallel"] = bool(raw["sequence_parallel"]) and raw["tp"] > 1
     fields["schedule"] = "interleaved" if raw.get("vpp", 1) > 1 else "1f1b"
-    layout = Layout(**fields)
-    return replace(layout, ep=raw["ep"]) if raw.get("ep", 1) != 1 else layout
+    return Layout(**fields, ep=raw.get("ep", 1))
 
 
 def _estimate(model: Any, raw: dict[str, Any], platform: str, recompute: str | None = None) -> float:

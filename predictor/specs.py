@@ -94,6 +94,10 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    def as_dense(self) -> ModelSpec:
+        """The same model with every Mixture-of-Experts field at its dense default (MOE_DENSE_DEFAULTS)."""
+        return replace(self, **MOE_DENSE_DEFAULTS)
+
     @property
     def moe_layers(self) -> int:
         """Layers whose MLP is a MoE block (all but the leading dense ones; 0 for a dense model)."""
@@ -465,6 +469,13 @@ class Layout:
                                "layers).",
                         "choose vpp so that layers / (pp*vpp) or (layers + 2) / (pp*vpp) is an integer, or give "
                         "stage_layers.")
+
+
+# The Mixture-of-Experts fields of ModelSpec (= CLI flags without dashes = batch columns), and their defaults:
+# a dense model
+MOE_FIELDS = ("num_experts", "top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden", "dense_layers",
+              "capacity_factor", "moe_imbalance")
+MOE_DENSE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ModelSpec) if f.name in MOE_FIELDS}
 
 
 def _flag(name: str) -> str:
