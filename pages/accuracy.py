@@ -163,6 +163,31 @@ def nemo_check() -> None:
         views.table(runs[rcols], "independent_nemo_runs", "ind_runs_nemo", height=320, column_config=IND_COLS_CFG)
 
 
+def memory_check() -> None:
+    """Published per-GPU memory (predictor/catalog/published_memory.json) against the memory model, never fitted."""
+    st.subheader("Memory: published per-GPU figures against the memory model")
+    try:
+        d = data.memory_check()
+    except Exception as e:  # noqa: BLE001 - a bad catalog: the rest of the page stays up
+        views.failed(e, "The memory check", "dgx-h100")
+        return
+    ok = d[d["ours_gib"].notna()]
+    if len(ok):
+        e = ok["error"].astype(float)
+        st.markdown(f"{len(ok)} published figures of Megatron-Core runs (Llama-3-8B BF16 / FP8 on H100 and A800, an "
+                    "8-expert MoE on A800; FlagPerf) compared with the memory model for the quantity each one counts "
+                    "(*device*: memory in use as nvidia-smi shows it, so our allocated peak + the caching "
+                    "allocator's reserve + NCCL buffers + CUDA context; *reserved*; *allocated*): mean |error| "
+                    f"{e.abs().mean():.1%}, mean signed {e.mean():+.1%}, worst {e.abs().max():.1%}. Never fitted "
+                    "to; the overhead terms come from other documents (NCCL's buffer sizes, published Megatron "
+                    "logs' reserved / allocated ratios), cited in `predictor/memory.py`.")
+    cols = ["id", "platform", "precision", "measures", "published_gib", "ours_gib", "error", "note"]
+    views.table(d[cols], "memory_published", "mem_published",
+                column_config={"error": st.column_config.NumberColumn(format="percent"),
+                               "published_gib": st.column_config.NumberColumn(format="%.1f"),
+                               "ours_gib": st.column_config.NumberColumn(format="%.1f")})
+
+
 AUTO_PREDICT_MAX = 150  # measured runs predicted on load when nothing is saved (about 1 s); more on request
 SECONDS_PER_RUN = 0.008  # rough, for the button's estimate
 
@@ -275,6 +300,7 @@ if t_e2e.open:
         terms_by_source(*data.terms_by_source())
         independent_check()
         nemo_check()
+        memory_check()
 
 if t_ops.open:
     with t_ops:

@@ -84,7 +84,8 @@ def cmd_search(a: argparse.Namespace) -> int:
                         uneven_splits=not a.no_uneven, tp_within_node=not a.tp_across_nodes, precision=a.precision,
                         framework=get_framework(a.framework or DEFAULT_FRAMEWORK).name,
                         overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm))
-    mopt = MemoryOptions(framework_gib=a.framework_gib, allocator_reserve=a.allocator_reserve)
+    mopt = MemoryOptions(framework_gib=a.framework_gib, allocator_reserve=a.allocator_reserve,
+                         allocator_overhead=a.allocator_overhead, nccl_nvls_mib=a.nvls_mib)
     try:
         tokens = parse_count(a.tokens)
     except ValueError as e:
@@ -221,7 +222,8 @@ def _print_report(rep, table, cols, a) -> None:
                 f"weights {pk.weights_bytes / 2**30:.1f}, gradients {pk.grads_bytes / 2**30:.1f}, optimizer "
                 f"{pk.optimizer_bytes / 2**30:.1f}, activations {pk.activations_bytes / 2**30:.1f} "
                 f"({pk.in_flight:g} in flight), buffers {pk.buffers_bytes / 2**30:.1f}, framework "
-                f"{pk.framework_bytes / 2**30:.1f} GiB")
+                f"{pk.framework_bytes / 2**30:.1f}, NCCL buffers {pk.nccl_bytes / 2**30:.1f}, allocator reserve "
+                f"{pk.allocator_bytes / 2**30:.1f} GiB (allocated {pk.allocated_bytes / 2**30:.1f} GiB)")
     summ = rep.rejection_summary()
     if len(summ):
         c.print("[bold]Not ranked[/bold] (see --all / --explain):")
@@ -309,8 +311,17 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--no-uneven", action="store_true", help="do not try edge-light uneven layer splits")
     g.add_argument("--tp-across-nodes", action="store_true", help="allow tensor parallelism across nodes")
     g = sp.add_argument_group("memory model")
-    g.add_argument("--framework-gib", type=float, default=1.5, help="CUDA context + workspaces + NCCL allowance")
-    g.add_argument("--allocator-reserve", type=float, default=0.05, help="share of HBM kept for fragmentation")
+    from .memory import MemoryOptions
+    _m = MemoryOptions()
+    g.add_argument("--framework-gib", type=float, default=_m.framework_gib,
+                   help="outside the allocator: CUDA context + library workspaces, GiB")
+    g.add_argument("--allocator-overhead", type=float, default=_m.allocator_overhead,
+                   help="caching allocator's reserve beyond the allocated peak, as a share of it")
+    g.add_argument("--nvls-mib", type=float, default=_m.nccl_nvls_mib,
+                   help="NCCL NVLink SHARP buffers per communicator on NVLS nodes, MiB (NCCL 2.22+: 256; 0: "
+                        "NCCL_NVLS_ENABLE=0)")
+    g.add_argument("--allocator-reserve", type=float, default=_m.allocator_reserve,
+                   help="share of HBM kept free as a safety margin")
     add_moe_args(sp)
     sp.add_argument("--no-refine", action="store_true", help="skip the exact re-prediction of the top K")
     sp.add_argument("--all", action="store_true", help="also list rejected layouts with their reason")

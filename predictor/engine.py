@@ -208,6 +208,7 @@ class Engine:
         self.P = predictor
         self.platform = predictor.platform
         self.mopt = memory_options
+        self.comm = mem.DeviceComm.of(predictor.platform)
         self._parts: dict[tuple, Parts] = {}
         self._classes: dict[tuple, ChunkClass] = {}
         self._emb: dict[tuple, tuple[float, str, float]] = {}
@@ -586,7 +587,8 @@ class Engine:
                                       tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
                                       ep=sub[:, I_EP],
                                       micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
-                                      recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt)
+                                      recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
+                                      comm=self.comm)
         total = np.sum([arr[k] for k in MEMORY_PARTS], axis=0)
         ps = total.argmax(axis=1)
         rr = np.arange(R)

@@ -13,11 +13,35 @@ For every pipeline stage the peak is the sum of
   buffers      transient peaks: ZeRO-3 / FSDP gathered units, the bf16 logits before the fp32
                cast, one re-materialised layer under full recomputation, one unsharded gradient
                unit under ZeRO-2/3
-  framework    a fixed allowance for the CUDA context, cuBLAS / Transformer-Engine workspaces and
-               NCCL communicator buffers (`framework_gib`, default 1.5 GiB)
+  framework    outside the caching allocator: the CUDA context with its loaded kernels and library
+               workspaces (`framework_gib`, default 0.5 GiB: ~0.3-0.4 GiB of context with lazy module
+               loading, PyTorch's measurements in pytorch#86509 / #109888, plus cuBLAS / TE workspaces)
+  nccl         NCCL communicator buffers outside the allocator, per communicator the layout uses (below)
+  allocator    the caching allocator's reserve beyond the allocated peak: `allocator_overhead` x the
+               allocated parts (default 0.145, the median max_reserved / max_allocated of 17 published
+               Megatron-LM logs, range 1.01-1.39: Megatron-LM transformer/README offloading table, issues
+               #756 / #60, PR #5662, NeMo issue #14850 and others, listed in docs/memory_overheads.md)
 
-and a layout fits when the largest stage total stays under the device memory less an allocator
-reserve (`allocator_reserve`, default 5 % of HBM for fragmentation and caching slack).
+so that the total is the device memory in use as nvidia-smi reports it. The allocated view
+(`StageMemory.allocated_bytes`: torch.cuda.max_memory_allocated) and the reserved view (`reserved_bytes`:
+max_memory_reserved) are kept beside it, and `MemoryOptions(device_overheads=False)` gives the allocated
+view alone. A layout fits when the largest stage total stays under the device memory less an optional
+safety margin (`allocator_reserve`, default 0).
+
+NCCL buffers (`nccl_buffer_arrays`), from NCCL's own constants (NVIDIA/nccl src/include/device.h,
+src/init.cc, src/transport/nvls.cc; NCCL_BUFFSIZE 4 MiB): one collective communicator connects ring and
+tree on 24 channels with a SIMPLE (4 MiB) + LL128 (4.69 MiB) + LL (0.5 MiB) buffer each, 24 x 9.19 MiB x 2
+= 441 MiB (`nccl_coll_mib`); on an NVSwitch node with NVLink SHARP (Hopper / Blackwell) a communicator with
+two or more GPUs in the node also gets NVLS buffers, 16 channels x 2 x (4 + 2 MiB) x 8 heads = 1.5 GiB
+(`nccl_nvls_mib`; NCCL 2.17-2.21 allocate them at init, 2.22+ connects lazily and smaller: set 256);
+point-to-point peers (pipeline neighbours, the context-parallel ring, the expert-parallel all-to-all)
+take ~447 MiB each (`nccl_p2p_peer_mib`: NVIDIA/nccl#1685, 8 x H100, +3.3 GB after the first all-to-all
+over 7 peers). The communicators counted are the distinct rank sets Megatron-Core runs collectives on:
+tensor parallel, data parallel (with CP), model parallel (tp x pp: the gradient-norm reduction), the
+world, the expert-data-parallel group of a MoE and the embedding group of tied embeddings with pp > 1.
+Corroboration, not fitted: verl PR #6408 frees ~7 GB of NCCL memory per rank of a Megatron TP2 PP2 DP2 run
+on 8 x H100 (this model: 8.6 GiB); NVIDIA's Megatron memory estimator (ISEEKYAN/mbridge) adds a default
+10 GB "overhead per GPU" for what it does not model. CPU platforms (gloo) have none of these three parts.
 
 Bytes per parameter (weights + gradients + optimizer) with `d` data-parallel ranks, matching
 Megatron-LM's distributed-optimizer table (docs/source/api-guide/dist_optimizer.md) and the
@@ -44,8 +68,10 @@ a heads, t tensor parallel; 16-bit activations, 1-byte dropout masks), GPT with 
   full recompute                 2*s*b*h (the layer input; /t with SP) + one layer rematerialised
 The same terms are derived tensor by tensor for Llama-style layers (RMSNorm, GQA, SwiGLU, no dropout).
 
-fp8 (predictor.fp8, Transformer Engine FP8 training): weights are BF16 plus an FP8 copy of every transformer-layer
-GEMM weight (+1 byte per GEMM parameter; TE's modules keep the FP8 weight between steps / micro-batches), the GEMM
+fp8 (predictor.fp8, Transformer Engine FP8 training): weights are BF16 plus two FP8 copies of every transformer-layer
+GEMM weight (+2 bytes per GEMM parameter: TE caches the FP8 weight and its FP8 transpose between micro-batches on
+Hopper, where FP8 GEMMs take only the TN layout (Float8Tensor `_transpose`; TE 1.x `weight_fp8` + `weight_t_fp8`),
+and rowwise + columnwise copies for MXFP8 on Blackwell (MXFP8TensorStorage)), the GEMM
 inputs saved for backward are their FP8 casts (1 byte: the QKV and MLP inputs, the out-proj input and the fc2 input),
 everything else as bf16 (Transformer Engine docs, "Using FP8 with Transformer Engine": master weights and
 activations outside the FP8 GEMMs keep the higher precision).
@@ -76,6 +102,7 @@ from .specs import (  # noqa: F401
 )
 
 GIB = float(2 ** 30)
+FP8_WEIGHT_COPIES = 2   # FP8 weight + its FP8 transpose (Hopper) / columnwise copy (MXFP8), bytes per GEMM parameter
 
 @dataclass(frozen=True)
 class MemoryOptions:
@@ -85,8 +112,13 @@ class MemoryOptions:
     optimizer_bytes_per_param: int = 8     # Adam exp_avg + exp_avg_sq in fp32
     dropout: bool | None = None            # None: GPT layers have dropout (GPT-3 / Megatron), Llama none
     zero3_live_units: int = 2              # FSDP / ZeRO-3: units unsharded at once (current + prefetched)
-    framework_gib: float = 1.5             # CUDA context ~0.5, workspaces ~0.25, NCCL buffers ~0.75 GiB
-    allocator_reserve: float = 0.05        # share of HBM the caching allocator cannot hand out
+    framework_gib: float = 0.5             # outside the allocator: CUDA context ~0.4 + library workspaces
+    allocator_overhead: float = 0.145      # caching allocator's reserve beyond the allocated peak (x allocated)
+    allocator_reserve: float = 0.0         # share of HBM kept free as a safety margin
+    nccl_coll_mib: float = 441.0           # one collective communicator: ring + tree, 24 channels
+    nccl_nvls_mib: float = 1536.0          # + NVLink SHARP buffers on an NVLS node (NCCL 2.17-2.21; 2.22+: 256)
+    nccl_p2p_peer_mib: float = 447.0       # one point-to-point peer (pipeline, CP ring, EP all-to-all)
+    device_overheads: bool = True          # False: the allocated view only (no framework / NCCL / allocator)
     logits_fp32: bool = True               # vocab-parallel cross-entropy keeps fp32 logits (4*s*b*V/t)
 
 
@@ -102,14 +134,27 @@ class StageMemory:
     buffers_bytes: float
     framework_bytes: float
     in_flight: float             # micro-batches (interleaved: chunk activations) held at the peak
+    nccl_bytes: float = 0.0      # NCCL communicator buffers (outside the caching allocator)
+    allocator_bytes: float = 0.0  # the caching allocator's reserve beyond the allocated peak
 
     @property
     def states_bytes(self) -> float:
         return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
 
     @property
+    def allocated_bytes(self) -> float:
+        """What torch.cuda.max_memory_allocated counts: states, activations and transient buffers."""
+        return self.states_bytes + self.activations_bytes + self.buffers_bytes
+
+    @property
+    def reserved_bytes(self) -> float:
+        """What torch.cuda.max_memory_reserved counts: the allocated peak and the allocator's reserve."""
+        return self.allocated_bytes + self.allocator_bytes
+
+    @property
     def total_bytes(self) -> float:
-        return self.states_bytes + self.activations_bytes + self.buffers_bytes + self.framework_bytes
+        """Device memory in use as nvidia-smi reports it: reserved + CUDA context / workspaces + NCCL buffers."""
+        return self.reserved_bytes + self.framework_bytes + self.nccl_bytes
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -156,7 +201,8 @@ class MemoryReport:
 
 def out_of_memory_reason(st: StageMemory, usable_bytes: float) -> str:
     parts = {"weights": st.weights_bytes, "gradients": st.grads_bytes, "optimizer": st.optimizer_bytes,
-             "activations": st.activations_bytes, "buffers": st.buffers_bytes, "framework": st.framework_bytes}
+             "activations": st.activations_bytes, "buffers": st.buffers_bytes, "framework": st.framework_bytes,
+             "NCCL buffers": st.nccl_bytes, "allocator reserve": st.allocator_bytes}
     top = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
     return (f"out of memory: stage {st.stage} needs {st.total_bytes / GIB:.1f} GiB > "
             f"{usable_bytes / GIB:.1f} GiB usable ({top} GiB)")
@@ -358,7 +404,85 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[list[int]]:
     return out
 
 
-MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "framework")
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "framework", "nccl", "allocator")
+ALLOCATED_PARTS = MEMORY_PARTS[:5]
+#: how each part is named to a user (reasons, charts, search columns)
+MEMORY_PART_LABELS = {"weights": "weights", "grads": "gradients", "optimizer": "optimizer",
+                      "activations": "activations", "buffers": "buffers", "framework": "framework",
+                      "nccl": "NCCL buffers", "allocator": "allocator reserve"}
+
+
+@dataclass(frozen=True)
+class DeviceComm:
+    """What the memory model needs to know of the machine around a GPU: GPUs per node, whether NCCL sets up
+    NVLink SHARP buffers there, and whether it is a GPU with NCCL / RCCL at all (a CPU with gloo has no
+    communicator buffers, CUDA context or caching allocator)."""
+    gpus_per_node: int = 8
+    nvls: bool = False
+    gpu: bool = True
+
+    @classmethod
+    def of(cls, device: Any) -> DeviceComm:
+        """From a Platform (its node size and NVLS) or a bare DeviceSpec (a node of 8, no NVLS)."""
+        dev = getattr(device, "device", device)
+        gpu = getattr(dev, "vendor", "") != "cpu"
+        if hasattr(device, "gpus_per_node"):
+            return cls(int(device.gpus_per_node), bool(getattr(device, "has_nvls", False)), gpu)
+        return cls(8, False, gpu)
+
+
+def _local_ranks(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndarray:
+    """Ranks of a group (`size` ranks `stride` apart) that share one node of `gpn` GPUs."""
+    return np.where(stride >= gpn, 1, np.minimum(size, np.maximum(1, gpn // np.maximum(stride, 1))))
+
+
+def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, dp: np.ndarray, cp: np.ndarray,
+                       ep: np.ndarray, moe: bool, tied: bool, options: MemoryOptions = MemoryOptions()
+                       ) -> np.ndarray:
+    """[R, pp] bytes of NCCL communicator buffers per GPU on each pipeline stage (module docstring: 441 MiB per
+    collective communicator, + 1.5 GiB NVLS buffers where the node has NVLS and the group two or more GPUs in
+    it, 447 MiB per point-to-point peer). `dp` is dp x cp (the data-parallel-with-CP group), ranks ordered
+    tp, cp, dp, pp as Megatron-Core orders them. The distinct collective rank sets: tp, dp x cp, tp x pp (the
+    gradient-norm reduction; the tp set again when pp = 1), the world (dp x cp again when tp = pp = 1),
+    the expert-data-parallel group of a MoE (tp x dp x cp / ep) and, with tied embeddings and pp > 1, the
+    first and last stages' embedding group."""
+    tp, dp, cp, ep = (np.asarray(x, dtype=np.int64) for x in (tp, dp, cp, ep))
+    n = len(tp)
+    out = np.zeros((n, pp))
+    if not comm.gpu or not options.device_overheads:
+        return out
+    gpn = max(1, int(comm.gpus_per_node))
+    coll, nvls, peer = (v * 2.0 ** 20 for v in (options.nccl_coll_mib, options.nccl_nvls_mib,
+                                                 options.nccl_p2p_peer_mib))
+
+    def collective(size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+        local = _local_ranks(size, stride, gpn)
+        return np.where(size > 1, coll + (nvls * (local >= 2) if comm.nvls else 0.0), 0.0)
+
+    one = np.ones(n, dtype=np.int64)
+    world = tp * dp * pp
+    per_gpu = collective(tp, one) + collective(dp, tp)
+    if pp > 1:   # the model-parallel set: tp ranks side by side, pp stages tp x dp apart
+        per_gpu += collective(tp * pp, np.where(tp > 1, 1, dp))
+    per_gpu += np.where((world > dp) & (world > tp * pp), collective(world, one), 0.0)
+    if moe:
+        edp = np.maximum(tp * dp // np.maximum(ep, 1), 1)
+        per_gpu += np.where((edp != dp) & (edp > 1), collective(edp, ep), 0.0)
+        per_gpu += np.maximum(ep - 1, 0) * peer                      # the all-to-all reaches every EP peer
+    per_gpu += np.minimum(np.maximum(cp - 1, 0), 2) * peer           # the context-parallel ring's neighbours
+    out += per_gpu[:, None]
+    if pp > 1:
+        if vpp > 1 or pp == 2:
+            peers = np.full(pp, min(2, pp - 1), dtype=float)
+        else:
+            peers = np.full(pp, 2.0)
+            peers[0] = peers[-1] = 1.0
+        out += peers[None, :] * peer
+        if tied:
+            emb = collective(np.full(n, 2), tp * dp * (pp - 1))
+            out[:, 0] += emb
+            out[:, -1] += emb
+    return out
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
@@ -366,7 +490,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                         pp: int, vpp: int, schedule: str, *, tp: np.ndarray, dp: np.ndarray, zero_stage: np.ndarray,
                         micro_batch: np.ndarray, num_micro_batches: np.ndarray, recompute: np.ndarray,
                         sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions(),
-                        cp: np.ndarray | None = None, ep: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                        cp: np.ndarray | None = None, ep: np.ndarray | None = None,
+                        comm: DeviceComm | None = None) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
     'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
@@ -383,7 +508,12 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     experts per GPU) have their gradients and distributed-optimizer shards over the expert-data-parallel group
     (tp * dp / ep ranks, `dp` being dp * cp), everything else over dp; MoE layers keep the routed rows'
     activations (`activation_terms`), the leading dense layers a dense MLP's, and the all-to-all buffers of one
-    layer are transient (`buffers`)."""
+    layer are transient (`buffers`).
+
+    `comm` (default: a GPU in a node of 8 without NVLS) sizes the parts outside the allocated peak: the
+    framework allowance, the NCCL buffers (`nccl_buffer_arrays`) and the allocator's reserve, all 0 on a CPU
+    or with `options.device_overheads` False."""
+    comm = comm or DeviceComm()
     tp, dp, zero = (np.asarray(x, dtype=np.int64) for x in (tp, dp, zero_stage))
     mb, rc = np.asarray(micro_batch, dtype=np.int64), np.asarray(recompute, dtype=np.int64)
     sp = np.asarray(sequence_parallel, dtype=np.int64)
@@ -468,17 +598,24 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     buffers += sharded * unit * g_full + z3 * options.zero3_live_units * unit * e
     weights = stage_rest * bpp[:, 0:1] + stage_experts * bpp_e[:, 0:1]
     if precision == "fp8":
-        # + the FP8 copy of every transformer-layer GEMM weight (1 byte per GEMM parameter, sharded like the weights)
+        # + the FP8 weight and its FP8 transpose / columnwise copy of every transformer-layer GEMM weight (2 bytes
+        # per GEMM parameter, sharded like the weights)
         gemm = np.array([fp8.layer_gemm_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
         gemm_moe = np.array([fp8.layer_gemm_params_per_gpu(model, int(t), True, int(x)) for t, x in te2],
                             dtype=float)[tinv]
         w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
-        weights = (weights + (gemm * w_share)[:, None] * (dense_c @ onehot)[None, :]
-                   + (gemm_moe * w_share)[:, None] * (moe_c @ onehot)[None, :])
-    return {"weights": weights, "grads": stage_rest * bpp[:, 1:2] + stage_experts * bpp_e[:, 1:2],
-            "optimizer": stage_rest * bpp[:, 2:3] + stage_experts * bpp_e[:, 2:3], "activations": acts,
-            "buffers": buffers,
-            "framework": np.full((n, pp), options.framework_gib * GIB), "params": stage_params, "in_flight": k_in}
+        weights = (weights + (FP8_WEIGHT_COPIES * gemm * w_share)[:, None] * (dense_c @ onehot)[None, :]
+                   + (FP8_WEIGHT_COPIES * gemm_moe * w_share)[:, None] * (moe_c @ onehot)[None, :])
+    out = {"weights": weights, "grads": stage_rest * bpp[:, 1:2] + stage_experts * bpp_e[:, 1:2],
+           "optimizer": stage_rest * bpp[:, 2:3] + stage_experts * bpp_e[:, 2:3], "activations": acts,
+           "buffers": buffers}
+    overheads = comm.gpu and options.device_overheads
+    out["framework"] = np.full((n, pp), options.framework_gib * GIB if overheads else 0.0)
+    out["nccl"] = nccl_buffer_arrays(comm, pp, vpp, tp=tp, dp=dp, cp=cpa, ep=epa, moe=is_moe,
+                                     tied=bool(model.tied_embeddings), options=options)
+    allocated = np.sum([out[k] for k in ALLOCATED_PARTS], axis=0)
+    out["allocator"] = allocated * (options.allocator_overhead if overheads else 0.0)
+    return {**out, "params": stage_params, "in_flight": k_in}
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
@@ -498,7 +635,8 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
                               zero_stage=one(layout.zero_stage), micro_batch=one(layout.micro_batch),
                               num_micro_batches=one(layout.num_micro_batches),
                               recompute=one(RECOMPUTE_ORDER.index(layout.recompute)),
-                              sequence_parallel=one(int(layout.sequence_parallel)), options=options)
+                              sequence_parallel=one(int(layout.sequence_parallel)), options=options,
+                              comm=DeviceComm.of(device) if device is not None else None)
     return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
 
 
@@ -510,7 +648,8 @@ def report_from_arrays(arr: dict[str, np.ndarray], row: int, layers_by_stage: li
                           optimizer_bytes=float(arr["optimizer"][row, s]),
                           activations_bytes=float(arr["activations"][row, s]),
                           buffers_bytes=float(arr["buffers"][row, s]), framework_bytes=float(arr["framework"][row, s]),
-                          in_flight=float(arr["in_flight"][row, s]))
+                          in_flight=float(arr["in_flight"][row, s]), nccl_bytes=float(arr["nccl"][row, s]),
+                          allocator_bytes=float(arr["allocator"][row, s]))
               for s in range(arr["params"].shape[1])]
     return MemoryReport(stages=stages, capacity_bytes=capacity_bytes,
                         usable_bytes=capacity_bytes * (1.0 - options.allocator_reserve), options=options)

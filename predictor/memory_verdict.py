@@ -20,8 +20,14 @@ def verdict_line(pred: StepPrediction) -> str:
     """'memory: 41.2 GiB per GPU (fullest stage) of 76.0 GiB usable (80 GiB HBM): fits'."""
     where = f" (stage {pred.memory.peak.stage}, the fullest)" if pred.memory is not None else " (the fullest stage)"
     verdict = "fits" if pred.fits_memory else "DOES NOT FIT"
-    return (f"memory: {pred.memory_gib:,.1f} GiB per GPU{where} of {pred.usable_gib:,.1f} GiB usable "
-            f"({pred.hbm_gib:g} GiB HBM less the allocator reserve): {verdict}")
+    parts = ""
+    if pred.memory is not None and pred.memory.peak.nccl_bytes + pred.memory.peak.allocator_bytes > 0:
+        pk = pred.memory.peak
+        parts = (f" [{pk.allocated_bytes / 2 ** 30:,.1f} allocated + {pk.allocator_bytes / 2 ** 30:,.1f} allocator "
+                 f"reserve + {pk.nccl_bytes / 2 ** 30:,.1f} NCCL + {pk.framework_bytes / 2 ** 30:,.1f} CUDA context]")
+    margin = " less the safety margin" if pred.memory is not None and pred.memory.options.allocator_reserve else ""
+    return (f"memory: {pred.memory_gib:,.1f} GiB per GPU{where}{parts} of {pred.usable_gib:,.1f} GiB usable "
+            f"({pred.hbm_gib:g} GiB HBM{margin}): {verdict}")
 
 
 def oom_fix(pred: StepPrediction) -> str:

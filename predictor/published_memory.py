@@ -2,10 +2,11 @@
 `memory.estimate_memory`: an independent check, never fitted to.
 
 `catalog/published_memory.json` holds each figure with its document, the unit it is printed in and what it counts
-(a README's 'mem' column read like nvidia-smi, torch's max reserved, a bound ...), the model (a preset or fields
-with their citation) and the layout. Entries whose stored text lacks the layout, or that give only a bound, are
-kept as found and reported as not comparable. A model or layout the predictor refuses (or a MoE field it does not
-accept yet) is reported with its message, never dropped silently.
+(a README's 'mem' column read like nvidia-smi, torch's max reserved, a bound ...; `measures` names the quantity
+of ours it is compared with), the memory options the document states (e.g. a BF16 gradient buffer), the model
+(a preset or fields with their citation) and the layout. Entries whose stored text lacks the layout, or that give
+only a bound, are kept as found and reported as not comparable. A model or layout the predictor refuses (or a MoE
+field it does not accept yet) is reported with its message, never dropped silently.
 """
 from __future__ import annotations
 
@@ -40,34 +41,47 @@ def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
     return Layout(**fields, ep=raw.get("ep", 1))
 
 
-def _estimate(model: Any, raw: dict[str, Any], platform: str, recompute: str | None = None) -> float:
-    from .memory import estimate_memory
+MEASURES = ("device", "reserved", "allocated")
+
+
+def _estimate(model: Any, raw: dict[str, Any], platform: str, measures: str, recompute: str | None = None,
+              memory_options: dict[str, Any] | None = None) -> float:
+    """Our figure for what the published one counts, GiB, on the stage with the largest device total:
+    'device' the total (nvidia-smi: reserved + CUDA context + NCCL buffers), 'reserved' allocated + the
+    allocator's reserve, 'allocated' the allocated peak."""
+    from .memory import GIB, MemoryOptions, estimate_memory
     from .platforms import get_platform
-    layout = layout_of(raw, recompute)
-    return float(estimate_memory(model, layout, get_platform(platform)).peak_gib)
+    opts = MemoryOptions(**(memory_options or {}))
+    peak = estimate_memory(model, layout_of(raw, recompute), get_platform(platform), opts).peak
+    value = {"device": peak.total_bytes, "reserved": peak.reserved_bytes, "allocated": peak.allocated_bytes}
+    return float(value[measures] / GIB)
 
 
 def compare(path: Path = CATALOG) -> pd.DataFrame:
-    """One row per published figure: the figure in GiB, ours (peak over pipeline stages, framework allowance
-    included), the error, or why it cannot be compared."""
+    """One row per published figure: the figure in GiB, ours for the quantity it counts (`measures`; the stage
+    with the largest device total), the error, or why it cannot be compared."""
     doc = load(path)
     rows = []
     for e in doc["entries"]:
         pub = e["published"] * TO_GIB[e["unit"]]
         row: dict[str, Any] = {"id": e["id"], "model": e.get("model"), "platform": e.get("platform"),
                                "precision": e.get("layout", {}).get("precision"), "published_gib": pub,
-                               "counts": e["counts"], "ours_gib": None, "error": None, "ours_alt_gib": None,
+                               "counts": e["counts"], "measures": e.get("measures", "unstated"),
+                               "ours_gib": None, "error": None, "ours_alt_gib": None,
                                "note": ""}
-        if e.get("unpredictable"):
-            row["note"] = f"not comparable: {e['unpredictable']}"
+        if e.get("unpredictable") or row["measures"] not in MEASURES:
+            row["note"] = (f"not comparable: {e['unpredictable']}" if e.get("unpredictable") else
+                           "not comparable: the document does not say what its figure counts")
             rows.append(row)
             continue
         try:
             model = model_spec(e["model"], doc["models"][e["model"]])
-            row["ours_gib"] = _estimate(model, e["layout"], e["platform"])
+            mo = e.get("memory_options")
+            row["ours_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"], memory_options=mo)
             row["error"] = row["ours_gib"] / pub - 1
             if e.get("recompute_alt"):
-                row["ours_alt_gib"] = _estimate(model, e["layout"], e["platform"], e["recompute_alt"])
+                row["ours_alt_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"],
+                                                e["recompute_alt"], mo)
         except Exception as exc:  # noqa: BLE001 - a refused model / layout / MoE field is reported, not raised
             row["note"] = f"not estimated: {type(exc).__name__}: {exc}"
         rows.append(row)

@@ -508,7 +508,8 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
     df["peak_mem_gib"] = ev.peak_bytes / mem.GIB
     df["mem_stage"] = ev.peak_stage
     for k, name in (("weights", "weights"), ("grads", "grads"), ("optimizer", "optimizer"),
-                    ("activations", "activations"), ("buffers", "buffers")):
+                    ("activations", "activations"), ("buffers", "buffers"), ("nccl", "nccl"),
+                    ("allocator", "allocator")):
         df[f"mem_{name}_gib"] = ev.memory_parts[k] / mem.GIB
     fits = ev.peak_bytes <= ev.usable_bytes
     df["fits"] = fits
@@ -521,8 +522,9 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
             df["cost"] = te.cost
     elif price is not None:
         df["cost_per_mtok"] = df["gpu_hours_per_mtok"] * price
-    parts = (np.stack([ev.memory_parts[k] for k in mem.MEMORY_PARTS], axis=1) if n else np.zeros((0, 6)))
-    names = np.array(["weights", "gradients", "optimizer", "activations", "buffers", "framework"])
+    parts = (np.stack([ev.memory_parts[k] for k in mem.MEMORY_PARTS], axis=1) if n
+             else np.zeros((0, len(mem.MEMORY_PARTS))))
+    names = np.array([mem.MEMORY_PART_LABELS[k] for k in mem.MEMORY_PARTS])
     dom = names[parts.argmax(axis=1)] if n else np.array([], dtype=str)
     reason = np.full(n, "", dtype=object)
     kind = np.full(n, "", dtype=object)

@@ -333,9 +333,10 @@ def provenance_chart(share: dict[str, float]) -> alt.Chart:
 
 
 # --------------------------------------------------------------------------- memory
-MEMORY_ORDER = ["weights", "gradients", "optimizer", "activations", "buffers", "framework"]
+MEMORY_ORDER = ["weights", "gradients", "optimizer", "activations", "buffers", "framework", "NCCL buffers",
+                "allocator reserve"]
 _MEMORY_FIELDS = dict(zip(MEMORY_ORDER, ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
-                                         "buffers_bytes", "framework_bytes")))
+                                         "buffers_bytes", "framework_bytes", "nccl_bytes", "allocator_bytes")))
 
 
 def memory_parts_gib(stage: StageMemory) -> dict[str, float]:

@@ -326,6 +326,14 @@ def nemo_check() -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, int]]
     return _nemo_check(config.models_version())
 
 
+@st.cache_data(show_spinner=False)
+def memory_check() -> pd.DataFrame:
+    """predictor.published_memory.compare: published per-GPU memory of Megatron-Core runs against the memory
+    model, one row per figure (ours for the quantity it counts, or why it is not comparable)."""
+    from predictor.published_memory import compare
+    return compare()
+
+
 def bank(platform: str):
     """The ModelBank behind a platform's own regressors (None when untrained)."""
     _refresh_model_caches(config.models_version())

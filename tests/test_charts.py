@@ -272,7 +272,7 @@ def test_memory_frames_of_the_prediction(pred):
     assert list(parts) == charts.MEMORY_ORDER
     assert sum(parts.values()) == pytest.approx(m.peak_gib, rel=1e-9)
     frame = charts.memory_stages_frame(m)
-    assert set(frame["stage"]) == set(range(pred.layout.pp)) and len(frame) == 6 * pred.layout.pp
+    assert set(frame["stage"]) == set(range(pred.layout.pp)) and len(frame) == len(charts.MEMORY_ORDER) * pred.layout.pp
     assert frame.groupby("stage")["gib"].sum().max() == pytest.approx(m.peak_gib, rel=1e-9)
     d = spec(charts.memory_chart(frame, m.capacity_bytes / GIB, m.usable_bytes / GIB))
     assert d["layer"][0]["mark"]["type"] == "bar"

@@ -129,7 +129,8 @@ def test_cli_cp_on_a_cpu_platform_names_cp(capsys):
 
 def test_cli_cp_predicts(capsys):
     rc = main(["predict", "--platform", "dgx-h100", "--model", "llama3-70b", "--num-gpus", "64", "--tp", "8",
-               "--pp", "4", "--cp", "2", "--global-batch", "32", "--seq-len", "8192", "--json"])
+               "--pp", "4", "--cp", "2", "--global-batch", "32", "--seq-len", "8192", "--sequence-parallel",
+               "--zero-stage", "1", "--json"])
     import json
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["layout"]["cp"] == 2 and d["layout"]["dp"] == 1 and d["breakdown_s"]["cp_comm"] > 0

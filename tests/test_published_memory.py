@@ -41,3 +41,48 @@ def test_a_refused_model_is_reported_not_raised(tmp_path):
     d = pm.compare(path)
     bad = d[d["model"] == "qwen1.5-moe-8x1.8b"]
     assert len(bad) == 2 and bad["ours_gib"].isna().all() and bad["note"].str.contains("top_k").all()
+
+
+def test_each_figure_is_compared_with_the_quantity_it_counts(tmp_path):
+    """A nvidia-smi figure is compared with our device total, a max-reserved one with allocated + the allocator's
+    reserve, a max-allocated one with the allocated peak: relabelling one entry changes only its own number."""
+    doc = pm.load()
+    base = pm.compare().set_index("id")
+    e = next(x for x in doc["entries"] if x["id"] == "flagperf-llama3-8b-h100-bf16-8gpu")
+    assert e["measures"] == "device"
+    got = {}
+    for measures in ("reserved", "allocated"):
+        e["measures"] = measures
+        path = tmp_path / f"{measures}.json"
+        path.write_text(json.dumps(doc))
+        got[measures] = pm.compare(path).set_index("id").loc[e["id"], "ours_gib"]
+    assert base.loc[e["id"], "ours_gib"] > got["reserved"] > got["allocated"] > 0
+    from predictor.memory import GIB, estimate_memory
+    from predictor.platforms import get_platform
+    peak = estimate_memory(pm.model_spec(e["model"], doc["models"][e["model"]]), pm.layout_of(e["layout"]),
+                           get_platform(e["platform"])).peak
+    assert got["allocated"] == pytest.approx(peak.allocated_bytes / GIB)
+    assert got["reserved"] == pytest.approx(peak.reserved_bytes / GIB)
+    assert base.loc[e["id"], "ours_gib"] == pytest.approx(peak.total_bytes / GIB)
+    e["measures"] = "something else"
+    path = tmp_path / "unknown.json"
+    path.write_text(json.dumps(doc))
+    row = pm.compare(path).set_index("id").loc[e["id"]]
+    assert row["ours_gib"] is None or row["ours_gib"] != row["ours_gib"]
+    assert "does not say what its figure counts" in row["note"]
+
+
+def test_memory_options_the_document_states_are_applied():
+    """The Megatron-Bridge Qwen3 run reduces gradients in bf16 (grad_reduce_in_fp32 False): a 2-byte gradient
+    buffer, which our estimate takes from the entry instead of the fp32 default."""
+    doc = pm.load()
+    e = next(x for x in doc["entries"] if x.get("memory_options"))
+    assert e["memory_options"]["grad_bytes"] == 2
+    from predictor.memory import GIB, MemoryOptions, estimate_memory
+    from predictor.platforms import get_platform
+    m, lay = pm.model_spec(e["model"], doc["models"][e["model"]]), pm.layout_of(e["layout"])
+    fp32 = estimate_memory(m, lay, get_platform(e["platform"])).peak
+    bf16 = estimate_memory(m, lay, get_platform(e["platform"]), MemoryOptions(**e["memory_options"])).peak
+    assert bf16.grads_bytes == pytest.approx(fp32.grads_bytes / 2)
+    ours = pm.compare().set_index("id").loc[e["id"], "ours_gib"]
+    assert ours == pytest.approx(bf16.allocated_bytes / GIB)

@@ -464,7 +464,7 @@ def table_rss(cfg: dict | None = None) -> pd.DataFrame:
     spec = ModelSpec("tiny-gpt", "gpt", cfg["layers"], cfg["h"], cfg["a"], vocab_size=cfg["vocab"],
                      tied_embeddings=False, attention_impl="unfused")
     L = Layout(num_gpus=1, micro_batch=cfg["b"], global_batch=cfg["b"], seq_len=cfg["s"], precision="fp32")
-    rep = mem.estimate_memory(spec, L, options=mem.MemoryOptions(framework_gib=0.0))
+    rep = mem.estimate_memory(spec, L, options=mem.MemoryOptions(device_overheads=False))
     st = rep.stages[0]
     meas_states = d["states_bytes"]
     meas_step = d["hwm"] - d["rss_before"]

@@ -7,8 +7,10 @@ FlagPerf's Megatron-Core runs (Llama-3-8B BF16 and FP8 on H100, BF16 on A800; an
 BF16 and FP16), whose 'mem' column is device memory in use read like nvidia-smi (the CUDA context and the caching
 allocator's reserve included), and figures kept as found but not comparable (Megatron-LM issue #2772's Qwen3-30B-A3B
 EP8 max reserved, PR #7220's context-parallel peaks on a test model, a Megatron-Bridge card's 65 GiB bound).
-Ours: `estimate_memory` peak over pipeline stages (its framework allowance included); 'ours_alt' is the estimate with
-the alternative recomputation where the source is ambiguous about it.
+Ours: `estimate_memory` for the quantity each figure counts ('measures': device memory in use = allocated + the
+caching allocator's reserve + CUDA context + NCCL buffers; reserved; allocated), on the stage with the largest total;
+'ours_alt' is the estimate with the alternative recomputation where the source is ambiguous about it. The columns
+allocated / nccl / allocator show the parts of our device figure.
 """
 from __future__ import annotations
 
@@ -28,7 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     pd.set_option("display.max_colwidth", 120)
     ok = d[d["ours_gib"].notna()]
     print("== Published per-GPU memory vs predictor.memory (never fitted to) ==")
-    print(ok[["id", "platform", "precision", "published_gib", "ours_gib", "error", "ours_alt_gib"]].to_string(
+    print(ok[["id", "platform", "precision", "measures", "published_gib", "ours_gib", "error",
+              "ours_alt_gib"]].to_string(
         index=False, formatters={"error": "{:+.1%}".format}, float_format=lambda v: f"{v:.1f}"))
     if len(ok):
         e = ok["error"]

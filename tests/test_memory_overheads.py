@@ -1,0 +1,99 @@
+"""The parts of device memory outside the allocated tensors (predictor.memory): the caching allocator's reserve,
+NCCL communicator buffers and the CUDA context, so that the total is what nvidia-smi shows."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from predictor import memory as mem
+from predictor.memory import GIB, DeviceComm, MemoryOptions, estimate_memory, nccl_buffer_arrays
+from predictor.platforms import get_platform
+from predictor.presets import get_preset
+from predictor.specs import Layout
+
+LAYOUT = dict(num_gpus=8, tp=2, dp=4, micro_batch=1, global_batch=64, seq_len=4096, sequence_parallel=True,
+              zero_stage=1, recompute="selective")
+
+
+def test_total_is_allocated_plus_allocator_reserve_plus_nccl_plus_context():
+    opts = MemoryOptions()
+    pk = estimate_memory(get_preset("llama3-8b"), Layout(**LAYOUT), get_platform("dgx-h100"), opts).peak
+    allocated = pk.weights_bytes + pk.grads_bytes + pk.optimizer_bytes + pk.activations_bytes + pk.buffers_bytes
+    assert pk.allocated_bytes == pytest.approx(allocated)
+    assert pk.allocator_bytes == pytest.approx(opts.allocator_overhead * allocated)
+    assert pk.reserved_bytes == pytest.approx(allocated * (1 + opts.allocator_overhead))
+    assert pk.framework_bytes == pytest.approx(opts.framework_gib * GIB)
+    assert pk.total_bytes == pytest.approx(pk.reserved_bytes + pk.framework_bytes + pk.nccl_bytes)
+    assert pk.nccl_bytes > 0
+
+
+def test_the_allocated_view_drops_every_overhead():
+    m, lay, plat = get_preset("llama3-8b"), Layout(**LAYOUT), get_platform("dgx-h100")
+    full = estimate_memory(m, lay, plat).peak
+    bare = estimate_memory(m, lay, plat, MemoryOptions(device_overheads=False)).peak
+    assert bare.nccl_bytes == bare.allocator_bytes == bare.framework_bytes == 0
+    assert bare.total_bytes == pytest.approx(full.allocated_bytes)
+
+
+def test_a_cpu_platform_has_no_nccl_context_or_allocator_reserve():
+    m = replace(get_preset("llama3-8b"), num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4,
+                ffn_hidden_size=512, vocab_size=1024)
+    pk = estimate_memory(m, Layout(num_gpus=2, dp=2, global_batch=2, seq_len=128), get_platform("cpu-1t")).peak
+    assert pk.nccl_bytes == pk.allocator_bytes == pk.framework_bytes == 0
+    assert pk.total_bytes == pytest.approx(pk.allocated_bytes)
+
+
+def test_nvls_nodes_carry_nvls_buffers_per_communicator():
+    lay = Layout(**LAYOUT)
+    m = get_preset("llama3-8b")
+    h100 = estimate_memory(m, lay, get_platform("dgx-h100")).peak.nccl_bytes    # NVSwitch + NVLS
+    a100 = estimate_memory(m, lay, get_platform("dgx-a100-80gb")).peak.nccl_bytes  # NVSwitch, no NVLS
+    o = MemoryOptions()
+    # tp, dp and the world: three collective communicators, each with two or more GPUs in the node
+    assert a100 == pytest.approx(3 * o.nccl_coll_mib * 2 ** 20)
+    assert h100 == pytest.approx(3 * (o.nccl_coll_mib + o.nccl_nvls_mib) * 2 ** 20)
+    off = estimate_memory(m, lay, get_platform("dgx-h100"), replace(o, nccl_nvls_mib=0.0)).peak.nccl_bytes
+    assert off == pytest.approx(a100)
+
+
+def test_communicators_counted_follow_the_layout():
+    comm = DeviceComm(gpus_per_node=8, nvls=False)
+    o = MemoryOptions()
+    coll, peer = o.nccl_coll_mib * 2 ** 20, o.nccl_p2p_peer_mib * 2 ** 20
+
+    def one(pp: int = 1, vpp: int = 1, tp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1, moe: bool = False,
+            tied: bool = False) -> np.ndarray:
+        a = lambda v: np.array([v])  # noqa: E731
+        return nccl_buffer_arrays(comm, pp, vpp, tp=a(tp), dp=a(dp * cp), cp=a(cp), ep=a(ep), moe=moe, tied=tied,
+                                  options=o)[0]
+    assert one().sum() == 0                                        # one GPU: no communicator
+    assert one(dp=8)[0] == pytest.approx(coll)                     # dp = the world: one communicator
+    assert one(tp=8)[0] == pytest.approx(coll)                     # tp = the world
+    assert one(tp=2, dp=4)[0] == pytest.approx(3 * coll)           # tp, dp, world
+    # pp 4: tp, dp, model parallel (tp x pp), world; the ends of a 1F1B pipeline have one neighbour, the middle two
+    got = one(pp=4, tp=2, dp=2)
+    assert got[1] == pytest.approx(4 * coll + 2 * peer) and got[0] == pytest.approx(4 * coll + peer)
+    assert one(pp=4, vpp=2, tp=2, dp=2)[0] == pytest.approx(4 * coll + 2 * peer)   # interleaved: both neighbours
+    # tied embeddings with pp > 1: the first and last stages share one more communicator
+    tied = one(pp=4, tp=2, dp=2, tied=True)
+    assert tied[0] - got[0] == pytest.approx(coll) and tied[1] == pytest.approx(got[1])
+    # context parallelism: the ring's two neighbours
+    assert one(tp=2, dp=2, cp=2)[0] - one(tp=2, dp=4)[0] == pytest.approx(peer)
+    # expert parallelism: the all-to-all reaches ep - 1 peers, plus the expert-data-parallel group
+    moe = one(tp=1, dp=8, ep=4, moe=True)[0]
+    assert moe == pytest.approx(coll + 3 * peer + coll)
+
+
+def test_predict_reports_the_device_total_and_judges_fit_by_it():
+    from predictor.predict import get_predictor
+    m, lay, plat = get_preset("llama3-8b"), Layout(**LAYOUT), get_platform("dgx-h100")
+    pred = get_predictor("dgx-h100").predict(m, lay, timeline=False)
+    ref = estimate_memory(m, lay, plat).peak
+    assert pred.memory is not None
+    assert pred.memory_gib == pytest.approx(ref.total_bytes / GIB)
+    assert ref.nccl_bytes > 0 and pred.memory.peak.nccl_bytes == pytest.approx(ref.nccl_bytes)
+    assert ref.allocator_bytes > 0 and pred.memory.peak.allocator_bytes == pytest.approx(ref.allocator_bytes)
+    assert pred.fits_memory == (ref.total_bytes <= plat.device.hbm_gib * GIB)
+    assert mem.MEMORY_PARTS[-2:] == ("nccl", "allocator")
