@@ -150,7 +150,8 @@ def nemo_check() -> None:
                 "(`predictor/catalog/independent_nemo.json`, each source with its document). Never ingested, "
                 "nothing fitted on them; the layout details the tables do not print are assumed (no "
                 "recomputation, distributed optimizer, NeMo's overlap of the data- and tensor-parallel traffic "
-                "(NeMo's communication-overlap document), modelled expert "
+                "(NeMo's communication-overlap document), bf16 gradient reduction and FP8 primary weights where "
+                "the recipes' scripts set them, NCCL NVLS off as their launchers set it, modelled expert "
                 f"imbalance). Rows dropped before predicting: {why}. *Signed*: below zero, the prediction is "
                 "faster than the published step.")
     table = pd.concat([g.assign(by=k) for k, g in groups.items()], ignore_index=True)

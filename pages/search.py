@@ -43,13 +43,15 @@ with sb.expander("Search space"):
     max_mb = st.number_input("Max micro-batch", 1, 1024, 16, key="max_mb", bind=BIND)
     uneven = st.toggle("Try uneven layer splits", True, key="uneven", bind=BIND,
                        help="First and last stage one layer lighter (they hold the embedding and the LM head)")
+    fw = inputs.framework_inputs(PRE, st)   # the TP overlap applies to the layouts with TP > 1 and SP
+    fw.update(inputs.precision_memory_inputs(PRE, st, precision))
 sb.subheader("Training run")
 target = inputs.target_inputs(PRE, container=sb)
 
 st.title("Search layouts")
 space = SearchSpace(tp_within_node=not tp_across, schedules=tuple(schedules or ["1f1b"]),
                     recompute=tuple(recomputes or ["none"]), zero_stage=tuple(zeros or [0]),
-                    max_micro_batch=int(max_mb), uneven_splits=bool(uneven), precision=precision)
+                    max_micro_batch=int(max_mb), uneven_splits=bool(uneven), precision=precision, **fw)
 try:
     model = model_from_fields(model_fields)
     platform = data.resolve_platform(key)

@@ -62,10 +62,12 @@ def _result(pred, allow_oom: bool) -> dict[str, Any]:
 
 def predict_records(records: Iterable[Mapping[str, Any]], models_dir: str | None = None, *, allow_oom: bool = False,
                     progress: Callable[[int, int, str], None] | None = None,
-                    errors: Mapping[int, str] | None = None, clusters: str | None = None) -> list[dict[str, Any]]:
+                    errors: Mapping[int, str] | None = None, clusters: str | None = None,
+                    memory_options: Any = None) -> list[dict[str, Any]]:
     """One output dict per input record: the record's cells, then RESULT_COLUMNS (None where empty).
     `errors` maps record indexes to a message decided before parsing (e.g. a CSV line with too many
-    cells): those rows are not parsed and get that message."""
+    cells): those rows are not parsed and get that message. `memory_options`: a memory.MemoryOptions for every
+    row (default MemoryOptions())."""
     from .predict import get_predictor
     records = list(records)
     errors = errors or {}
@@ -88,7 +90,7 @@ def predict_records(records: Iterable[Mapping[str, Any]], models_dir: str | None
     done = 0
     for plat, items in by_platform.items():
         try:
-            P = get_predictor(plat, models_dir, clusters)
+            P = get_predictor(plat, models_dir, clusters, memory_options)
         except InfeasibleConfig as e:
             for i, _, _ in items:
                 out[i]["error"] = str(e)

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from .batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
-from .cli_args import add_ep_arg, add_head_dim_arg, add_moe_args, model_fields
+from .cli_args import add_ep_arg, add_head_dim_arg, add_moe_args, add_precision_memory_args, model_fields
 from .layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
 from .model_summary import param_summary, routing_summary
 from .paths import clusters_file_arg
@@ -135,7 +135,7 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
     keys = ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
-            "overlap_param_gather", "cp", "ep", "overlap_tp_comm")
+            "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather")
     return model_fields(a, keys)
 
 
@@ -358,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Transformer Engine's tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap, "
                          "NeMo tp_comm_overlap): needs tp > 1 with --sequence-parallel")
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
+    add_precision_memory_args(sp)
     add_moe_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     sp.add_argument("--allow-oom", action="store_true",

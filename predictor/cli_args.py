@@ -38,6 +38,19 @@ def add_ep_arg(sp: argparse.ArgumentParser) -> None:
                                            "(default 1)")
 
 
+def add_precision_memory_args(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:
+    """--grad-reduce-in-fp32 / --no-grad-reduce-in-fp32 and --fp8-param-gather (Layout fields of those names)."""
+    where = " on every layout" if every_layout else ""
+    sp.add_argument("--grad-reduce-in-fp32", dest="grad_reduce_in_fp32", action=argparse.BooleanOptionalAction,
+                    default=None,
+                    help=f"gradient buffers and their data-parallel reduction in fp32{where} (Megatron-LM's default "
+                         "for bf16) or, with --no-grad-reduce-in-fp32, in bf16 (NeMo / Megatron-Bridge performance "
+                         "recipes); default: the precision's")
+    sp.add_argument("--fp8-param-gather", dest="fp8_param_gather", action="store_true", default=None,
+                    help=f"FP8 primary weights{where} (Megatron --fp8-param-gather): GEMM weights kept and "
+                         "all-gathered in FP8 only; needs --precision fp8")
+
+
 def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:
     """The model's loose fields from parsed flags (layout_io.model_from_fields reads them)."""
     return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS)}

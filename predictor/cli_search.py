@@ -83,7 +83,8 @@ def cmd_search(a: argparse.Namespace) -> int:
                         zero_stage=_ints(a.zero_stage, "zero_stage") or (0, 1, 2, 3), schedules=schedules,
                         uneven_splits=not a.no_uneven, tp_within_node=not a.tp_across_nodes, precision=a.precision,
                         framework=get_framework(a.framework or DEFAULT_FRAMEWORK).name,
-                        overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm))
+                        overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm),
+                        grad_reduce_in_fp32=a.grad_reduce_in_fp32, fp8_param_gather=bool(a.fp8_param_gather))
     mopt = MemoryOptions(framework_gib=a.framework_gib, allocator_reserve=a.allocator_reserve,
                          allocator_overhead=a.allocator_overhead, nccl_nvls_mib=a.nvls_mib)
     try:
@@ -267,7 +268,7 @@ def clusters_arg(sp: argparse.ArgumentParser) -> None:
 
 def add_search_parser(subparsers) -> None:
     """Register `search` on the CLI's subparsers."""
-    from .cli_args import add_head_dim_arg, add_moe_args
+    from .cli_args import add_head_dim_arg, add_moe_args, add_precision_memory_args
     from .specs import PRECISIONS
     sp = subparsers.add_parser("search", help="rank every layout that fits by step time, tokens/s, MFU or cost",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -293,6 +294,7 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--overlap-tp-comm", dest="overlap_tp_comm", action="store_true",
                     help="Transformer Engine's tensor-parallel communication overlap on every layout with tp > 1 and "
                          "sequence parallelism")
+    add_precision_memory_args(sp, every_layout=True)
     g = sp.add_argument_group("search space (default: everything valid)")
     g.add_argument("--tp", help="tensor-parallel degrees to try, e.g. 4,8")
     g.add_argument("--pp", help="pipeline degrees, e.g. 1,2,4")

@@ -443,9 +443,25 @@ def p2p_calls_per_pass(chunk_index: int, chunks: int, pp: int) -> int:
     return int(chunk_index != 0) + int(chunk_index != chunks - 1)
 
 
+def gather_bytes(model: ModelSpec, n_params: float, precision: str, *, tp: int, layers: int, dense: int = 0,
+                 ep: int = 1, fp8_param: bool = False) -> int:
+    """Bytes of `n_params` parameters of a chunk of `layers` transformer layers (`dense` of them dense in a MoE
+    model) as the data-parallel all-gathers move them: the compute precision, except the GEMM weights under FP8
+    primary weights (`fp8_param`: Megatron's --fp8-param-gather), which travel in FP8 (1 byte)."""
+    from . import fp8 as fp8_
+    elem = BYTES_PER_ELEMENT[precision]
+    if not fp8_param:
+        return int(n_params * elem)
+    moe_layers = layers - dense if model.is_moe else 0
+    gemm = ((layers - moe_layers) * fp8_.layer_gemm_params_per_gpu(model, tp)
+            + moe_layers * fp8_.layer_gemm_params_per_gpu(model, tp, True, ep))
+    return int(n_params * elem - min(gemm, n_params) * (elem - 1))
+
+
 def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
               layers: int, first: bool, last: bool, dp_topo: Topology, zero2_gather: str = "per_micro_batch",
-              dense: int | None = None, ep: int = 1, edp_topo: Topology | None = None) -> StepWork:
+              dense: int | None = None, ep: int = 1, edp_topo: Topology | None = None,
+              grad_bytes: int | None = None, fp8_param: bool = False) -> StepWork:
     """The optimizer of one chunk and its data-parallel traffic, by ZeRO stage:
 
     zero_stage  as frameworks name it                         data-parallel traffic of this chunk
@@ -461,8 +477,9 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
     at a time (each transformer layer; the
     embedding / head parameters of the edge chunks), one call per unit, prefetched under compute;
     stages 0-1 are bucketed and overlapped with the last backward by `compose`.
-    Gradients travel in `specs.grad_comm_bytes(precision)` bytes per element (fp32 for bf16, as
-    Megatron-LM and torchtitan / llm-foundry FSDP reduce them), parameters in the compute precision.
+    Gradients travel in `grad_bytes` per element (default `specs.grad_comm_bytes(precision)`: fp32 for bf16, as
+    Megatron-LM and torchtitan / llm-foundry FSDP reduce them; 2 with Layout.grad_reduce_in_fp32 False),
+    parameters in the compute precision (the GEMM weights in FP8 under `fp8_param`: `gather_bytes`).
     FSDP x TP: the dp group holds the tp-sharded parameters of this GPU (`dp_topo` strides over tp).
     MoE (`dense` of the `layers` have a dense MLP, the rest are MoE layers with num_experts / ep experts here): the
     routed experts' gradients are reduced (ZeRO-1: reduce-scattered and gathered) over the expert-data-parallel
@@ -471,10 +488,12 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
     if model.is_moe:
         return _moe_step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, precision=precision,
                               seq_len=seq_len, layers=layers, first=first, last=last, dp_topo=dp_topo,
-                              dense=dense or 0, ep=ep, edp_topo=edp_topo or (1, 1, 1))
-    elem = BYTES_PER_ELEMENT[precision]
-    gelem = grad_comm_bytes(precision)
+                              dense=dense or 0, ep=ep, edp_topo=edp_topo or (1, 1, 1), grad_bytes=grad_bytes,
+                              fp8_param=fp8_param)
+    gelem = grad_bytes or grad_comm_bytes(precision)
     n_params = params.chunk_params(model, tp, pp, layers, first, last, seq_len)
+    # the parameters' all-gathers: FP8 GEMM weights under fp8_param (a share of the chunk's bytes)
+    pelem = gather_bytes(model, n_params, precision, tp=tp, layers=layers, fp8_param=fp8_param) / max(n_params, 1)
     shard = dp if zero_stage >= 1 else 1
     # the paper samples the optimizer per pipeline-stage kind; a single stage (pp = 1) holds the
     # embedding like a first stage
@@ -488,7 +507,7 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
         return StepWork((opt,), (CommCall("allreduce", n_params * gelem, "dp", "step", 1, *dp_topo),))
     if zero_stage == 1:
         return StepWork((opt,), (CommCall("reducescatter", n_params * gelem, "dp", "step", 1, *dp_topo),
-                                 CommCall("allgather", n_params * elem, "dp", "step", 1, *dp_topo)))
+                                 CommCall("allgather", int(n_params * pelem), "dp", "step", 1, *dp_topo)))
     # ZeRO-2/3 (FSDP): per micro-batch, unit by unit
     layer_unit_params = params.layer_params_per_gpu(model, tp)
     units = [(layer_unit_params, layers)] if layers else []
@@ -499,26 +518,27 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
     mb: list[CommCall] = []
     for n, count in units:
         if not per_step_gather:
-            mb.append(CommCall("allgather", n * elem, "dp", "fwd", count, *dp_topo))
+            mb.append(CommCall("allgather", int(n * pelem), "dp", "fwd", count, *dp_topo))
         if zero_stage == 3:
-            mb.append(CommCall("allgather", n * elem, "dp", "bwd", count, *dp_topo))
+            mb.append(CommCall("allgather", int(n * pelem), "dp", "bwd", count, *dp_topo))
         mb.append(CommCall("reducescatter", n * gelem, "dp", "bwd", count, *dp_topo))
-    steps = (CommCall("allgather", n_params * elem, "dp", "step", 1, *dp_topo),) if per_step_gather else ()
+    steps = (CommCall("allgather", int(n_params * pelem), "dp", "step", 1, *dp_topo),) if per_step_gather else ()
     return StepWork(step_ops=(opt,), step_comms=steps, mb_comms=tuple(mb))
 
 
 def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
                    layers: int, first: bool, last: bool, dp_topo: Topology, dense: int, ep: int,
-                   edp_topo: Topology) -> StepWork:
+                   edp_topo: Topology, grad_bytes: int | None = None, fp8_param: bool = False) -> StepWork:
     """`step_work` of a MoE model's chunk: the optimizer over both parameter groups, each group's data-parallel
     traffic over its own group (ZeRO stages 0 and 1; `Layout.validate` refuses ZeRO-2/3 with ep > 1, and with
     ep = 1 the expert-data-parallel group is the data-parallel group and stages 2-3 move whole layers as
     for a dense model)."""
-    elem = BYTES_PER_ELEMENT[precision]
-    gelem = grad_comm_bytes(precision)
+    gelem = grad_bytes or grad_comm_bytes(precision)
     n_all = params.chunk_params(model, tp, pp, layers, first, last, seq_len, dense=dense, ep=ep)
     n_exp = (layers - dense) * params.layer_expert_params_per_gpu(model, ep)
     n_dense = n_all - n_exp
+    pelem = gather_bytes(model, n_all, precision, tp=tp, layers=layers, dense=dense, ep=ep,
+                         fp8_param=fp8_param) / max(n_all, 1)
     edp = edp_topo[0]
     shard_d, shard_e = (dp, edp) if zero_stage >= 1 else (1, 1)
     variant = "first" if first else "last" if last else "middle"
@@ -528,7 +548,8 @@ def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: i
     if zero_stage >= 2:
         base = model.as_dense()
         w = step_work(base, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, precision=precision, seq_len=seq_len,
-                      layers=layers, first=first, last=last, dp_topo=dp_topo)
+                      layers=layers, first=first, last=last, dp_topo=dp_topo, grad_bytes=grad_bytes,
+                      fp8_param=fp8_param)
         k = n_all / max(params.chunk_params(base, tp, pp, layers, first, last, seq_len), 1)
         return StepWork((opt,), tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.step_comms),
                         tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.mb_comms))
@@ -540,7 +561,7 @@ def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: i
             comms.append(CommCall("allreduce", n * gelem, group, "step", 1, *topo))
         else:
             comms += [CommCall("reducescatter", n * gelem, group, "step", 1, *topo),
-                      CommCall("allgather", n * elem, group, "step", 1, *topo)]
+                      CommCall("allgather", int(n * pelem), group, "step", 1, *topo)]
     return StepWork((opt,), tuple(comms))
 
 

@@ -32,7 +32,7 @@ from .arrayops import unique_rows as _unique_rows
 from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
 from .frameworks import FRAMEWORK_SPECS, fused_kernels_on, get_framework
 from .overhead import RECOMPUTE_PASSES, HostOverhead
-from .specs import FRAMEWORKS, Layout, ModelSpec
+from .specs import FRAMEWORKS, GRAD_BYTES, Layout, ModelSpec
 from .terms import EndToEndTerms, blend
 
 if TYPE_CHECKING:
@@ -41,9 +41,9 @@ if TYPE_CHECKING:
 
 COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "structure", "recompute",
            "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce",
-           "overlap_param_gather", "cp", "ep", "overlap_tp_comm")
+           "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_bytes", "fp8_param_gather")
 (I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
- I_EP, I_OTP) = range(len(COLUMNS))
+ I_EP, I_OTP, I_GB, I_F8P) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
@@ -83,7 +83,8 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
         opg = fw.overlap_param_gather if L.overlap_param_gather is None else L.overlap_param_gather
         rows.append((L.num_gpus, L.tp, L.pp, L.dp, L.micro_batch, L.num_micro_batches, index[st],
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
-                     FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm)))
+                     FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm),
+                     L.grad_bytes, int(L.fp8_param_gather)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -96,7 +97,10 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   stage_layers=structure.stage_layers, framework=fw.name,
                   overlap_grad_reduce=None if bool(row[I_OGR]) == fw.overlap_grad_reduce else bool(row[I_OGR]),
                   overlap_param_gather=None if bool(row[I_OPG]) == fw.overlap_param_gather else bool(row[I_OPG]),
-                  cp=int(row[I_CP]), ep=int(row[I_EP]), overlap_tp_comm=bool(row[I_OTP]))
+                  cp=int(row[I_CP]), ep=int(row[I_EP]), overlap_tp_comm=bool(row[I_OTP]),
+                  grad_reduce_in_fp32=(None if int(row[I_GB]) == GRAD_BYTES.get(precision, 4)
+                                       else int(row[I_GB]) == 4),
+                  fp8_param_gather=bool(row[I_F8P]))
 
 
 def dp_cp(rows: np.ndarray) -> np.ndarray:
@@ -345,7 +349,8 @@ class Engine:
         return u
 
     def _prepare_classes(self, model: ModelSpec, seq: int, prec: str, keys: set[tuple]) -> None:
-        """Optimizer + data-parallel work per (tp, pp, dp, zero, gather mode, ep, layers, first, last, dense)."""
+        """Optimizer + data-parallel work per (tp, pp, dp, zero, gather mode, ep, gradient bytes, FP8 primary
+        weights, layers, first, last, dense)."""
         self.prepare_classes_many([(model, seq, prec, k) for k in keys])
 
     def prepare_classes_many(self, requests: Iterable[tuple[ModelSpec, int, str, tuple]]) -> None:
@@ -356,11 +361,12 @@ class Engine:
             full = (model, seq, prec, *k)
             if full in self._classes or full in todo:
                 continue
-            tp, pp, dp, z, gmode, ep, n, first, last, dense = k
+            tp, pp, dp, z, gmode, ep, gb, f8p, n, first, last, dense = k
             todo[full] = D.step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=z, precision=prec, seq_len=seq,
                                      layers=n, first=bool(first), last=bool(last),
                                      dp_topo=D.topology(g, tp, dp, pp, "dp"), zero2_gather=ZERO2_GATHER[gmode],
-                                     dense=dense, ep=ep, edp_topo=D.edp_topology(g, tp, dp, ep))
+                                     dense=dense, ep=ep, edp_topo=D.edp_topology(g, tp, dp, ep), grad_bytes=gb,
+                                     fp8_param=bool(f8p))
         if not todo:
             return
         by_prec: dict[str, list] = {}
@@ -516,12 +522,12 @@ class Engine:
         cls_of = np.array([classes.index((S.counts[i], int(i == 0), int(i == nch - 1), int(dn[i])))
                            for i in range(nch)])
         combo, cinv = _unique_rows(np.column_stack([sub[:, I_TP], dp_cp(sub), sub[:, I_ZERO], gather_mode(sub),
-                                                    sub[:, I_EP]]))
+                                                    sub[:, I_EP], sub[:, I_GB], sub[:, I_F8P]]))
         work = np.zeros((len(combo), len(classes), 7))
-        for ci, (tp, dp, z, gm, ep) in enumerate(combo):
+        for ci, (tp, dp, z, gm, ep, gb, f8p) in enumerate(combo):
             for j, (n_l, f, l_, d_) in enumerate(classes):
-                c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), int(gm), int(ep), n_l, f,
-                                   l_, d_)]
+                c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), int(gm), int(ep), int(gb),
+                                   int(f8p), n_l, f, l_, d_)]
                 work[ci, j] = (c.optimizer_s, c.dp_sync_s, c.param_gather_s, c.zf_total, c.zf_unit, c.zb_total,
                                c.zb_unit)
         W = work[cinv][:, cls_of, :]          # [R, chunks, 7]
@@ -588,7 +594,7 @@ class Engine:
                                       ep=sub[:, I_EP],
                                       micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
                                       recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
-                                      comm=self.comm)
+                                      comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P])
         total = np.sum([arr[k] for k in MEMORY_PARTS], axis=0)
         ps = total.argmax(axis=1)
         rr = np.arange(R)
@@ -667,8 +673,8 @@ class Engine:
             gm = int(gather_mode(row[None, :])[0])
             for i in range(nch):
                 c = self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP] * row[I_CP]),
-                                   int(row[I_ZERO]), gm, int(row[I_EP]), S.counts[i], int(i == 0), int(i == nch - 1),
-                                   dense[i])]
+                                   int(row[I_ZERO]), gm, int(row[I_EP]), int(row[I_GB]), int(row[I_F8P]), S.counts[i],
+                                   int(i == 0), int(i == nch - 1), dense[i])]
                 add(c.prov_step, 1.0)
                 add(c.prov_mb, m)
             h = float(out.host_all_s[r])
@@ -745,12 +751,13 @@ def gather_mode(rows: np.ndarray) -> np.ndarray:
 
 
 def class_keys(rows: np.ndarray, struct_classes: list[list[tuple[int, int, int, int]]]) -> set[tuple]:
-    """The (tp, pp, dp, zero, gather mode, ep, layers, first, last, dense) chunk classes `rows` need."""
+    """The (tp, pp, dp, zero, gather mode, ep, gradient bytes, FP8 primary weights, layers, first, last, dense)
+    chunk classes `rows` need."""
     out: set[tuple] = set()
     g = gather_mode(rows)
-    for tp, pp, dp, z, gm, ep, st in _unique_rows(np.column_stack([rows[:, I_TP], rows[:, I_PP], dp_cp(rows),
-                                                                   rows[:, I_ZERO], g, rows[:, I_EP],
-                                                                   rows[:, I_STRUCT]]))[0]:
+    for tp, pp, dp, z, gm, ep, gb, f8p, st in _unique_rows(np.column_stack(
+            [rows[:, I_TP], rows[:, I_PP], dp_cp(rows), rows[:, I_ZERO], g, rows[:, I_EP], rows[:, I_GB],
+             rows[:, I_F8P], rows[:, I_STRUCT]]))[0]:
         for (cn, cf, cl, dn) in struct_classes[st]:
-            out.add((int(tp), int(pp), int(dp), int(z), int(gm), int(ep), cn, cf, cl, dn))
+            out.add((int(tp), int(pp), int(dp), int(z), int(gm), int(ep), int(gb), int(f8p), cn, cf, cl, dn))
     return out

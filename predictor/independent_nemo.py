@@ -46,7 +46,8 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "vocab", "tied_embeddings", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts",
                "dense_layers", "moe_imbalance", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "dp", "vpp",
                "schedule", "micro_batch", "global_batch", "recompute", "sequence_parallel", "zero_stage",
-               "precision", "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm"]
+               "precision", "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
+               "grad_reduce_in_fp32", "fp8_param_gather"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
                 "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
@@ -174,6 +175,34 @@ def _cell(v: Any) -> str:
     return str(v)
 
 
+# The memory settings of NVIDIA's performance recipes, where their scripts state them (never fitted; the
+# sources are in memory_settings). Every NeMo / Megatron-Bridge performance launcher sets NCCL_NVLS_ENABLE=0
+# ("to save memory"), so the check predicts with no NVLS buffers.
+RECIPE_SOURCES = ("nemo-24.07-h100", "nemo-25.02", "nemo-25.04", "nemo-25.07", "megatron-bridge")
+NO_NVLS_MIB = 0.0
+
+
+def memory_settings(r: pd.Series) -> tuple[bool | None, bool]:
+    """(grad_reduce_in_fp32, fp8_param_gather) of a run as its recipe sets them, None / False where unknown:
+    - gradients in bf16 in every performance path: NeMo 24.07 (NeMo-Framework-Launcher examples/training/*/h100/*.sh:
+      +training.model.optim.grad_sync_dtype=bf16), NeMo 25.0x FP8 (scripts/performance/utils.py / helpers.py:
+      recipe.trainer.plugins.grad_reduce_in_fp32 = False), Megatron-Bridge (scripts/performance/configs/*/
+      *_llm_pretrain.py set_*_common_configs: mixed_precision and ddp grad_reduce_in_fp32 = False); the model cards'
+      runs are not performance-script runs: the precision's default;
+    - FP8 primary weights: Megatron-Bridge's fp8_cs / fp8_mx presets (fp8_param_gather True; mixed_precision.py) and
+      NeMo 2.0's delayed / current-scaling FP8 presets (25.02 'fp8' is the scripts' default 'ds'; 25.04 / 25.07
+      fp8-cs); not NeMo's MXFP8 preset, and not stated for NeMo 24.07's Llama / GPT-3 scripts (left off)."""
+    src, prec = str(r["source"]), str(r["precision"])
+    if src not in RECIPE_SOURCES:
+        return None, False
+    fp8 = str(r["pred_precision"]) == "fp8"
+    if src == "megatron-bridge":
+        return False, fp8
+    if src.startswith("nemo-25"):
+        return False, fp8 and prec != "fp8-mx"
+    return False, False
+
+
 def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
     """One predict-batch record (ROW_COLUMNS, all strings) for a checked run `r` of `model` (catalog fields)."""
     tp = int(_num(r["tp"]) or 1)
@@ -205,7 +234,9 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         # assumed on, as the same document's "Tensor-parallel Communication Overlap" says ("The bulk TP communication
         # is enabled by default"; the pipelined one comes with the recipes' MegatronCommOverlapCallback, which the
         # document shows how to remove to turn it off)
-        "overlap_tp_comm": tp > 1}
+        "overlap_tp_comm": tp > 1,
+        # the recipe's gradient precision and FP8 primary weights (memory_settings: what its scripts state)
+        **dict(zip(("grad_reduce_in_fp32", "fp8_param_gather"), memory_settings(r)))}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 
@@ -262,7 +293,9 @@ def run_check(sources: list[str] | None = None, *, models_dir: str | None = None
         records.append(rec)
         blocked.append(why)
     todo = [i for i, why in enumerate(blocked) if not why]
-    out = predict_records([records[i] for i in todo], models_dir, allow_oom=True) if todo else []
+    from .memory import MemoryOptions
+    out = (predict_records([records[i] for i in todo], models_dir, allow_oom=True,
+                           memory_options=MemoryOptions(nccl_nvls_mib=NO_NVLS_MIB)) if todo else [])
     res: list[dict[str, Any]] = [{"step_time_s": None, "memory_gib": None, "fits": False, "error": why}
                                  for why in blocked]
     for i, o in zip(todo, out):

@@ -19,7 +19,8 @@ BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
 OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm", "attention",
-                          "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep")
+                          "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep",
+                          "grad_reduce_in_fp32", "fp8_param_gather")
 
 DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
   kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
@@ -213,7 +214,9 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   framework=_str(row, "framework", DEFAULT_FRAMEWORK),
                   overlap_grad_reduce=_opt_bool(row, "overlap_grad_reduce"),
                   overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp, ep=_int(row, "ep", 1),
-                  overlap_tp_comm=_bool(row, "overlap_tp_comm", False))
+                  overlap_tp_comm=_bool(row, "overlap_tp_comm", False),
+                  grad_reduce_in_fp32=_opt_bool(row, "grad_reduce_in_fp32"),
+                  fp8_param_gather=_bool(row, "fp8_param_gather", False))
 
 
 def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:

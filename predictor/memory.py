@@ -35,13 +35,16 @@ tree on 24 channels with a SIMPLE (4 MiB) + LL128 (4.69 MiB) + LL (0.5 MiB) buff
 two or more GPUs in the node also gets NVLS buffers, 16 channels x 2 x (4 + 2 MiB) x 8 heads = 1.5 GiB
 (`nccl_nvls_mib`; NCCL 2.17-2.21 allocate them at init, 2.22+ connects lazily and smaller: set 256);
 point-to-point peers (pipeline neighbours, the context-parallel ring, the expert-parallel all-to-all)
-take ~447 MiB each (`nccl_p2p_peer_mib`: NVIDIA/nccl#1685, 8 x H100, +3.3 GB after the first all-to-all
-over 7 peers). The communicators counted are the distinct rank sets Megatron-Core runs collectives on:
-tensor parallel, data parallel (with CP), model parallel (tp x pp: the gradient-norm reduction), the
-world, the expert-data-parallel group of a MoE and the embedding group of tied embeddings with pp > 1.
-Corroboration, not fitted: verl PR #6408 frees ~7 GB of NCCL memory per rank of a Megatron TP2 PP2 DP2 run
-on 8 x H100 (this model: 8.6 GiB); NVIDIA's Megatron memory estimator (ISEEKYAN/mbridge) adds a default
-10 GB "overhead per GPU" for what it does not model. CPU platforms (gloo) have none of these three parts.
+take ~447 MiB each when the peer is in the same node (`nccl_p2p_peer_mib`: NVIDIA/nccl#1685, 8 x H100, +3.3 GB after
+the first all-to-all over 7 peers), while peers on other nodes share one pool per communicator
+(`nccl_net_pool_mib`, 512 MiB: NCCL_NET_SHARED_BUFFERS, "constant memory usage instead of increasing linearly with
+the number of remote peers", env.rst; nChannels x 16 x p2p chunk = 64 x 16 x 512 KiB in NVIDIA/nccl#2363).
+The communicators counted are the distinct rank sets Megatron-Core runs collectives on: tensor parallel, data
+parallel (with CP), model parallel (tp x pp: the gradient-norm reduction), the world, the expert-data-parallel group
+of a MoE and the embedding group of tied embeddings with pp > 1. Corroboration, not fitted: verl PR #6408 frees ~7
+GB of NCCL memory per rank of a Megatron TP2 PP2 DP2 run on 8 x H100 (this model: 8.2 GiB = 8.8 GB); NVIDIA's
+Megatron memory estimator (ISEEKYAN/mbridge) adds a default 10 GB "overhead per GPU" for what it does not model.
+CPU platforms (gloo) have none of these three parts.
 
 Bytes per parameter (weights + gradients + optimizer) with `d` data-parallel ranks, matching
 Megatron-LM's distributed-optimizer table (docs/source/api-guide/dist_optimizer.md) and the
@@ -82,7 +85,7 @@ stage 0 holds L(1 + (p-1)/(p v)) layers' worth, Korthikanti eq. 5).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -117,7 +120,8 @@ class MemoryOptions:
     allocator_reserve: float = 0.0         # share of HBM kept free as a safety margin
     nccl_coll_mib: float = 441.0           # one collective communicator: ring + tree, 24 channels
     nccl_nvls_mib: float = 1536.0          # + NVLink SHARP buffers on an NVLS node (NCCL 2.17-2.21; 2.22+: 256)
-    nccl_p2p_peer_mib: float = 447.0       # one point-to-point peer (pipeline, CP ring, EP all-to-all)
+    nccl_p2p_peer_mib: float = 447.0       # one point-to-point peer in the node (pipeline, CP ring, EP all-to-all)
+    nccl_net_pool_mib: float = 512.0       # the shared pool of a communicator's peers on other nodes
     device_overheads: bool = True          # False: the allocated view only (no framework / NCCL / allocator)
     logits_fp32: bool = True               # vocab-parallel cross-entropy keeps fp32 logits (4*s*b*V/t)
 
@@ -213,7 +217,9 @@ def resolved(options: MemoryOptions, precision: str) -> tuple[int, bool, bool]:
     """(grad_bytes, master_weights, fp32_grad_copy) with the defaults filled in."""
     g = options.grad_bytes if options.grad_bytes is not None else GRAD_BYTES.get(precision, 4)
     master = options.master_weights if options.master_weights is not None else precision != "fp32"
-    copy = options.fp32_grad_copy if options.fp32_grad_copy is not None else g < 4
+    # Megatron's fp16 optimizer keeps an fp32 copy of the fp16 gradients; with bf16 gradient buffers
+    # (grad_reduce_in_fp32 False) the distributed optimizer casts its shard at the step, nothing persistent
+    copy = options.fp32_grad_copy if options.fp32_grad_copy is not None else (g < 4 and precision == "fp16")
     return g, master, copy
 
 
@@ -452,8 +458,14 @@ def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, d
     if not comm.gpu or not options.device_overheads:
         return out
     gpn = max(1, int(comm.gpus_per_node))
-    coll, nvls, peer = (v * 2.0 ** 20 for v in (options.nccl_coll_mib, options.nccl_nvls_mib,
-                                                 options.nccl_p2p_peer_mib))
+    coll, nvls, peer, pool = (v * 2.0 ** 20 for v in (options.nccl_coll_mib, options.nccl_nvls_mib,
+                                                       options.nccl_p2p_peer_mib, options.nccl_net_pool_mib))
+
+    def p2p(peers: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Buffers of `peers` point-to-point peers of which `local` share the node: each local one its own,
+        the remote ones one shared pool."""
+        local = np.minimum(local, peers)
+        return local * peer + np.where(peers > local, pool, 0.0)
 
     def collective(size: np.ndarray, stride: np.ndarray) -> np.ndarray:
         local = _local_ranks(size, stride, gpn)
@@ -468,8 +480,10 @@ def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, d
     if moe:
         edp = np.maximum(tp * dp // np.maximum(ep, 1), 1)
         per_gpu += np.where((edp != dp) & (edp > 1), collective(edp, ep), 0.0)
-        per_gpu += np.maximum(ep - 1, 0) * peer                      # the all-to-all reaches every EP peer
-    per_gpu += np.minimum(np.maximum(cp - 1, 0), 2) * peer           # the context-parallel ring's neighbours
+        # the all-to-all reaches every EP peer (EP ranks side by side: the node holds min(ep, gpn) of them)
+        per_gpu += p2p(np.maximum(ep - 1, 0), np.minimum(ep, gpn) - 1)
+    # the context-parallel ring's neighbours (CP ranks tp apart)
+    per_gpu += p2p(np.minimum(np.maximum(cp - 1, 0), 2), np.where(tp * cp <= gpn, 2, 0))
     out += per_gpu[:, None]
     if pp > 1:
         if vpp > 1 or pp == 2:
@@ -477,12 +491,16 @@ def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, d
         else:
             peers = np.full(pp, 2.0)
             peers[0] = peers[-1] = 1.0
-        out += peers[None, :] * peer
+        # pipeline neighbours are tp x dp x cp ranks apart: in the node only when that is less than the node
+        same_node = (tp * dp < gpn)[:, None]
+        out += np.where(same_node, peers[None, :] * peer, pool)
         if tied:
             emb = collective(np.full(n, 2), tp * dp * (pp - 1))
             out[:, 0] += emb
             out[:, -1] += emb
     return out
+
+
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
@@ -491,7 +509,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                         micro_batch: np.ndarray, num_micro_batches: np.ndarray, recompute: np.ndarray,
                         sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions(),
                         cp: np.ndarray | None = None, ep: np.ndarray | None = None,
-                        comm: DeviceComm | None = None) -> dict[str, np.ndarray]:
+                        comm: DeviceComm | None = None, grad_bytes: np.ndarray | None = None,
+                        fp8_param: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
     'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
@@ -509,6 +528,10 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     (tp * dp / ep ranks, `dp` being dp * cp), everything else over dp; MoE layers keep the routed rows'
     activations (`activation_terms`), the leading dense layers a dense MLP's, and the all-to-all buffers of one
     layer are transient (`buffers`).
+
+    `grad_bytes` (default: `options.grad_bytes` or the precision's) are the bytes per element of each row's
+    gradient buffers (Layout.grad_bytes); `fp8_param` (default 0) marks rows with FP8 primary weights, whose GEMM
+    weights are the FP8 weight and its transpose only (no BF16 copy).
 
     `comm` (default: a GPU in a node of 8 without NVLS) sizes the parts outside the allocated peak: the
     framework allowance, the NCCL buffers (`nccl_buffer_arrays`) and the allocator's reserve, all 0 on a CPU
@@ -530,7 +553,10 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     mean_dense = (dense_c @ onehot) / per_stage
     mean_moe = (moe_c @ onehot) / per_stage
     e = BYTES_PER_ELEMENT[precision]
-    g_full = resolved(options, precision)[0]
+    g_default = resolved(options, precision)[0]
+    g_row = (np.full(n, g_default, dtype=np.int64) if grad_bytes is None or options.grad_bytes is not None
+             else np.asarray(grad_bytes, dtype=np.int64))
+    f8p = np.zeros(n) if fp8_param is None else np.asarray(fp8_param, dtype=float)
     # activations per (tp, micro-batch, SP, recompute, cp, ep), on the seq_len / cp tokens of a CP rank
     keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa]))
     is_moe = model.is_moe
@@ -569,12 +595,16 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     stage_params = cparams @ onehot
     stage_experts = eparams @ onehot        # routed-expert parameters of each stage (0 for a dense model)
     stage_rest = stage_params - stage_experts
-    zd, zinv = unique_rows(np.column_stack([zero, dp]))
-    bpp = np.array([bytes_per_param(precision, int(z), int(d), options) for z, d in zd],
+    def bpp_of(z: int, d: int, g: int) -> tuple[float, float, float]:
+        opts = options if g == g_default else replace(options, grad_bytes=g)
+        return bytes_per_param(precision, z, d, opts)
+
+    zd, zinv = unique_rows(np.column_stack([zero, dp, g_row]))
+    bpp = np.array([bpp_of(int(z), int(d), int(g)) for z, d, g in zd],
                    dtype=float).reshape(-1, 3)[zinv]
     edp = np.maximum(tp * dp // epa, 1)      # expert-data-parallel group
-    ze, zeinv = unique_rows(np.column_stack([zero, edp]))
-    bpp_e = np.array([bytes_per_param(precision, int(z), int(d), options) for z, d in ze],
+    ze, zeinv = unique_rows(np.column_stack([zero, edp, g_row]))
+    bpp_e = np.array([bpp_of(int(z), int(d), int(g)) for z, d, g in ze],
                      dtype=float).reshape(-1, 3)[zeinv]
     k_in = in_flight_array(schedule, pp, vpp, num_micro_batches)
     acts = k_in * (mean_dense[None, :] * act_dense[:, None] + mean_moe[None, :] * act_moe[:, None])
@@ -595,7 +625,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     unit[:, -1] = np.maximum(unit[:, -1], edge_last)
     sharded = ((zero >= 2) & (dp > 1)).astype(float)[:, None]
     z3 = ((zero == 3) & (dp > 1)).astype(float)[:, None]
-    buffers += sharded * unit * g_full + z3 * options.zero3_live_units * unit * e
+    buffers += sharded * unit * g_row[:, None] + z3 * options.zero3_live_units * unit * e
     weights = stage_rest * bpp[:, 0:1] + stage_experts * bpp_e[:, 0:1]
     if precision == "fp8":
         # + the FP8 weight and its FP8 transpose / columnwise copy of every transformer-layer GEMM weight (2 bytes
@@ -604,8 +634,11 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
         gemm_moe = np.array([fp8.layer_gemm_params_per_gpu(model, int(t), True, int(x)) for t, x in te2],
                             dtype=float)[tinv]
         w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
-        weights = (weights + (FP8_WEIGHT_COPIES * gemm * w_share)[:, None] * (dense_c @ onehot)[None, :]
-                   + (FP8_WEIGHT_COPIES * gemm_moe * w_share)[:, None] * (moe_c @ onehot)[None, :])
+        # FP8 primary weights: the GEMM weights are the FP8 weight and its transpose only, no BF16 copy beside
+        # them (2 bytes per GEMM parameter in all, as a BF16 weight): nothing is added
+        copies = FP8_WEIGHT_COPIES * (1.0 - f8p) * w_share
+        weights = (weights + (copies * gemm)[:, None] * (dense_c @ onehot)[None, :]
+                   + (copies * gemm_moe)[:, None] * (moe_c @ onehot)[None, :])
     out = {"weights": weights, "grads": stage_rest * bpp[:, 1:2] + stage_experts * bpp_e[:, 1:2],
            "optimizer": stage_rest * bpp[:, 2:3] + stage_experts * bpp_e[:, 2:3], "activations": acts,
            "buffers": buffers}
@@ -636,7 +669,8 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
                               num_micro_batches=one(layout.num_micro_batches),
                               recompute=one(RECOMPUTE_ORDER.index(layout.recompute)),
                               sequence_parallel=one(int(layout.sequence_parallel)), options=options,
-                              comm=DeviceComm.of(device) if device is not None else None)
+                              comm=DeviceComm.of(device) if device is not None else None,
+                              grad_bytes=one(layout.grad_bytes), fp8_param=one(int(layout.fp8_param_gather)))
     return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
 
 

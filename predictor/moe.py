@@ -81,7 +81,11 @@ def routing_note(model: ModelSpec, layout: Any) -> str:
     r = routing(model, layout.micro_batch, layout.seq_len, layout.tp, layout.cp, layout.ep, layout.sequence_parallel)
     return (f"MoE: {r.tokens:,} tokens x top-{model.top_k} per GPU and micro-batch, {r.local_experts} of "
             f"{model.num_experts} experts per GPU (ep {layout.ep}), the busiest rank computing {r.imbalance:.3f}x the "
-            f"mean rows; {imbalance_basis(model)}. Grouped expert GEMMs are timed as one GEMM per local expert.")
+            f"mean rows; {imbalance_basis(model)}. Grouped expert GEMMs are timed as one GEMM per local expert."
+            + (f" Experts are modelled whole on each rank (expert_tensor_parallel_size = 1, as MoE recipes "
+               f"commonly set it), not split over the tp {layout.tp} ranks: Megatron-Core's default when that is "
+               "unset is expert TP = TP, which this planner does not model yet."
+               if layout.tp > 1 else ""))
 
 
 def imbalance_basis(model: ModelSpec) -> str:

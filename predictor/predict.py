@@ -551,7 +551,8 @@ class Predictor:
                                  HOST_PROVENANCE, self.host.cv_mape if self.host else None))
             gm = ZERO2_GATHER.index(get_framework(layout.framework).zero2_gather)
             cls = self.engine._classes[(model, layout.seq_len, layout.precision, layout.tp, S.pp,
-                                        layout.dp * layout.cp, layout.zero_stage, gm, layout.ep, *det["classes"][i])]
+                                        layout.dp * layout.cp, layout.zero_stage, gm, layout.ep, layout.grad_bytes,
+                                        int(layout.fp8_param_gather), *det["classes"][i])]
             for tc in cls.calls:
                 c, t, prov = tc.call, tc.seconds, tc.provenance
                 if isinstance(c, CommCall):
@@ -636,13 +637,16 @@ def chunk_times_of(det: dict[str, Any]) -> list[ChunkTimes]:
 
 
 @lru_cache(maxsize=16)
-def get_predictor(platform_id: str, models_dir: str | None = None, clusters: str | None = None) -> Predictor:
+def get_predictor(platform_id: str, models_dir: str | None = None, clusters: str | None = None,
+                  memory_options: MemoryOptions | None = None) -> Predictor:
     """A cached Predictor per platform (the CLI, the dashboard and search share it). `clusters`: a user's
-    cluster definitions file (JSON / YAML, the catalog's format) where `platform_id` may also be defined."""
+    cluster definitions file (JSON / YAML, the catalog's format) where `platform_id` may also be defined.
+    `memory_options`: the memory model's settings (default MemoryOptions())."""
+    mopt = memory_options or MemoryOptions()
     if clusters:
         from .platforms import get_platform
-        return Predictor(get_platform(platform_id, clusters), models_dir)
-    return Predictor(platform_id, models_dir)
+        return Predictor(get_platform(platform_id, clusters), models_dir, memory_options=mopt)
+    return Predictor(platform_id, models_dir, memory_options=mopt)
 
 
 def predict_step(model: ModelSpec, layout: Layout, platform_id: str, models_dir: str | None = None,

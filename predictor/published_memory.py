@@ -1,10 +1,10 @@
 """Published per-GPU memory of Megatron-Core training runs (MoE, FP8, context parallelism) against
 `memory.estimate_memory`: an independent check, never fitted to.
 
-`catalog/published_memory.json` holds each figure with its document, the unit it is printed in and what it counts
-(a README's 'mem' column read like nvidia-smi, torch's max reserved, a bound ...; `measures` names the quantity
-of ours it is compared with), the memory options the document states (e.g. a BF16 gradient buffer), the model
-(a preset or fields with their citation) and the layout. Entries whose stored text lacks the layout, or that give
+`catalog/published_memory.json` holds each figure with its document, the unit it is printed in and what it counts (a
+README's 'mem' column read like nvidia-smi, torch's max reserved, a bound ...; `measures` names the quantity of ours
+it is compared with), the model (a preset or fields with their citation) and the layout (with the gradient precision
+and FP8 primary weights where the document states them). Entries whose stored text lacks the layout, or that give
 only a bound, are kept as found and reported as not comparable. A model or layout the predictor refuses (or a MoE
 field it does not accept yet) is reported with its message, never dropped silently.
 """
@@ -38,21 +38,20 @@ def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
     fields["recompute"] = recompute or raw["recompute"]
     fields["sequence_parallel"] = bool(raw["sequence_parallel"]) and raw["tp"] > 1
     fields["schedule"] = "interleaved" if raw.get("vpp", 1) > 1 else "1f1b"
-    return Layout(**fields, ep=raw.get("ep", 1))
+    return Layout(**fields, ep=raw.get("ep", 1), grad_reduce_in_fp32=raw.get("grad_reduce_in_fp32"),
+                  fp8_param_gather=bool(raw.get("fp8_param_gather", False)))
 
 
 MEASURES = ("device", "reserved", "allocated")
 
 
-def _estimate(model: Any, raw: dict[str, Any], platform: str, measures: str, recompute: str | None = None,
-              memory_options: dict[str, Any] | None = None) -> float:
+def _estimate(model: Any, raw: dict[str, Any], platform: str, measures: str, recompute: str | None = None) -> float:
     """Our figure for what the published one counts, GiB, on the stage with the largest device total:
     'device' the total (nvidia-smi: reserved + CUDA context + NCCL buffers), 'reserved' allocated + the
     allocator's reserve, 'allocated' the allocated peak."""
-    from .memory import GIB, MemoryOptions, estimate_memory
+    from .memory import GIB, estimate_memory
     from .platforms import get_platform
-    opts = MemoryOptions(**(memory_options or {}))
-    peak = estimate_memory(model, layout_of(raw, recompute), get_platform(platform), opts).peak
+    peak = estimate_memory(model, layout_of(raw, recompute), get_platform(platform)).peak
     value = {"device": peak.total_bytes, "reserved": peak.reserved_bytes, "allocated": peak.allocated_bytes}
     return float(value[measures] / GIB)
 
@@ -76,12 +75,11 @@ def compare(path: Path = CATALOG) -> pd.DataFrame:
             continue
         try:
             model = model_spec(e["model"], doc["models"][e["model"]])
-            mo = e.get("memory_options")
-            row["ours_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"], memory_options=mo)
+            row["ours_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"])
             row["error"] = row["ours_gib"] / pub - 1
             if e.get("recompute_alt"):
                 row["ours_alt_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"],
-                                                e["recompute_alt"], mo)
+                                                e["recompute_alt"])
         except Exception as exc:  # noqa: BLE001 - a refused model / layout / MoE field is reported, not raised
             row["note"] = f"not estimated: {type(exc).__name__}: {exc}"
         rows.append(row)

@@ -86,6 +86,8 @@ class SearchSpace:
     overlap_grad_reduce: bool | None = None   # None: the framework's default
     overlap_param_gather: bool | None = None
     overlap_tp_comm: bool = False             # Transformer Engine's TP overlap on every layout with tp > 1 and SP
+    grad_reduce_in_fp32: bool | None = None   # Layout.grad_reduce_in_fp32 on every layout (None: the precision's)
+    fp8_param_gather: bool = False            # FP8 primary weights on every layout (precision fp8 only)
 
 
 @dataclass
@@ -189,7 +191,8 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
     d = {k: getattr(L, k) for k in ("num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
                                     "vpp",
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
-                                    "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm")}
+                                    "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
+                                    "grad_reduce_in_fp32", "fp8_param_gather")}
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
     d["num_micro_batches"] = L.num_micro_batches
     return d
@@ -225,6 +228,9 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
     fw_i = FRAMEWORKS.index(fw.name)
     ogr = int(fw.overlap_grad_reduce if space.overlap_grad_reduce is None else space.overlap_grad_reduce)
     opg = int(fw.overlap_param_gather if space.overlap_param_gather is None else space.overlap_param_gather)
+    probe = Layout(num_gpus=1, precision=space.precision, grad_reduce_in_fp32=space.grad_reduce_in_fp32,
+                   fp8_param_gather=space.fp8_param_gather)
+    probe.validate()   # fp8_param_gather without fp8, grad_reduce_in_fp32 False with fp32: named, not searched
     for z in space.zero_stage:
         if z not in fw.zero_stages:
             excl.append({"option": f"zero_stage={z}", "values": {"zero_stage": z},
@@ -308,6 +314,8 @@ def _cp_choices(model: ModelSpec, platform: Platform, num_gpus: int, seq_len: in
 def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg, rcs,
                      rows) -> None:
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
+    gbytes = Layout(num_gpus=1, precision=space.precision, grad_reduce_in_fp32=space.grad_reduce_in_fp32).grad_bytes
+    f8p = int(space.fp8_param_gather)
     sps = [s for s in space.sequence_parallel if not s or (tp > 1 and (seq_len // cp) % tp == 0)]
     if model.is_moe and tp > 1:   # Megatron-Core runs MoE with tp > 1 only with sequence parallelism
         sps = [s for s in sps if s]
@@ -368,7 +376,8 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                 if ep > 1 and z >= 2:   # MoE states shard with the distributed optimizer (ZeRO-1)
                                     continue
                                 rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
-                                             cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp))))
+                                             cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)), gbytes,
+                                             f8p))
 
 
 def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:
@@ -488,6 +497,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "framework": pd.Series(np.array(FRAMEWORKS, dtype=object)[arr[:, 10]], dtype=object),
         "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
         "cp": arr[:, 13], "ep": arr[:, 14], "overlap_tp_comm": arr[:, 15].astype(bool),
+        "grad_bytes": arr[:, 16], "fp8_param_gather": arr[:, 17].astype(bool),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -578,7 +588,21 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   stage_layers=tuple(int(x) for x in sl.split(",")) if sl else None, **_framework_fields(row),
                   cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1,
                   ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1,
-                  overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False)
+                  overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False,
+                  **_precision_fields(row))
+
+
+def _precision_fields(row: pd.Series | dict) -> dict[str, Any]:
+    """grad_reduce_in_fp32 (None where the row's gradient bytes are the precision's default) and
+    fp8_param_gather of a table row."""
+    from .specs import GRAD_BYTES
+    out: dict[str, Any] = {}
+    if "grad_bytes" in row and row["grad_bytes"] == row["grad_bytes"]:
+        gb = int(row["grad_bytes"])
+        out["grad_reduce_in_fp32"] = None if gb == GRAD_BYTES.get(str(row["precision"]), 4) else gb == 4
+    if "fp8_param_gather" in row and row["fp8_param_gather"] == row["fp8_param_gather"]:
+        out["fp8_param_gather"] = bool(row["fp8_param_gather"])
+    return out
 
 
 def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:

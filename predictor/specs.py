@@ -290,6 +290,21 @@ class Layout:
     # tp_comm_overlap; userbuffers): the sequence-parallel all-gathers / reduce-scatters of a layer run in chunks
     # under the GEMMs they feed; needs tp > 1 with sequence parallelism. Off by default (Megatron-Core's default).
     overlap_tp_comm: bool = False
+    # Gradient buffers and their data-parallel reduction in fp32 (Megatron-Core DDPConfig.grad_reduce_in_fp32,
+    # Megatron-LM's default for bf16) or in the 16-bit compute precision (False: NeMo's and Megatron-Bridge's
+    # performance recipes); None = GRAD_BYTES of the precision (fp32 for bf16 / fp8, fp16 for fp16).
+    grad_reduce_in_fp32: bool | None = None
+    # FP8 primary weights (Megatron --fp8-param-gather, NeMo / Megatron-Bridge fp8_param_gather): the GEMM weights
+    # are kept in FP8 only (no BF16 copy beside the FP8 ones) and the distributed optimizer all-gathers them in FP8;
+    # precision fp8 only.
+    fp8_param_gather: bool = False
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element in the gradient buffers and the data-parallel reduction."""
+        if self.grad_reduce_in_fp32 is None:
+            return GRAD_BYTES.get(self.precision, 4)
+        return 4 if self.grad_reduce_in_fp32 else 2
 
     @property
     def num_micro_batches(self) -> int:
@@ -429,6 +444,14 @@ class Layout:
         if self.sequence_parallel and self.tp == 1:
             raise InfeasibleConfig("sequence_parallel", "sequence parallelism needs tp > 1.",
                                    "set tp >= 2 or turn it off.")
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise InfeasibleConfig("fp8_param_gather", f"FP8 primary weights need precision fp8, not "
+                                                       f"{self.precision}.",
+                                   "set precision fp8, or turn fp8_param_gather off.")
+        if self.grad_reduce_in_fp32 is False and self.precision == "fp32":
+            raise InfeasibleConfig("grad_reduce_in_fp32", "fp32 training has fp32 gradients; they cannot be reduced "
+                                                          "in a 16-bit precision.",
+                                   "leave grad_reduce_in_fp32 unset (or true) with precision fp32.")
         if model is not None:
             model.validate()
             if model.num_heads % self.tp:

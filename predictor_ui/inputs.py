@@ -11,10 +11,11 @@ from typing import Any
 
 import streamlit as st
 
+from predictor.frameworks import get_framework
 from predictor.layout_io import llama_ffn, model_from_fields
 from predictor.platforms import load_devices, load_platforms, save_cluster
 from predictor.presets import get_preset, list_presets
-from predictor.specs import PRECISIONS, RECOMPUTES, SCHEDULES, InfeasibleConfig
+from predictor.specs import DEFAULT_FRAMEWORK, FRAMEWORKS, PRECISIONS, RECOMPUTES, SCHEDULES, InfeasibleConfig
 
 from . import config, experts, fmt
 from .clusters import CUSTOM_FIELDS, DASHBOARD_SOURCE, custom_platform
@@ -246,12 +247,66 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     out["sequence_parallel"] = c.toggle("Sequence parallelism", d["sequence_parallel"],
                                         key=_k(prefix, "sequence_parallel"), bind=BIND,
                                         help="Megatron SP: norms/dropout split along the sequence over TP ranks")
+    out.update(precision_memory_inputs(prefix, c, out["precision"]))
+    out.update(framework_inputs(prefix, c, tp_overlap_possible=out["tp"] > 1 and bool(out["sequence_parallel"])))
     if stage_layers:
         out["stage_layers"] = c.text_input("Layers per stage (optional)", "", key=_k(prefix, "stage_layers"),
                                            bind=BIND, placeholder="even split",
                                            help="An uneven split, e.g. 19,21,21,19: PP × virtual-stage entries, "
                                                 "first stage first, summing to the layers") or None
     return out
+
+
+OVERLAP_CHOICES = {"framework default": None, "on": True, "off": False}
+GRAD_CHOICES = {"precision default": None, "on": True, "off": False}
+
+
+def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict[str, Any]:
+    """The gradient precision and FP8 primary weights (the CLI's --[no-]grad-reduce-in-fp32, --fp8-param-gather):
+    {grad_reduce_in_fp32 (None = the precision's default), fp8_param_gather (fp8 only)}."""
+    a, b = container.columns(2)
+    grad = a.selectbox("Gradients in fp32", list(GRAD_CHOICES), key=_k(prefix, "grad_reduce_in_fp32"), bind=BIND,
+                       disabled=precision == "fp32",
+                       help="Gradient buffers and their data-parallel reduction in fp32 (on: Megatron-LM's default "
+                            "for bf16) or in bf16 (off: NeMo / Megatron-Bridge performance recipes); default: the "
+                            "precision's")
+    fp8p = b.toggle("FP8 primary weights", False, key=_k(prefix, "fp8_param_gather"), bind=BIND,
+                    disabled=precision != "fp8",
+                    help="Megatron --fp8-param-gather: the GEMM weights kept and all-gathered in FP8 only (no BF16 "
+                         "copy); precision fp8")
+    return {"grad_reduce_in_fp32": None if precision == "fp32" else GRAD_CHOICES[grad],
+            "fp8_param_gather": bool(fp8p) and precision == "fp8"}
+
+
+def framework_inputs(prefix: str = "", container=None, tp_overlap_possible: bool = True) -> dict[str, Any]:
+    """The training framework and its overlap switches (the CLI's --framework, --overlap-grad-reduce,
+    --overlap-param-gather, --overlap-tp-comm): {framework, overlap_grad_reduce, overlap_param_gather (None = the
+    framework's default), overlap_tp_comm}. The TP overlap is off and disabled where it cannot apply (tp 1 or no
+    sequence parallelism)."""
+    c = container or st
+    names = list(FRAMEWORKS)
+    fw = c.selectbox("Framework", names, index=names.index(DEFAULT_FRAMEWORK), key=_k(prefix, "framework"),
+                     bind=BIND, help="What the framework does with the data-parallel traffic and its host time: "
+                     + "; ".join(f"{n}: {get_framework(n).description}" for n in names))
+    f = get_framework(fw)
+    on_off = lambda v: "on" if v else "off"  # noqa: E731
+    a, b = c.columns(2)
+    grad = a.selectbox("Overlap grad reduce", list(OVERLAP_CHOICES), key=_k(prefix, "overlap_grad_reduce"), bind=BIND,
+                       disabled=not f.overlap_switch,
+                       help=f"The data-parallel gradient reduction hidden behind the backward; {fw}'s default: "
+                            f"{on_off(f.overlap_grad_reduce)}")
+    gather = b.selectbox("Overlap param gather", list(OVERLAP_CHOICES), key=_k(prefix, "overlap_param_gather"),
+                         bind=BIND, disabled=not f.overlap_switch,
+                         help=f"The distributed optimizer's parameter all-gather hidden behind the next forward; "
+                              f"{fw}'s default: {on_off(f.overlap_param_gather)}")
+    tp_ov = c.toggle("Overlap TP communication", False, key=_k(prefix, "overlap_tp_comm"), bind=BIND,
+                     disabled=not tp_overlap_possible,
+                     help="Transformer Engine's TP communication overlap (Megatron-Core --tp-comm-overlap, NeMo's "
+                          "tp_comm_overlap): each layer's sequence-parallel exchanges hidden under its TP GEMMs; "
+                          "needs TP > 1 with sequence parallelism")
+    return {"framework": fw, "overlap_grad_reduce": OVERLAP_CHOICES[grad] if f.overlap_switch else None,
+            "overlap_param_gather": OVERLAP_CHOICES[gather] if f.overlap_switch else None,
+            "overlap_tp_comm": bool(tp_ov) and tp_overlap_possible}
 
 
 def _stage_ranks(out: dict[str, Any]) -> int | None:
@@ -279,7 +334,10 @@ def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], lay
     L = layout
     extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [f"recompute {L.recompute}"] + \
         (["SP"] if L.sequence_parallel else []) + ([f"ZeRO-{L.zero_stage}"] if L.zero_stage else []) + [L.precision] + \
-        ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else [])
+        ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else []) + [L.framework] + \
+        (["TP overlap"] if L.overlap_tp_comm else []) + \
+        ([f"gradients in {'fp32' if L.grad_bytes == 4 else 'bf16' if L.precision != 'fp16' else 'fp16'}"]
+         if L.grad_reduce_in_fp32 is not None else []) + (["FP8 primary weights"] if L.fp8_param_gather else [])
     return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × CP {L.cp} × DP {L.dp}"
             + (f", EP {L.ep}" if L.ep > 1 else "") + " · micro-batch "
             f"{L.micro_batch}, global batch {L.global_batch} ({L.num_micro_batches} micro-batches), seq "

@@ -154,6 +154,34 @@ def test_predict_a_layout_that_does_not_fit_shows_the_verdict_not_headline_numbe
     assert not at.exception
 
 
+def test_predict_takes_the_framework_and_its_overlap_switches():
+    """The framework and its overlap switches are dashboard inputs (as --framework / --overlap-* on the CLI): they
+    reach the prediction, show in the setup caption, and change the step where they change what overlaps."""
+    q = {"model": "llama3-8b", "num_gpus": 64, "tp": 2, "pp": 1, "global_batch": 128, "seq_len": 4096,
+         "sequence_parallel": "true", "zero_stage": 1}
+    base = run(query=q)
+    assert "megatron" in text(base)
+    sel = {s.label: s for s in base.selectbox}
+    assert "Framework" in sel and sel["Framework"].value == "megatron"
+    tog = {t.label: t for t in base.toggle}
+    assert "Overlap TP communication" in tog and not tog["Overlap TP communication"].disabled
+    over = run(query={**q, "overlap_tp_comm": "true"})
+    assert "TP overlap" in text(over)
+    assert metric(over, "Step time") != metric(base, "Step time")
+    ds = run(query={**q, "framework": "megatron-deepspeed", "overlap_grad_reduce": "off"})
+    assert "megatron-deepspeed" in text(ds)
+    assert {s.label: s.value for s in ds.selectbox}["Overlap grad reduce"] == "off"
+    # no TP overlap without tensor parallelism: the switch is disabled
+    one = run(query={**q, "tp": 1})
+    assert {t.label: t for t in one.toggle}["Overlap TP communication"].disabled
+    # the gradient precision and FP8 primary weights (the latter only with fp8) reach the memory figure
+    assert {t.label: t for t in base.toggle}["FP8 primary weights"].disabled
+    lean = run(query={**q, "precision": "fp8", "grad_reduce_in_fp32": "off", "fp8_param_gather": "true"})
+    fp8 = run(query={**q, "precision": "fp8"})
+    assert "FP8 primary weights" in text(lean) and "gradients in bf16" in text(lean)
+    assert float(metric(lean, "Memory / GPU").split()[0]) < float(metric(fp8, "Memory / GPU").split()[0])
+
+
 def test_predict_from_query_params_and_every_tab():
     q = {"model": "llama3-8b", "num_gpus": 16, "tp": 2, "pp": 2, "global_batch": 64, "seq_len": 2048,
          "price": 2.5, "tokens_b": 100}

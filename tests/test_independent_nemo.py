@@ -118,3 +118,18 @@ def test_a_dense_run_is_predicted_and_scored():
     assert ((d["signed_error"] - (d["predicted_s"] / d["measured_s"] - 1)).abs() < 1e-12).all()
     s = c.summary("platform")
     assert list(s["group"]) == ["dgx-h100"] and int(s["runs"].iloc[0]) == 7
+
+
+def test_rows_carry_the_recipes_memory_settings_where_their_scripts_state_them():
+    """bf16 gradients in every performance path, FP8 primary weights for Megatron-Bridge and NeMo 2.0's delayed /
+    current-scaling FP8 (not NeMo's MXFP8, not stated for 24.07); the model cards' runs keep the defaults."""
+    import pandas as pd
+
+    from predictor.independent_nemo import memory_settings
+    row = lambda src, prec, pred: pd.Series({"source": src, "precision": prec, "pred_precision": pred})  # noqa: E731
+    assert memory_settings(row("megatron-bridge", "fp8-mx", "fp8")) == (False, True)
+    assert memory_settings(row("megatron-bridge", "bf16", "bf16")) == (False, False)
+    assert memory_settings(row("nemo-25.04", "fp8-cs", "fp8")) == (False, True)
+    assert memory_settings(row("nemo-25.02", "fp8-mx", "fp8")) == (False, False)
+    assert memory_settings(row("nemo-24.07-h100", "fp8", "fp8")) == (False, False)
+    assert memory_settings(row("megatron-bridge-cards", "fp8-mx", "fp8")) == (None, False)

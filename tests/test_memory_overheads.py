@@ -84,6 +84,13 @@ def test_communicators_counted_follow_the_layout():
     # expert parallelism: the all-to-all reaches ep - 1 peers, plus the expert-data-parallel group
     moe = one(tp=1, dp=8, ep=4, moe=True)[0]
     assert moe == pytest.approx(coll + 3 * peer + coll)
+    # peers on other nodes share one pool per communicator (NCCL_NET_SHARED_BUFFERS), not one buffer each
+    pool = o.nccl_net_pool_mib * 2 ** 20
+    wide = one(tp=1, dp=128, ep=64, moe=True)[0]
+    assert wide == pytest.approx(coll + coll + 7 * peer + pool)
+    # a pipeline whose neighbours sit on other nodes: the pool once, whatever the neighbours
+    far = one(pp=4, tp=8, dp=2)
+    assert far[0] == far[1] == pytest.approx(4 * coll + pool)
 
 
 def test_predict_reports_the_device_total_and_judges_fit_by_it():

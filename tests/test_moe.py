@@ -166,3 +166,17 @@ def test_bad_ep_names_the_field(kw, field):
     with pytest.raises(InfeasibleConfig) as e:
         Layout(num_gpus=8, dp=8, ep=2, global_batch=16).validate(get_preset("llama3-8b"))
     assert e.value.field == "ep"
+
+
+def test_the_routing_note_says_experts_are_not_split_over_tp():
+    """With tp > 1 a MoE prediction says that its experts are whole on each rank (expert TP 1), not Megatron-Core's
+    unset default of expert TP = TP; with tp 1 there is nothing to say."""
+    from predictor.moe import routing_note
+    from predictor.presets import get_preset
+    from predictor.specs import Layout
+    m = get_preset("mixtral-8x7b")
+    two = routing_note(m, Layout(num_gpus=16, tp=2, dp=8, ep=8, global_batch=16, seq_len=4096,
+                                 sequence_parallel=True))
+    one = routing_note(m, Layout(num_gpus=8, dp=8, ep=8, global_batch=8, seq_len=4096))
+    assert "expert_tensor_parallel_size = 1" in two and "tp 2" in two
+    assert "expert_tensor_parallel_size" not in one

@@ -368,3 +368,20 @@ def test_dashboard_search_takes_a_moe_model_and_ranks_ep():
     at = run("pages/search.py", {"sr_model": "mixtral-8x7b", "sr_num_gpus": 64, "sr_global_batch": 256,
                                  "sr_top_k": 9})
     assert any("`top_k`" in w.value and "How to fix" in w.value for w in at.warning)
+
+
+def test_a_search_row_opens_in_predict_with_its_framework_and_overlaps():
+    from predictor.specs import Layout
+    from predictor_ui.search_view import predict_query
+    L = Layout(num_gpus=16, tp=2, dp=8, global_batch=16, sequence_parallel=True, zero_stage=1,
+               framework="megatron-deepspeed", overlap_grad_reduce=True, overlap_tp_comm=True)
+    row = {f: getattr(L, f) for f in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp",
+                                      "schedule", "recompute", "sequence_parallel", "zero_stage", "precision", "cp",
+                                      "ep", "framework", "overlap_grad_reduce", "overlap_param_gather",
+                                      "overlap_tp_comm")}
+    q = predict_query({**row, "stage_layers": ""})
+    assert q["framework"] == "megatron-deepspeed" and q["overlap_grad_reduce"] == "on"
+    assert "overlap_param_gather" not in q   # the framework's default: the widget's own default
+    back = layout_from_fields(q)
+    assert (back.framework, back.overlap_grad_reduce, back.overlap_param_gather, back.overlap_tp_comm) == \
+        ("megatron-deepspeed", True, None, True)

@@ -72,17 +72,18 @@ def test_each_figure_is_compared_with_the_quantity_it_counts(tmp_path):
     assert "does not say what its figure counts" in row["note"]
 
 
-def test_memory_options_the_document_states_are_applied():
-    """The Megatron-Bridge Qwen3 run reduces gradients in bf16 (grad_reduce_in_fp32 False): a 2-byte gradient
-    buffer, which our estimate takes from the entry instead of the fp32 default."""
+def test_the_gradient_precision_the_document_states_is_applied():
+    """The Megatron-Bridge Qwen3 run reduces gradients in bf16 (grad_reduce_in_fp32 False): 2-byte gradient
+    buffers, which our estimate takes from the entry's layout instead of the fp32 default."""
     doc = pm.load()
-    e = next(x for x in doc["entries"] if x.get("memory_options"))
-    assert e["memory_options"]["grad_bytes"] == 2
-    from predictor.memory import GIB, MemoryOptions, estimate_memory
+    e = next(x for x in doc["entries"] if x.get("layout", {}).get("grad_reduce_in_fp32") is False)
+    from predictor.memory import GIB, estimate_memory
     from predictor.platforms import get_platform
     m, lay = pm.model_spec(e["model"], doc["models"][e["model"]]), pm.layout_of(e["layout"])
-    fp32 = estimate_memory(m, lay, get_platform(e["platform"])).peak
-    bf16 = estimate_memory(m, lay, get_platform(e["platform"]), MemoryOptions(**e["memory_options"])).peak
+    assert lay.grad_reduce_in_fp32 is False and lay.grad_bytes == 2
+    from dataclasses import replace
+    fp32 = estimate_memory(m, replace(lay, grad_reduce_in_fp32=None), get_platform(e["platform"])).peak
+    bf16 = estimate_memory(m, lay, get_platform(e["platform"])).peak
     assert bf16.grads_bytes == pytest.approx(fp32.grads_bytes / 2)
     ours = pm.compare().set_index("id").loc[e["id"], "ours_gib"]
     assert ours == pytest.approx(bf16.allocated_bytes / GIB)
