@@ -8,7 +8,15 @@ import time
 from typing import Any
 
 from .batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
-from .cli_args import add_ep_arg, add_head_dim_arg, add_moe_args, add_precision_memory_args, model_fields
+from .cli_args import (
+    add_ep_arg,
+    add_head_dim_arg,
+    add_memory_model_args,
+    add_moe_args,
+    add_precision_memory_args,
+    memory_options_from_args,
+    model_fields,
+)
 from .layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
 from .model_summary import param_summary, routing_summary
 from .paths import clusters_file_arg
@@ -196,7 +204,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
     model = model_from_fields(f)
     layout = layout_from_fields(f)
     t0 = time.perf_counter()
-    P = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters))
+    P = get_predictor(a.platform, a.models_dir, clusters_file_arg(a.clusters), memory_options_from_args(a))
     layout.validate(model)   # then the checks predict-batch makes, in its order: ranks, the precision asked for
     P.check_runs(layout)     # (named as asked: fp8 on V100 is "no FP8 tensor cores", not its missing bf16)
     P.platform.device.check_precision(layout.precision)
@@ -220,6 +228,7 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
     written; row problems are reported in the row's `error` and the batch goes on (exit 0)."""
     from .batch import output_columns, predict_records
     from .batch_io import AtomicCsvWriter, check_output, chunks, open_input
+    mopt = memory_options_from_args(a)
     inp, handle = open_input(a.input)
     with handle:
         out = check_output(a.output, inp.path)
@@ -229,7 +238,7 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
         with AtomicCsvWriter(out, columns) as w:
             for records, errors in chunks(inp, a.chunk_rows):
                 rows = predict_records(records, a.models_dir, allow_oom=a.allow_oom, errors=errors,
-                                       clusters=clusters_file_arg(a.clusters))
+                                       clusters=clusters_file_arg(a.clusters), memory_options=mopt)
                 w.write(rows)
                 ok += sum(r["error"] == "" for r in rows)
                 bad += sum(r["error"] != "" for r in rows)
@@ -360,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
     add_precision_memory_args(sp)
     add_moe_args(sp)
+    add_memory_model_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     sp.add_argument("--allow-oom", action="store_true",
                     help="print the time of a layout that does not fit in memory (with a loud warning) instead of "
@@ -376,6 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fill the time of rows that do not fit in memory (fits=False, a DOES NOT FIT warning); "
                          "without it such a row's time columns stay empty and `error` says why and what to change")
     sp.add_argument("--chunk-rows", type=int, default=5000, help=argparse.SUPPRESS)
+    add_memory_model_args(sp)
     clusters_arg(sp)
     common(sp, store=False)
     sp.set_defaults(func=cmd_predict_batch)

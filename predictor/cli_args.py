@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from .layout_io import MOE_FIELDS
+from .memory import MemoryOptions
 
 MOE_FLAGS: dict[str, str] = {
     "num_experts": "routed experts per MoE layer; 0 = a dense model (default: the preset's, else 0)",
@@ -49,6 +50,39 @@ def add_precision_memory_args(sp: argparse.ArgumentParser, every_layout: bool = 
     sp.add_argument("--fp8-param-gather", dest="fp8_param_gather", action="store_true", default=None,
                     help=f"FP8 primary weights{where} (Megatron --fp8-param-gather): GEMM weights kept and "
                          "all-gathered in FP8 only; needs --precision fp8")
+
+
+def add_memory_model_args(sp: argparse.ArgumentParser) -> None:
+    """The memory model's settings (predictor.memory.MemoryOptions) beyond the layout: what surrounds the
+    allocated tensors on the device (docs/memory_overheads.md)."""
+    m = MemoryOptions()
+    g = sp.add_argument_group("memory model (docs/memory_overheads.md)")
+    g.add_argument("--nvls-mib", type=float, default=m.nccl_nvls_mib,
+                   help="NCCL NVLink SHARP buffers per communicator on NVLS nodes, MiB (NCCL 2.17-2.21: 1536; 2.22+: "
+                        "256; NCCL_NVLS_ENABLE=0, as NeMo's launchers set it: 0)")
+    g.add_argument("--allocator-overhead", type=float, default=m.allocator_overhead,
+                   help="the caching allocator's reserve beyond the allocated peak, a share of it (0.145; PyTorch's "
+                        "expandable_segments: about 0.02)")
+    g.add_argument("--framework-gib", type=float, default=m.framework_gib,
+                   help="outside the allocator: CUDA context + library workspaces, GiB")
+    g.add_argument("--allocator-reserve", type=float, default=m.allocator_reserve,
+                   help="share of the device memory kept free as a safety margin")
+
+
+def memory_options_from_args(a: argparse.Namespace) -> MemoryOptions:
+    """The MemoryOptions of `add_memory_model_args`' flags (each checked: finite and >= 0, a share below 1)."""
+    import math
+
+    from .specs import InfeasibleConfig
+    for name in ("nvls_mib", "allocator_overhead", "framework_gib", "allocator_reserve"):
+        v = getattr(a, name)
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise InfeasibleConfig(name, f"must be a finite number >= 0, got {v!r}.")
+    if a.allocator_reserve >= 1:
+        raise InfeasibleConfig("allocator_reserve", f"is a share of the device memory, got {a.allocator_reserve}.",
+                               "use a value below 1 (0.05 keeps 5 % free).")
+    return MemoryOptions(framework_gib=a.framework_gib, allocator_overhead=a.allocator_overhead,
+                         allocator_reserve=a.allocator_reserve, nccl_nvls_mib=a.nvls_mib)
 
 
 def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:

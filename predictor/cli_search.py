@@ -57,11 +57,10 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 
 
 def cmd_search(a: argparse.Namespace) -> int:
-    from .cli_args import model_fields
+    from .cli_args import memory_options_from_args, model_fields
     from .costing import parse_count
     from .frameworks import get_framework
     from .layout_io import model_from_fields
-    from .memory import MemoryOptions
     from .predict import get_predictor
     from .search import RC, SearchSpace, search
     from .specs import DEFAULT_FRAMEWORK
@@ -85,8 +84,7 @@ def cmd_search(a: argparse.Namespace) -> int:
                         framework=get_framework(a.framework or DEFAULT_FRAMEWORK).name,
                         overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm),
                         grad_reduce_in_fp32=a.grad_reduce_in_fp32, fp8_param_gather=bool(a.fp8_param_gather))
-    mopt = MemoryOptions(framework_gib=a.framework_gib, allocator_reserve=a.allocator_reserve,
-                         allocator_overhead=a.allocator_overhead, nccl_nvls_mib=a.nvls_mib)
+    mopt = memory_options_from_args(a)
     try:
         tokens = parse_count(a.tokens)
     except ValueError as e:
@@ -268,7 +266,7 @@ def clusters_arg(sp: argparse.ArgumentParser) -> None:
 
 def add_search_parser(subparsers) -> None:
     """Register `search` on the CLI's subparsers."""
-    from .cli_args import add_head_dim_arg, add_moe_args, add_precision_memory_args
+    from .cli_args import add_head_dim_arg, add_memory_model_args, add_moe_args, add_precision_memory_args
     from .specs import PRECISIONS
     sp = subparsers.add_parser("search", help="rank every layout that fits by step time, tokens/s, MFU or cost",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -312,18 +310,7 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--schedules", default="1f1b,interleaved", help="subset of 1f1b,interleaved,gpipe")
     g.add_argument("--no-uneven", action="store_true", help="do not try edge-light uneven layer splits")
     g.add_argument("--tp-across-nodes", action="store_true", help="allow tensor parallelism across nodes")
-    g = sp.add_argument_group("memory model")
-    from .memory import MemoryOptions
-    _m = MemoryOptions()
-    g.add_argument("--framework-gib", type=float, default=_m.framework_gib,
-                   help="outside the allocator: CUDA context + library workspaces, GiB")
-    g.add_argument("--allocator-overhead", type=float, default=_m.allocator_overhead,
-                   help="caching allocator's reserve beyond the allocated peak, as a share of it")
-    g.add_argument("--nvls-mib", type=float, default=_m.nccl_nvls_mib,
-                   help="NCCL NVLink SHARP buffers per communicator on NVLS nodes, MiB (NCCL 2.22+: 256; 0: "
-                        "NCCL_NVLS_ENABLE=0)")
-    g.add_argument("--allocator-reserve", type=float, default=_m.allocator_reserve,
-                   help="share of HBM kept free as a safety margin")
+    add_memory_model_args(sp)
     add_moe_args(sp)
     sp.add_argument("--no-refine", action="store_true", help="skip the exact re-prediction of the top K")
     sp.add_argument("--all", action="store_true", help="also list rejected layouts with their reason")

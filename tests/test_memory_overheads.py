@@ -104,3 +104,37 @@ def test_predict_reports_the_device_total_and_judges_fit_by_it():
     assert ref.allocator_bytes > 0 and pred.memory.peak.allocator_bytes == pytest.approx(ref.allocator_bytes)
     assert pred.fits_memory == (ref.total_bytes <= plat.device.hbm_gib * GIB)
     assert mem.MEMORY_PARTS[-2:] == ("nccl", "allocator")
+
+
+def test_cli_memory_model_flags(capsys, tmp_path):
+    import json
+
+    from predictor.cli import main
+    args = ["predict", "--platform", "dgx-h100", "--model", "llama3-8b", "--num-gpus", "8", "--tp", "2",
+            "--global-batch", "64", "--seq-len", "4096", "--sequence-parallel", "--zero-stage", "1", "--json"]
+    assert main(args) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert main(args + ["--nvls-mib", "0", "--allocator-overhead", "0.02"]) == 0
+    lean = json.loads(capsys.readouterr().out)
+    o = MemoryOptions()
+    # three communicators lose their NVLS buffers; the allocator's reserve shrinks to 2 % of the same allocation
+    assert base["memory_gib"] - lean["memory_gib"] > 3 * o.nccl_nvls_mib / 1024
+    for bad, field in ((["--nvls-mib", "-1"], "nvls_mib"), (["--allocator-reserve", "1.5"], "allocator_reserve"),
+                       (["--allocator-overhead", "inf"], "allocator_overhead")):
+        assert main(args + bad) == 2
+        assert capsys.readouterr().err.startswith(f"error: {field}:")
+    csv = tmp_path / "in.csv"
+    from predictor.layout_io import BATCH_COLUMNS
+    row = {"case_id": "a", "platform": "dgx-h100", "arch": "llama", "layers": "32", "hidden": "4096", "heads": "32",
+           "kv_heads": "8", "ffn_hidden": "14336", "vocab": "128256", "seq_len": "4096", "num_gpus": "8", "tp": "2",
+           "pp": "1", "dp": "4", "micro_batch": "1", "global_batch": "64", "vpp": "1", "schedule": "1f1b",
+           "recompute": "none", "sequence_parallel": "true", "zero_stage": "1", "precision": "bf16"}
+    csv.write_text(",".join(BATCH_COLUMNS) + "\n" + ",".join(row[c] for c in BATCH_COLUMNS) + "\n")
+    got = {}
+    for nvls in ("1536", "0"):
+        out = tmp_path / f"out{nvls}.csv"
+        assert main(["predict-batch", "--input", str(csv), "--output", str(out), "--nvls-mib", nvls, "--quiet"]) == 0
+        import pandas as pd
+        got[nvls] = float(pd.read_csv(out)["memory_gib"].iloc[0])
+    assert got["0"] < got["1536"]
+    capsys.readouterr()
