@@ -257,20 +257,20 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     return out
 
 
-OVERLAP_CHOICES = {"framework default": None, "on": True, "off": False}
-GRAD_CHOICES = {"precision default": None, "on": True, "off": False}
+# "default": the framework's (overlaps) or the precision's (gradients); short labels fit the sidebar's columns
+OVERLAP_CHOICES = {"default": None, "on": True, "off": False}
+GRAD_CHOICES = OVERLAP_CHOICES
 
 
 def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict[str, Any]:
     """The gradient precision and FP8 primary weights (the CLI's --[no-]grad-reduce-in-fp32, --fp8-param-gather):
     {grad_reduce_in_fp32 (None = the precision's default), fp8_param_gather (fp8 only)}."""
-    a, b = container.columns(2)
-    grad = a.selectbox("Gradients in fp32", list(GRAD_CHOICES), key=_k(prefix, "grad_reduce_in_fp32"), bind=BIND,
-                       disabled=precision == "fp32",
-                       help="Gradient buffers and their data-parallel reduction in fp32 (on: Megatron-LM's default "
-                            "for bf16) or in bf16 (off: NeMo / Megatron-Bridge performance recipes); default: the "
-                            "precision's")
-    fp8p = b.toggle("FP8 primary weights", False, key=_k(prefix, "fp8_param_gather"), bind=BIND,
+    grad = container.selectbox("FP32 gradients", list(GRAD_CHOICES), key=_k(prefix, "grad_reduce_in_fp32"),
+                               bind=BIND, disabled=precision == "fp32",
+                               help="Gradient buffers and their data-parallel reduction in fp32 (on: Megatron-LM's "
+                                    "default for bf16 and fp8) or in bf16 (off: NeMo / Megatron-Bridge performance "
+                                    "recipes); default: the precision's")
+    fp8p = container.toggle("FP8 primary weights", False, key=_k(prefix, "fp8_param_gather"), bind=BIND,
                     disabled=precision != "fp8",
                     help="Megatron --fp8-param-gather: the GEMM weights kept and all-gathered in FP8 only (no BF16 "
                          "copy); precision fp8")
@@ -291,11 +291,11 @@ def framework_inputs(prefix: str = "", container=None, tp_overlap_possible: bool
     f = get_framework(fw)
     on_off = lambda v: "on" if v else "off"  # noqa: E731
     a, b = c.columns(2)
-    grad = a.selectbox("Overlap grad reduce", list(OVERLAP_CHOICES), key=_k(prefix, "overlap_grad_reduce"), bind=BIND,
+    grad = a.selectbox("Grad reduce overlap", list(OVERLAP_CHOICES), key=_k(prefix, "overlap_grad_reduce"), bind=BIND,
                        disabled=not f.overlap_switch,
                        help=f"The data-parallel gradient reduction hidden behind the backward; {fw}'s default: "
                             f"{on_off(f.overlap_grad_reduce)}")
-    gather = b.selectbox("Overlap param gather", list(OVERLAP_CHOICES), key=_k(prefix, "overlap_param_gather"),
+    gather = b.selectbox("Param gather overlap", list(OVERLAP_CHOICES), key=_k(prefix, "overlap_param_gather"),
                          bind=BIND, disabled=not f.overlap_switch,
                          help=f"The distributed optimizer's parameter all-gather hidden behind the next forward; "
                               f"{fw}'s default: {on_off(f.overlap_param_gather)}")

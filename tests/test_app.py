@@ -170,7 +170,7 @@ def test_predict_takes_the_framework_and_its_overlap_switches():
     assert metric(over, "Step time") != metric(base, "Step time")
     ds = run(query={**q, "framework": "megatron-deepspeed", "overlap_grad_reduce": "off"})
     assert "megatron-deepspeed" in text(ds)
-    assert {s.label: s.value for s in ds.selectbox}["Overlap grad reduce"] == "off"
+    assert {s.label: s.value for s in ds.selectbox}["Grad reduce overlap"] == "off"
     # no TP overlap without tensor parallelism: the switch is disabled
     one = run(query={**q, "tp": 1})
     assert {t.label: t for t in one.toggle}["Overlap TP communication"].disabled
