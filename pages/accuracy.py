@@ -175,14 +175,16 @@ def memory_check() -> None:
     ok = d[d["ours_gib"].notna()]
     if len(ok):
         e = ok["error"].astype(float)
-        st.markdown(f"{len(ok)} published figures of Megatron-Core runs (Llama-3-8B BF16 / FP8 on H100 and A800, an "
-                    "8-expert MoE on A800; FlagPerf) compared with the memory model for the quantity each one counts "
+        st.markdown(f"{len(ok)} published figures of Megatron-Core runs (FlagPerf's Llama-3-8B BF16 / FP8 on H100 and "
+                    "A800 and an 8-expert MoE on A800; Megatron-Bridge's Qwen3-30B-A3B with EP 16 on H100) compared "
+                    "with the memory model for the quantity each one counts "
                     "(*device*: memory in use as nvidia-smi shows it, so our allocated peak + the caching "
                     "allocator's reserve + NCCL buffers + CUDA context; *reserved*; *allocated*): mean |error| "
                     f"{e.abs().mean():.1%}, mean signed {e.mean():+.1%}, worst {e.abs().max():.1%}. Never fitted "
                     "to; the overhead terms come from other documents (NCCL's buffer sizes, published Megatron "
                     "logs' reserved / allocated ratios), cited in `predictor/memory.py`.")
     cols = ["id", "platform", "precision", "measures", "published_gib", "ours_gib", "error", "note"]
+    d = pd.concat([ok, d[d["ours_gib"].isna()]])   # the compared figures first, then those that cannot be
     views.table(d[cols], "memory_published", "mem_published",
                 column_config={"error": st.column_config.NumberColumn(format="percent"),
                                "published_gib": st.column_config.NumberColumn(format="%.1f"),

@@ -341,6 +341,19 @@ def test_samples_with_store_and_regressor(tiny_env):
 
 
 # --------------------------------------------------------------------------- accuracy
+def test_accuracy_shows_the_memory_check():
+    """The published per-GPU memory figures against the memory model: the compared ones first, with the summary."""
+    from predictor.published_memory import compare
+    at = run("pages/accuracy.py")
+    t = text(at)
+    assert "Memory: published per-GPU figures against the memory model" in [h.value for h in at.subheader]
+    d = compare()
+    ok = d[d["ours_gib"].notna()]
+    assert f"{len(ok)} published figures" in t and f"worst {ok['error'].abs().max():.1%}" in t
+    frame = next(f.value for f in at.dataframe if "measures" in f.value.columns)
+    assert frame["ours_gib"].head(len(ok)).notna().all() and frame["ours_gib"].iloc[len(ok):].isna().all()
+
+
 def test_accuracy_without_store(no_store):
     at = run("pages/accuracy.py")
     assert any("predictor ingest" in i.value for i in at.info)
