@@ -93,6 +93,8 @@ IND_COLS_CFG = {
         ("mape", "MAPE"), ("median_ape", "median"), ("worst_ape", "worst"), ("mean_signed", "mean signed"),
         ("published_mfu", "published MFU"), ("predicted_mfu", "predicted MFU"))},
     "not_fitting": st.column_config.NumberColumn("our memory model: does not fit"),
+    "tight": st.column_config.NumberColumn("our memory model: tight", help="Fits only with the least allocator "
+                                           "reserve published runs show"),
     "signed_error": st.column_config.NumberColumn("signed", format="percent"),
     "measured_s": st.column_config.NumberColumn("published s", format="%.4g"),
     "predicted_s": st.column_config.NumberColumn("predicted s", format="%.4g"),
@@ -155,7 +157,8 @@ def nemo_check() -> None:
                 f"imbalance). Rows dropped before predicting: {why}. *Signed*: below zero, the prediction is "
                 "faster than the published step.")
     table = pd.concat([g.assign(by=k) for k, g in groups.items()], ignore_index=True)
-    cols = ["by", "group", "runs", "predicted", "mape", "median_ape", "worst_ape", "mean_signed", "not_fitting"]
+    cols = ["by", "group", "runs", "predicted", "mape", "median_ape", "worst_ape", "mean_signed", "not_fitting",
+            "tight"]
     views.table(table[cols], "independent_nemo_summary", "ind_summary_nemo", column_config=IND_COLS_CFG)
     with st.expander("Every run (NeMo / Megatron-Core)"):
         rcols = [c for c in ("source", "system", "model", "gpus", "precision", "tp", "pp", "cp", "vp", "ep",

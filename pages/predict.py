@@ -59,9 +59,13 @@ if mem.fits:
     c[2].metric("MFU", fmt.pct(pred.mfu, 1), f"{pred.model_tflops_per_gpu:.0f} TFLOP/s per GPU", delta_color="off",
                 delta_arrow="off", border=True, help="Model FLOPs utilisation: model FLOPs (no recomputation) / "
                                                       "time / dense peak of the device at this precision")
-    c[3].metric("Memory / GPU", f"{mem.peak_gib:.3g} GiB", f"fits in {usable_gib:.3g} GiB", delta_color="normal",
-                delta_arrow="off", border=True,
-                help=f"Fullest pipeline stage (stage {mem.peak.stage}) against the usable device memory")
+    tight = bool(pred.memory_tight)
+    c[3].metric("Memory / GPU", f"{mem.peak_gib:.3g} GiB",
+                f"tight in {usable_gib:.3g} GiB" if tight else f"fits in {usable_gib:.3g} GiB",
+                delta_color="off" if tight else "normal", delta_arrow="off", border=True,
+                help=f"Fullest pipeline stage (stage {mem.peak.stage}) against the usable device memory"
+                     + (f"; tight: {mem.low_peak_bytes / GIB:.3g} GiB with the least allocator reserve published "
+                        "runs show, so it fits only if the allocator fragments that little" if tight else ""))
     c = st.columns(4)
     c[0].metric(f"Time to {tokens_lbl} tokens", fmt.duration(cost.seconds),
                 f"{fmt.duration(wall_lo)} – {fmt.duration(wall_hi)}", delta_color="off", delta_arrow="off",

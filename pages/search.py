@@ -120,7 +120,7 @@ host_on = rep.host_modelled
 shown = [col for col in ["rank", "tp", "pp", "cp", "ep", "dp", "micro_batch", "vpp", "schedule", "stage_layers",
                          "recompute",
                          "sequence_parallel", "zero_stage", "step_time_s", "tokens_per_s", "mfu", "peak_mem_gib",
-                         "fits", "days", "cost", "expected_error", "compute_s"]
+                         "fits", "memory_tight", "days", "cost", "expected_error", "compute_s"]
          + (["host_overhead_s"] if host_on else [])
          + ["tp_comm_s", "cp_comm_s", "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "reason"] if col in view]
 if not host_on:
@@ -133,6 +133,9 @@ ev = st.dataframe(
                    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.4g"),
                    "mfu": st.column_config.NumberColumn("MFU", format="percent"),
                    "peak_mem_gib": st.column_config.NumberColumn("memory/GPU (GiB)", format="%.3g"),
+                   "memory_tight": st.column_config.CheckboxColumn(
+                       "tight", help="Above the usable memory with the caching allocator's typical reserve: fits "
+                                     "only if it fragments as little as runs tuned to the edge"),
                    "days": st.column_config.NumberColumn("days", format="%.4g"),
                    "cost": st.column_config.NumberColumn("cost ($)", format="%.4g"),
                    "expected_error": st.column_config.NumberColumn("± error", format="percent"),

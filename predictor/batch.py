@@ -22,7 +22,7 @@ from .layout_io import MOE_ECHO_COLUMNS, blank, layout_from_fields, model_from_f
 from .specs import InfeasibleConfig
 
 RESULT_COLUMNS = ["step_time_s", *[f"{c}_s" for c in CATEGORIES], "tokens_per_s", "mfu", "memory_gib", "fits",
-                  "expected_error", "provenance", "warnings", "error"]
+                  "memory_tight", "expected_error", "provenance", "warnings", "error"]
 
 
 def output_columns(header: Iterable[str]) -> list[str]:
@@ -48,7 +48,7 @@ def _platform_of(row: Mapping[str, Any]) -> str:
 
 def _result(pred, allow_oom: bool) -> dict[str, Any]:
     from .memory_verdict import OOM_WARNING, oom_error
-    mem = {"memory_gib": pred.memory_gib, "fits": pred.fits_memory}
+    mem = {"memory_gib": pred.memory_gib, "fits": pred.fits_memory, "memory_tight": pred.memory_tight}
     if not pred.fits_memory and not allow_oom:
         return {**mem, "step_time_s": None, "error": str(oom_error(pred))}
     bd = {f"{k}_s": v for k, v in pred.breakdown_s.items()}

@@ -196,7 +196,9 @@ def _print_report(rep, table, cols, a) -> None:
                 cells.append(f"{v:.1%}")
             elif k == "tokens_per_s":
                 cells.append(f"{v:,.0f}")
-            elif k in ("step_time_s", "tflops_per_gpu", "peak_mem_gib", "days"):
+            elif k == "peak_mem_gib":   # "!" marks a layout that fits only with little allocator fragmentation
+                cells.append((f"{v:.4g}" if v == v else "-") + (" !" if r.get("memory_tight", False) else ""))
+            elif k in ("step_time_s", "tflops_per_gpu", "days"):
                 cells.append(f"{v:.4g}" if v == v else "-")
             elif k in ("gpu_hours", "cost"):
                 cells.append(f"{v:,.0f}")
@@ -212,6 +214,9 @@ def _print_report(rep, table, cols, a) -> None:
                 cells.append(str(v))
         t.add_row(*cells)
     c.print(t)
+    if "memory_tight" in table.columns and table["memory_tight"].any():
+        c.print("mem GiB '!': tight, above the usable memory with the caching allocator's typical reserve; fits only "
+                "if it fragments as little as runs tuned to the edge (expandable_segments). Leave headroom.")
     if rep.top and rep.top[0].prediction is not None:
         p = rep.top[0].prediction
         c.print(f"best: expected error +/-{p.expected_error:.0%} ({p.error_basis}); rests on: {p.provenance}")
@@ -222,7 +227,8 @@ def _print_report(rep, table, cols, a) -> None:
                 f"{pk.optimizer_bytes / 2**30:.1f}, activations {pk.activations_bytes / 2**30:.1f} "
                 f"({pk.in_flight:g} in flight), buffers {pk.buffers_bytes / 2**30:.1f}, framework "
                 f"{pk.framework_bytes / 2**30:.1f}, NCCL buffers {pk.nccl_bytes / 2**30:.1f}, allocator reserve "
-                f"{pk.allocator_bytes / 2**30:.1f} GiB (allocated {pk.allocated_bytes / 2**30:.1f} GiB)")
+                f"{pk.allocator_bytes / 2**30:.1f} GiB (allocated {pk.allocated_bytes / 2**30:.1f} GiB)"
+                + (f"; tight: {mr.low_peak_bytes / 2**30:.1f} GiB with the least reserve" if mr.tight else ""))
     summ = rep.rejection_summary()
     if len(summ):
         c.print("[bold]Not ranked[/bold] (see --all / --explain):")

@@ -57,7 +57,8 @@ class IndependentCheck:
             ok = g[g["predicted_s"].notna()]
             rows.append({"group": name, "runs": len(g), **error_stats(ok),
                          "published_mfu": ok["published_mfu"].mean(), "predicted_mfu": ok["predicted_mfu"].mean(),
-                         "not_fitting": int((~ok["fits"].astype(bool)).sum())})
+                         "not_fitting": int((~ok["fits"].astype(bool)).sum()),
+                         "tight": int(ok["memory_tight"].astype(bool).sum()) if "memory_tight" in ok else 0})
         return pd.DataFrame(rows)
 
 
@@ -118,6 +119,7 @@ def run_check(source_id: str = "llm-foundry-h100", *, platform: str | None = Non
     d["predicted_s"] = pd.to_numeric(out["step_time_s"], errors="coerce")
     d["memory_gib"] = pd.to_numeric(out["memory_gib"], errors="coerce")
     d["fits"] = out["fits"].fillna(False).astype(bool)
+    d["memory_tight"] = out["memory_tight"].fillna(False).astype(bool)
     d["provenance"] = out["provenance"]
     d["error"] = out["error"]
     d["signed_error"] = d["predicted_s"] / d["measured_s"] - 1

@@ -276,6 +276,7 @@ class NemoCheck:
             ok = g[g["predicted_s"].notna()]
             rows.append({"group": name, "runs": len(g), "predicted": len(ok), **error_stats(ok),
                          "not_fitting": int((~ok["fits"].astype(bool)).sum()),
+                         "tight": int(ok["memory_tight"].astype(bool).sum()) if "memory_tight" in ok else 0,
                          "not_predicted": int(g["predicted_s"].isna().sum())})
         return pd.DataFrame(rows)
 
@@ -303,6 +304,7 @@ def run_check(sources: list[str] | None = None, *, models_dir: str | None = None
     d["predicted_s"] = pd.to_numeric(pd.Series([o.get("step_time_s") for o in res], index=d.index), errors="coerce")
     d["memory_gib"] = pd.to_numeric(pd.Series([o.get("memory_gib") for o in res], index=d.index), errors="coerce")
     d["fits"] = [bool(o.get("fits")) for o in res]
+    d["memory_tight"] = [bool(o.get("memory_tight")) for o in res]
     d["error"] = [o.get("error") or "" for o in res]
     d["signed_error"] = d["predicted_s"] / d["measured_s"] - 1
     d["ape"] = d["signed_error"].abs()

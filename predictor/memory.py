@@ -25,8 +25,10 @@ For every pipeline stage the peak is the sum of
 so that the total is the device memory in use as nvidia-smi reports it. The allocated view
 (`StageMemory.allocated_bytes`: torch.cuda.max_memory_allocated) and the reserved view (`reserved_bytes`:
 max_memory_reserved) are kept beside it, and `MemoryOptions(device_overheads=False)` gives the allocated
-view alone. A layout fits when the largest stage total stays under the device memory less an optional
-safety margin (`allocator_reserve`, default 0).
+view alone. A layout fits when the largest stage total, taken with the least allocator reserve published runs
+show (`allocator_overhead_min`, 1 %: runs tuned to the edge, expandable segments), stays under the device memory
+less an optional safety margin (`allocator_reserve`, default 0); it is `tight` when the total with the median
+reserve does not (it runs only if the allocator fragments less than it typically does).
 
 NCCL buffers (`nccl_buffer_arrays`), from NCCL's own constants (NVIDIA/nccl src/include/device.h,
 src/init.cc, src/transport/nvls.cc; NCCL_BUFFSIZE 4 MiB): one collective communicator connects ring and
@@ -117,6 +119,7 @@ class MemoryOptions:
     zero3_live_units: int = 2              # FSDP / ZeRO-3: units unsharded at once (current + prefetched)
     framework_gib: float = 0.5             # outside the allocator: CUDA context ~0.4 + library workspaces
     allocator_overhead: float = 0.145      # caching allocator's reserve beyond the allocated peak (x allocated)
+    allocator_overhead_min: float = 0.01   # the least of it seen (a run tuned to the edge, expandable segments)
     allocator_reserve: float = 0.0         # share of HBM kept free as a safety margin
     nccl_coll_mib: float = 441.0           # one collective communicator: ring + tree, 24 channels
     nccl_nvls_mib: float = 1536.0          # + NVLink SHARP buffers on an NVLS node (NCCL 2.17-2.21; 2.22+: 256)
@@ -140,6 +143,7 @@ class StageMemory:
     in_flight: float             # micro-batches (interleaved: chunk activations) held at the peak
     nccl_bytes: float = 0.0      # NCCL communicator buffers (outside the caching allocator)
     allocator_bytes: float = 0.0  # the caching allocator's reserve beyond the allocated peak
+    allocator_min_bytes: float = 0.0  # the least reserve published runs show (the fit verdict's lower bound)
 
     @property
     def states_bytes(self) -> float:
@@ -159,6 +163,11 @@ class StageMemory:
     def total_bytes(self) -> float:
         """Device memory in use as nvidia-smi reports it: reserved + CUDA context / workspaces + NCCL buffers."""
         return self.reserved_bytes + self.framework_bytes + self.nccl_bytes
+
+    @property
+    def low_total_bytes(self) -> float:
+        """The total with the least allocator reserve published runs show (`allocator_overhead_min`)."""
+        return self.total_bytes - self.allocator_bytes + self.allocator_min_bytes
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -187,8 +196,20 @@ class MemoryReport:
         return self.peak_bytes / GIB
 
     @property
+    def low_peak_bytes(self) -> float:
+        return max(s.low_total_bytes for s in self.stages)
+
+    @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.usable_bytes
+        """Whether it can fit: with the least allocator reserve published runs show, the fullest stage stays
+        within the usable memory (`tight` says when the typical reserve would not)."""
+        return self.low_peak_bytes <= self.usable_bytes
+
+    @property
+    def tight(self) -> bool:
+        """Fits only if the caching allocator fragments less than it typically does (the total with the median
+        reserve is above the usable memory, the one with the least reserve below it)."""
+        return self.fits and self.peak_bytes > self.usable_bytes
 
     @property
     def reason(self) -> str:
@@ -199,7 +220,8 @@ class MemoryReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"peak_gib": self.peak_gib, "peak_stage": self.peak.stage, "capacity_gib": self.capacity_bytes / GIB,
-                "usable_gib": self.usable_bytes / GIB, "fits": self.fits, "reason": self.reason,
+                "usable_gib": self.usable_bytes / GIB, "fits": self.fits, "tight": self.tight,
+                "low_peak_gib": self.low_peak_bytes / GIB, "reason": self.reason,
                 "stages": [s.to_dict() for s in self.stages]}
 
 
@@ -648,6 +670,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                                      tied=bool(model.tied_embeddings), options=options)
     allocated = np.sum([out[k] for k in ALLOCATED_PARTS], axis=0)
     out["allocator"] = allocated * (options.allocator_overhead if overheads else 0.0)
+    out["allocator_min"] = allocated * (min(options.allocator_overhead_min, options.allocator_overhead)
+                                        if overheads else 0.0)
     return {**out, "params": stage_params, "in_flight": k_in}
 
 
@@ -683,7 +707,8 @@ def report_from_arrays(arr: dict[str, np.ndarray], row: int, layers_by_stage: li
                           activations_bytes=float(arr["activations"][row, s]),
                           buffers_bytes=float(arr["buffers"][row, s]), framework_bytes=float(arr["framework"][row, s]),
                           in_flight=float(arr["in_flight"][row, s]), nccl_bytes=float(arr["nccl"][row, s]),
-                          allocator_bytes=float(arr["allocator"][row, s]))
+                          allocator_bytes=float(arr["allocator"][row, s]),
+                          allocator_min_bytes=float(arr["allocator_min"][row, s]) if "allocator_min" in arr else 0.0)
               for s in range(arr["params"].shape[1])]
     return MemoryReport(stages=stages, capacity_bytes=capacity_bytes,
                         usable_bytes=capacity_bytes * (1.0 - options.allocator_reserve), options=options)

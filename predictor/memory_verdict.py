@@ -19,7 +19,8 @@ OOM_WARNING = ("DOES NOT FIT IN MEMORY: this step time is for a layout that woul
 def verdict_line(pred: StepPrediction) -> str:
     """'memory: 41.2 GiB per GPU (fullest stage) of 76.0 GiB usable (80 GiB HBM): fits'."""
     where = f" (stage {pred.memory.peak.stage}, the fullest)" if pred.memory is not None else " (the fullest stage)"
-    verdict = "fits" if pred.fits_memory else "DOES NOT FIT"
+    verdict = ("DOES NOT FIT" if not pred.fits_memory else
+               "fits only if the allocator fragments little (tight: see the warning)" if pred.memory_tight else "fits")
     parts = ""
     if pred.memory is not None and pred.memory.peak.nccl_bytes + pred.memory.peak.allocator_bytes > 0:
         pk = pred.memory.peak

@@ -97,6 +97,7 @@ class StepPrediction:
     host_overhead_modelled: bool = False
     memory_gib: float = float("nan")    # peak memory per GPU (the fullest stage)
     fits_memory: bool = True            # whether that peak fits in the device's usable memory
+    memory_tight: bool = False          # fits only with the least allocator reserve seen (memory.MemoryReport.tight)
     usable_gib: float = float("nan")    # the device's memory less the allocator reserve
     hbm_gib: float = float("nan")       # the device's memory
     op_rows: list[tuple] = field(default_factory=list, repr=False)
@@ -127,6 +128,7 @@ class StepPrediction:
             d["breakdown_s"]["host_overhead"] = None
         d["memory_gib"] = self.memory_gib
         d["fits"] = self.fits_memory
+        d["memory_tight"] = self.memory_tight
         d["usable_gib"] = self.usable_gib
         if self.memory is not None:
             d["memory"] = self.memory.to_dict()
@@ -476,11 +478,17 @@ class Predictor:
         warnings: list[str] = []
         if share.get("analytical", 0) + share.get("analytical (calibrated)", 0) > 0.5:
             warnings.append("More than half of this prediction rests on analytical estimates, not measured samples.")
-        fits = bool(ev.peak_bytes[r] <= ev.usable_bytes)
+        fits, tight = bool(ev.fits[r]), bool(ev.tight[r])
         if not fits:
             warnings.append(f"Does not fit in memory: stage {int(ev.peak_stage[r])} needs "
                             f"{ev.peak_bytes[r] / GIB:.1f} GiB of {ev.usable_bytes / GIB:.1f} GiB usable "
                             f"({self.platform.device.hbm_gib:g} GiB HBM).")
+        elif tight:
+            warnings.append(f"Memory is tight: {ev.peak_bytes[r] / GIB:.1f} GiB per GPU with the caching allocator's "
+                            f"typical reserve, above the {ev.usable_bytes / GIB:.1f} GiB usable; it fits "
+                            f"({ev.low_peak_bytes[r] / GIB:.1f} GiB) only if the allocator fragments as little as "
+                            "runs tuned to the edge do (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps). "
+                            "Leave headroom when planning.")
         if self.platform.device.vendor != "cpu":
             from .alignment import alignment_warning
             aw = alignment_warning(model, layout)
@@ -507,7 +515,8 @@ class Predictor:
             error_basis=basis, tokens_per_s=layout.tokens_per_step / step, model_tflops_per_gpu=tflops_gpu,
             mfu=tflops_gpu / peak, pipeline_s=float(ev.pipeline_s[r]), critical_stage=int(ev.critical_stage[r]),
             memory=memory, warnings=warnings, host_overhead_modelled=self.host_modelled,
-            memory_gib=float(ev.peak_bytes[r] / GIB), fits_memory=fits, usable_gib=float(ev.usable_bytes / GIB),
+            memory_gib=float(ev.peak_bytes[r] / GIB), fits_memory=fits, memory_tight=tight,
+            usable_gib=float(ev.usable_bytes / GIB),
             hbm_gib=float(self.platform.device.hbm_gib))
 
     def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:

@@ -521,8 +521,9 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
                     ("activations", "activations"), ("buffers", "buffers"), ("nccl", "nccl"),
                     ("allocator", "allocator")):
         df[f"mem_{name}_gib"] = ev.memory_parts[k] / mem.GIB
-    fits = ev.peak_bytes <= ev.usable_bytes
+    fits = ev.fits
     df["fits"] = fits
+    df["memory_tight"] = ev.tight
     if tokens_to_train:
         te = training_estimate(step, df["num_gpus"].to_numpy(), tokens, tokens_to_train, price)
         df["steps"] = te.steps

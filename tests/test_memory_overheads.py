@@ -102,7 +102,7 @@ def test_predict_reports_the_device_total_and_judges_fit_by_it():
     assert pred.memory_gib == pytest.approx(ref.total_bytes / GIB)
     assert ref.nccl_bytes > 0 and pred.memory.peak.nccl_bytes == pytest.approx(ref.nccl_bytes)
     assert ref.allocator_bytes > 0 and pred.memory.peak.allocator_bytes == pytest.approx(ref.allocator_bytes)
-    assert pred.fits_memory == (ref.total_bytes <= plat.device.hbm_gib * GIB)
+    assert pred.fits_memory == (ref.low_total_bytes <= plat.device.hbm_gib * GIB)
     assert mem.MEMORY_PARTS[-2:] == ("nccl", "allocator")
 
 
@@ -138,3 +138,43 @@ def test_cli_memory_model_flags(capsys, tmp_path):
         got[nvls] = float(pd.read_csv(out)["memory_gib"].iloc[0])
     assert got["0"] < got["1536"]
     capsys.readouterr()
+
+
+def test_fit_is_judged_with_the_least_allocator_reserve_and_tight_said_between():
+    """A layout fits when its total with the least reserve published runs show fits; between that and the total
+    with the typical reserve it is 'tight': it fits, with a warning, and search keeps it flagged."""
+    m, lay = get_preset("llama3-8b"), Layout(**LAYOUT)
+    rep = estimate_memory(m, lay, get_platform("dgx-h100"))
+    pk = rep.peak
+    o = MemoryOptions()
+    assert pk.low_total_bytes == pytest.approx(pk.total_bytes - pk.allocator_bytes
+                                               + o.allocator_overhead_min * pk.allocated_bytes)
+    between = (pk.low_total_bytes + pk.total_bytes) / 2 / GIB
+    t = estimate_memory(m, lay, hbm_gib=between)
+    # (hbm_gib alone: a GPU node of 8 without NVLS; judge it against its own totals)
+    lo, hi = t.low_peak_bytes / GIB, t.peak_gib
+    for hbm, fits, tight in ((hi * 1.01, True, False), ((lo + hi) / 2, True, True), (lo * 0.99, False, False)):
+        r = estimate_memory(m, lay, hbm_gib=hbm)
+        assert (r.fits, r.tight) == (fits, tight), hbm
+        assert bool(r.reason) == (not fits)
+
+
+def test_predict_and_search_say_tight():
+    from predictor.predict import get_predictor
+    from predictor.search import SearchSpace, search
+    P = get_predictor("dgx-h100")
+    m = get_preset("llama3-8b")
+    space = SearchSpace(tp=(1, 2), pp=(1,), zero_stage=(1,), recompute=("none",), sequence_parallel=(False, True))
+    rep = search(m, P, 8, 64, 8192, space=space)
+    t = rep.table
+    assert {"fits", "memory_tight"} <= set(t.columns)
+    assert not (t["memory_tight"] & ~t["fits"]).any()
+    usable = t["usable_gib"].iloc[0]
+    assert (t.loc[t["memory_tight"], "peak_mem_gib"] > usable).all()
+    assert (t.loc[t["fits"] & ~t["memory_tight"], "peak_mem_gib"] <= usable).all()
+    tight = t[t["memory_tight"]]
+    if len(tight):
+        from predictor.search import layout_of
+        pred = P.predict(m, layout_of(tight.iloc[0]), timeline=False)
+        assert pred.fits_memory and pred.memory_tight
+        assert any(w.startswith("Memory is tight") for w in pred.warnings)
