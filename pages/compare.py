@@ -88,13 +88,14 @@ with results_area:
             "micro-batch / global batch": f"{L.micro_batch} / {L.global_batch}",
             "sequence length": L.seq_len, "schedule": L.schedule + (f" (vpp {L.vpp})" if L.vpp > 1 else ""),
             "recomputation": L.recompute, "sequence parallel": "on" if L.sequence_parallel else "off",
-            "ZeRO stage": L.zero_stage, "precision": L.precision,
+            "ZeRO stage": L.zero_stage, "precision": L.precision, "framework": L.framework,
             "step time": f"{fmt.seconds(p.step_time_s)} ± {fmt.pct(p.expected_error)}",
             "vs setup A": "–" if r is ok[0] else f"{p.step_time_s / base:.2f}×",
             "host / framework overhead": (fmt.seconds(p.breakdown_s.get("host_overhead", 0.0)) if r["host"]
                                           else "not modelled"),
             "tokens / s": fmt.count(p.tokens_per_s), "MFU": fmt.pct(p.mfu, 1),
-            "memory / GPU": f"{mem.peak_gib:.3g} GiB ({'fits' if mem.fits else 'does NOT fit'})",
+            "memory / GPU": f"{mem.peak_gib:.3g} GiB "
+                            f"({'does NOT fit' if not mem.fits else 'tight' if mem.tight else 'fits'})",
             f"time to {fmt.count(target['tokens']).replace(' ', '')} tokens": fmt.duration(cost.seconds),
             "GPU-hours": fmt.count(cost.gpu_hours), "cost": fmt.money(cost.cost),
             "rests on": views.short_prov(p.provenance_share),
