@@ -157,7 +157,7 @@ with results_area:
     st.caption("Open a setup on its own:")
     links = st.columns(len(ok))
     for c, r in zip(links, ok):
-        qp = {k: str(v).lower() if isinstance(v, bool) else str(v)
+        qp = {k: inputs.query_value(k, v)
               for k, v in {**r["mf"], **r["pf"], **r["lf"]}.items() if v is not None and k != "name"}
         c.page_link("pages/predict.py", label=f"Setup {r['name']} in Predict", icon=":material/open_in_new:",
                     query_params=qp)

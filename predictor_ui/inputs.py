@@ -262,6 +262,19 @@ OVERLAP_CHOICES = {"default": None, "on": True, "off": False}
 GRAD_CHOICES = OVERLAP_CHOICES
 
 
+TRI_STATE_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32")
+
+
+def query_value(name: str, value: Any) -> str:
+    """A layout field as the Predict page's widget reads it from the URL: the on / off selects for the tri-state
+    switches (None stays out of the URL), 'true' / 'false' for toggles, the value's text otherwise."""
+    if name in TRI_STATE_FIELDS and isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
 def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict[str, Any]:
     """The gradient precision and FP8 primary weights (the CLI's --[no-]grad-reduce-in-fp32, --fp8-param-gather):
     {grad_reduce_in_fp32 (None = the precision's default), fp8_param_gather (fp8 only)}."""

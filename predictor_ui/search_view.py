@@ -46,10 +46,9 @@ def predict_query(row: pd.Series | dict[str, Any]) -> dict[str, str]:
         out["stage_layers"] = ",".join(map(str, L.stage_layers))
     # the framework and its overlap switches, as the Predict page's widgets name them
     out["framework"] = L.framework
-    for f in ("overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32"):   # left out: the default
+    from .inputs import TRI_STATE_FIELDS, query_value
+    for f in (*TRI_STATE_FIELDS, "overlap_tp_comm", "fp8_param_gather"):   # a tri-state left out at its default
         v = getattr(L, f)
         if v is not None:
-            out[f] = "on" if v else "off"
-    out["overlap_tp_comm"] = "true" if L.overlap_tp_comm else "false"
-    out["fp8_param_gather"] = "true" if L.fp8_param_gather else "false"
+            out[f] = query_value(f, v)
     return out

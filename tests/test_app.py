@@ -600,3 +600,16 @@ def test_predict_context_parallel_input_from_the_url():
     assert not at.exception
     at = run(query={**q, "seq_len": 1024, "cp": 32, "num_gpus": 1024})   # 1024 / 32 = 32, not a multiple of 64
     assert any("`cp`" in x.value and "How to fix" in x.value for x in at.warning)
+
+
+def test_layout_fields_survive_the_url_into_predict():
+    """A link built from layout fields (the Compare page's 'Setup A in Predict', search's 'open in Predict') keeps
+    the tri-state switches: the Predict page's selects read on / off, not true / false."""
+    from predictor_ui.inputs import query_value
+    fields = {"model": "llama3-8b", "num_gpus": 16, "tp": 2, "global_batch": 64, "sequence_parallel": True,
+              "zero_stage": 1, "overlap_grad_reduce": True, "grad_reduce_in_fp32": False, "overlap_tp_comm": True}
+    at = run(query={k: query_value(k, v) for k, v in fields.items()})
+    sel = {s.label: s.value for s in at.selectbox}
+    assert (sel["Grad reduce overlap"], sel["FP32 gradients"]) == ("on", "off")
+    assert {t.label: t.value for t in at.toggle}["Overlap TP communication"] is True
+    assert "TP overlap" in text(at) and "gradients in bf16" in text(at)
