@@ -142,11 +142,12 @@ if t_mem.open:
                    f"memory {capacity_gib:.3g} GiB; solid: usable {usable_gib:.3g} GiB. Stage {pk.stage} is the "
                    f"fullest: {pk.allocated_bytes / GIB:.3g} GiB allocated by tensors (what "
                    "torch.cuda.max_memory_allocated reports), + the caching allocator's reserve "
-                   f"({pk.allocator_bytes / GIB:.3g} GiB, 14.5 % of the allocated peak: the median of published "
-                   f"Megatron logs), + NCCL communicator buffers ({pk.nccl_bytes / GIB:.3g} GiB, from NCCL's "
-                   f"buffer sizes per communicator the layout uses) + CUDA context and workspaces "
-                   f"({pk.framework_bytes / GIB:.3g} GiB). Checked against published per-GPU memory of Megatron "
-                   "runs on the Accuracy page." + (f" {mem.reason}." if mem.reason else ""))
+                   f"({pk.allocator_bytes / GIB:.3g} GiB, {mem.options.allocator_overhead:.1%} of the allocated "
+                   "peak: the median of published Megatron logs), + NCCL communicator buffers "
+                   f"({pk.nccl_bytes / GIB:.3g} GiB, from NCCL's buffer sizes per communicator the layout uses) "
+                   f"+ CUDA context and workspaces ({pk.framework_bytes / GIB:.3g} GiB). Checked against "
+                   "published per-GPU memory of Megatron runs on the Accuracy page."
+                   + (f" {mem.reason}." if mem.reason else ""))
         wide = stages.pivot_table(index="stage", columns="part", values="gib", aggfunc="sum")
         wide = wide[[p for p in charts.MEMORY_ORDER if p in wide.columns]]
         wide["total"] = wide.sum(axis=1)

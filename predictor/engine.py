@@ -32,7 +32,7 @@ from .arrayops import unique_rows as _unique_rows
 from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
 from .frameworks import FRAMEWORK_SPECS, fused_kernels_on, get_framework
 from .overhead import RECOMPUTE_PASSES, HostOverhead
-from .specs import FRAMEWORKS, GRAD_BYTES, Layout, ModelSpec
+from .specs import FRAMEWORKS, Layout, ModelSpec, grad_reduce_in_fp32_of
 from .terms import EndToEndTerms, blend
 
 if TYPE_CHECKING:
@@ -98,8 +98,7 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   overlap_grad_reduce=None if bool(row[I_OGR]) == fw.overlap_grad_reduce else bool(row[I_OGR]),
                   overlap_param_gather=None if bool(row[I_OPG]) == fw.overlap_param_gather else bool(row[I_OPG]),
                   cp=int(row[I_CP]), ep=int(row[I_EP]), overlap_tp_comm=bool(row[I_OTP]),
-                  grad_reduce_in_fp32=(None if int(row[I_GB]) == GRAD_BYTES.get(precision, 4)
-                                       else int(row[I_GB]) == 4),
+                  grad_reduce_in_fp32=grad_reduce_in_fp32_of(int(row[I_GB]), precision),
                   fp8_param_gather=bool(row[I_F8P]))
 
 
@@ -414,6 +413,14 @@ class Engine:
             self._classes[full] = ChunkClass(opt, dp_s, gather, z["fwd"][0], z["fwd"][1], z["bwd"][0], z["bwd"][1],
                                              calls, ps, pm)
 
+    def chunk_class(self, model: ModelSpec, seq_len: int, precision: str, row: np.ndarray, pp: int,
+                    cls: tuple[int, int, int, int]) -> ChunkClass:
+        """The prepared optimizer / data-parallel work of engine row `row`'s chunk class `cls` = (layers, first,
+        last, dense layers): the one spelling of the class key outside `evaluate`'s vectorised loop."""
+        return self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP] * row[I_CP]),
+                              int(row[I_ZERO]), int(gather_mode(row[None, :])[0]), int(row[I_EP]), int(row[I_GB]),
+                              int(row[I_F8P]), *cls)]
+
     def _emb_sync(self, model: ModelSpec, tp: int, pp: int, dp: int, prec: str) -> tuple[float, str, float]:
         key = (model, tp, pp, dp, prec)
         hit = self._emb.get(key)
@@ -680,11 +687,9 @@ class Engine:
             t_emb, prov_emb, e_emb = emb[emb_inv[r]]
             if t_emb > 0:
                 add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
-            gm = int(gather_mode(row[None, :])[0])
             for i in range(nch):
-                c = self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP] * row[I_CP]),
-                                   int(row[I_ZERO]), gm, int(row[I_EP]), int(row[I_GB]), int(row[I_F8P]), S.counts[i],
-                                   int(i == 0), int(i == nch - 1), dense[i])]
+                c = self.chunk_class(model, seq_len, precision, row, pp,
+                                     (S.counts[i], int(i == 0), int(i == nch - 1), dense[i]))
                 add(c.prov_step, 1.0)
                 add(c.prov_mb, m)
             h = float(out.host_all_s[r])

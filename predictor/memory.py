@@ -225,10 +225,13 @@ class MemoryReport:
                 "stages": [s.to_dict() for s in self.stages]}
 
 
+def stage_parts_bytes(st: StageMemory) -> dict[str, float]:
+    """{label: bytes} of one stage, every MEMORY_PARTS entry in order, named as MEMORY_PART_LABELS names it."""
+    return {MEMORY_PART_LABELS[k]: float(getattr(st, f"{k}_bytes")) for k in MEMORY_PARTS}
+
+
 def out_of_memory_reason(st: StageMemory, usable_bytes: float) -> str:
-    parts = {"weights": st.weights_bytes, "gradients": st.grads_bytes, "optimizer": st.optimizer_bytes,
-             "activations": st.activations_bytes, "buffers": st.buffers_bytes, "framework": st.framework_bytes,
-             "NCCL buffers": st.nccl_bytes, "allocator reserve": st.allocator_bytes}
+    parts = stage_parts_bytes(st)
     top = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
     return (f"out of memory: stage {st.stage} needs {st.total_bytes / GIB:.1f} GiB > "
             f"{usable_bytes / GIB:.1f} GiB usable ({top} GiB)")

@@ -28,7 +28,6 @@ from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
 from .decompose import FUSED, CommCall, OpCall
 from .engine import (
     HOST_PROVENANCE,
-    ZERO2_GATHER,
     Engine,
     Evaluation,
     Structure,
@@ -39,7 +38,6 @@ from .engine import (
     unit_key,
     unit_keys,
 )
-from .frameworks import get_framework
 from .memory import GIB, MemoryOptions, MemoryReport, report_from_arrays
 from .network import analytic_time_s, expected_error, load_network_checked
 from .ops import STAND_INS
@@ -403,7 +401,7 @@ class Predictor:
         ev = self.engine.evaluate(model, rows, structs, layout.seq_len, layout.precision, detail=True)
         pred = self._prediction(model, layout, ev, 0)
         det = ev.details[0]
-        pred.op_rows = self._op_rows(model, layout, det, pred)
+        pred.op_rows = self._op_rows(model, layout, det, pred, rows[0])
         if timeline:
             chunks = chunk_times_of(det)
             m = layout.num_micro_batches
@@ -519,8 +517,10 @@ class Predictor:
             usable_gib=float(ev.usable_bytes / GIB),
             hbm_gib=float(self.platform.device.hbm_gib))
 
-    def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction) -> list[tuple]:
-        """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step)."""
+    def _op_rows(self, model: ModelSpec, layout: Layout, det: dict[str, Any], pred: StepPrediction,
+                 row: np.ndarray) -> list[tuple]:
+        """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step); `row`: the
+        layout's engine row."""
         parts = self.engine._parts[(model, layout.seq_len, layout.precision, *unit_key(layout, self.platform))]
         S: Structure = det["structure"]
         nch = S.pp * S.vpp
@@ -558,10 +558,7 @@ class Predictor:
                 if h > 0:
                     rows.append((stage, chunk, "layer", ph, "host overhead", ph, "host_overhead", 1, h, h,
                                  HOST_PROVENANCE, self.host.cv_mape if self.host else None))
-            gm = ZERO2_GATHER.index(get_framework(layout.framework).zero2_gather)
-            cls = self.engine._classes[(model, layout.seq_len, layout.precision, layout.tp, S.pp,
-                                        layout.dp * layout.cp, layout.zero_stage, gm, layout.ep, layout.grad_bytes,
-                                        int(layout.fp8_param_gather), *det["classes"][i])]
+            cls = self.engine.chunk_class(model, layout.seq_len, layout.precision, row, S.pp, det["classes"][i])
             for tc in cls.calls:
                 c, t, prov = tc.call, tc.seconds, tc.provenance
                 if isinstance(c, CommCall):

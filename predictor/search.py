@@ -51,6 +51,8 @@ from .specs import (
     InfeasibleConfig,
     Layout,
     ModelSpec,
+    grad_comm_bytes,
+    grad_reduce_in_fp32_of,
 )
 
 OBJECTIVES = {"time": ("step_time_s", True), "tokens": ("tokens_per_s", False), "mfu": ("mfu", False),
@@ -314,7 +316,7 @@ def _cp_choices(model: ModelSpec, platform: Platform, num_gpus: int, seq_len: in
 def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg, rcs,
                      rows) -> None:
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
-    gbytes = Layout(num_gpus=1, precision=space.precision, grad_reduce_in_fp32=space.grad_reduce_in_fp32).grad_bytes
+    gbytes = grad_comm_bytes(space.precision, space.grad_reduce_in_fp32)
     f8p = int(space.fp8_param_gather)
     sps = [s for s in space.sequence_parallel if not s or (tp > 1 and (seq_len // cp) % tp == 0)]
     if model.is_moe and tp > 1:   # Megatron-Core runs MoE with tp > 1 only with sequence parallelism
@@ -596,11 +598,9 @@ def layout_of(row: pd.Series | dict) -> Layout:
 def _precision_fields(row: pd.Series | dict) -> dict[str, Any]:
     """grad_reduce_in_fp32 (None where the row's gradient bytes are the precision's default) and
     fp8_param_gather of a table row."""
-    from .specs import GRAD_BYTES
     out: dict[str, Any] = {}
     if "grad_bytes" in row and row["grad_bytes"] == row["grad_bytes"]:
-        gb = int(row["grad_bytes"])
-        out["grad_reduce_in_fp32"] = None if gb == GRAD_BYTES.get(str(row["precision"]), 4) else gb == 4
+        out["grad_reduce_in_fp32"] = grad_reduce_in_fp32_of(int(row["grad_bytes"]), str(row["precision"]))
     if "fp8_param_gather" in row and row["fp8_param_gather"] == row["fp8_param_gather"]:
         out["fp8_param_gather"] = bool(row["fp8_param_gather"])
     return out

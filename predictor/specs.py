@@ -32,9 +32,18 @@ BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 2}
 GRAD_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4, "fp8": 4}
 
 
-def grad_comm_bytes(precision: str) -> int:
-    """Bytes per gradient element in data-parallel reductions (see GRAD_BYTES)."""
-    return GRAD_BYTES.get(precision, 4)
+def grad_comm_bytes(precision: str, grad_reduce_in_fp32: bool | None = None) -> int:
+    """Bytes per gradient element in the gradient buffers and data-parallel reductions: GRAD_BYTES of the
+    precision, or 4 / 2 where Layout.grad_reduce_in_fp32 says fp32 / the 16-bit precision."""
+    if grad_reduce_in_fp32 is None:
+        return GRAD_BYTES.get(precision, 4)
+    return 4 if grad_reduce_in_fp32 else 2
+
+
+def grad_reduce_in_fp32_of(grad_bytes: int, precision: str) -> bool | None:
+    """The Layout.grad_reduce_in_fp32 that gives `grad_bytes` (None where it is the precision's default):
+    `grad_comm_bytes` read backwards."""
+    return None if grad_bytes == grad_comm_bytes(precision) else grad_bytes == 4
 
 
 class InfeasibleConfig(ValueError):
@@ -302,9 +311,7 @@ class Layout:
     @property
     def grad_bytes(self) -> int:
         """Bytes per gradient element in the gradient buffers and the data-parallel reduction."""
-        if self.grad_reduce_in_fp32 is None:
-            return GRAD_BYTES.get(self.precision, 4)
-        return 4 if self.grad_reduce_in_fp32 else 2
+        return grad_comm_bytes(self.precision, self.grad_reduce_in_fp32)
 
     @property
     def num_micro_batches(self) -> int:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from predictor.memory import GIB, MemoryReport, StageMemory
+from predictor.memory import GIB, MEMORY_PART_LABELS, MEMORY_PARTS, MemoryReport, StageMemory, stage_parts_bytes
 
 
 class _LazyAltair:
@@ -333,15 +333,12 @@ def provenance_chart(share: dict[str, float]) -> alt.Chart:
 
 
 # --------------------------------------------------------------------------- memory
-MEMORY_ORDER = ["weights", "gradients", "optimizer", "activations", "buffers", "framework", "NCCL buffers",
-                "allocator reserve"]
-_MEMORY_FIELDS = dict(zip(MEMORY_ORDER, ("weights_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes",
-                                         "buffers_bytes", "framework_bytes", "nccl_bytes", "allocator_bytes")))
+MEMORY_ORDER = [MEMORY_PART_LABELS[k] for k in MEMORY_PARTS]
 
 
 def memory_parts_gib(stage: StageMemory) -> dict[str, float]:
     """{part: GiB} of one pipeline stage of a MemoryReport (the parts in MEMORY_ORDER)."""
-    return {part: float(getattr(stage, f)) / GIB for part, f in _MEMORY_FIELDS.items()}
+    return {part: b / GIB for part, b in stage_parts_bytes(stage).items()}
 
 
 def memory_stages_frame(report: MemoryReport) -> pd.DataFrame:

@@ -257,9 +257,9 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     return out
 
 
-# "default": the framework's (overlaps) or the precision's (gradients); short labels fit the sidebar's columns
-OVERLAP_CHOICES = {"default": None, "on": True, "off": False}
-GRAD_CHOICES = OVERLAP_CHOICES
+# The tri-state switches' choices; "default": the framework's (overlaps) or the precision's (gradients). Short
+# labels fit the sidebar's columns.
+TRI_STATE_CHOICES = {"default": None, "on": True, "off": False}
 
 
 TRI_STATE_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32")
@@ -269,7 +269,7 @@ def query_value(name: str, value: Any) -> str:
     """A layout field as the Predict page's widget reads it from the URL: the on / off selects for the tri-state
     switches (None stays out of the URL), 'true' / 'false' for toggles, the value's text otherwise."""
     if name in TRI_STATE_FIELDS and isinstance(value, bool):
-        return "on" if value else "off"
+        return next(label for label, v in TRI_STATE_CHOICES.items() if v is value)
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -278,7 +278,7 @@ def query_value(name: str, value: Any) -> str:
 def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict[str, Any]:
     """The gradient precision and FP8 primary weights (the CLI's --[no-]grad-reduce-in-fp32, --fp8-param-gather):
     {grad_reduce_in_fp32 (None = the precision's default), fp8_param_gather (fp8 only)}."""
-    grad = container.selectbox("FP32 gradients", list(GRAD_CHOICES), key=_k(prefix, "grad_reduce_in_fp32"),
+    grad = container.selectbox("FP32 gradients", list(TRI_STATE_CHOICES), key=_k(prefix, "grad_reduce_in_fp32"),
                                bind=BIND, disabled=precision == "fp32",
                                help="Gradient buffers and their data-parallel reduction in fp32 (on: Megatron-LM's "
                                     "default for bf16 and fp8) or in bf16 (off: NeMo / Megatron-Bridge performance "
@@ -287,7 +287,7 @@ def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict
                     disabled=precision != "fp8",
                     help="Megatron --fp8-param-gather: the GEMM weights kept and all-gathered in FP8 only (no BF16 "
                          "copy); precision fp8")
-    return {"grad_reduce_in_fp32": None if precision == "fp32" else GRAD_CHOICES[grad],
+    return {"grad_reduce_in_fp32": None if precision == "fp32" else TRI_STATE_CHOICES[grad],
             "fp8_param_gather": bool(fp8p) and precision == "fp8"}
 
 
@@ -304,11 +304,11 @@ def framework_inputs(prefix: str = "", container=None, tp_overlap_possible: bool
     f = get_framework(fw)
     on_off = lambda v: "on" if v else "off"  # noqa: E731
     a, b = c.columns(2)
-    grad = a.selectbox("Grad reduce overlap", list(OVERLAP_CHOICES), key=_k(prefix, "overlap_grad_reduce"), bind=BIND,
+    grad = a.selectbox("Grad reduce overlap", list(TRI_STATE_CHOICES), key=_k(prefix, "overlap_grad_reduce"), bind=BIND,
                        disabled=not f.overlap_switch,
                        help=f"The data-parallel gradient reduction hidden behind the backward; {fw}'s default: "
                             f"{on_off(f.overlap_grad_reduce)}")
-    gather = b.selectbox("Param gather overlap", list(OVERLAP_CHOICES), key=_k(prefix, "overlap_param_gather"),
+    gather = b.selectbox("Param gather overlap", list(TRI_STATE_CHOICES), key=_k(prefix, "overlap_param_gather"),
                          bind=BIND, disabled=not f.overlap_switch,
                          help=f"The distributed optimizer's parameter all-gather hidden behind the next forward; "
                               f"{fw}'s default: {on_off(f.overlap_param_gather)}")
@@ -317,8 +317,8 @@ def framework_inputs(prefix: str = "", container=None, tp_overlap_possible: bool
                      help="Transformer Engine's TP communication overlap (Megatron-Core --tp-comm-overlap, NeMo's "
                           "tp_comm_overlap): each layer's sequence-parallel exchanges hidden under its TP GEMMs; "
                           "needs TP > 1 with sequence parallelism")
-    return {"framework": fw, "overlap_grad_reduce": OVERLAP_CHOICES[grad] if f.overlap_switch else None,
-            "overlap_param_gather": OVERLAP_CHOICES[gather] if f.overlap_switch else None,
+    return {"framework": fw, "overlap_grad_reduce": TRI_STATE_CHOICES[grad] if f.overlap_switch else None,
+            "overlap_param_gather": TRI_STATE_CHOICES[gather] if f.overlap_switch else None,
             "overlap_tp_comm": bool(tp_ov) and tp_overlap_possible}
 
 
