@@ -1,5 +1,5 @@
 """`python -m bench ...`: info, device, ops, collectives, grouped-gemm, ring, context, curve, fit-network,
-cpu-platform, speed-check, sampled-on.
+cpu-platform, speed-check, sampled-on, host-floor.
 
 Sample sets belong to one machine (predictor.machine): without --out a platform's set is
 bench/samples/<platform> when that folder is free or this machine's, else
@@ -322,6 +322,22 @@ def cmd_sampled_on(a) -> int:
     return 0
 
 
+def cmd_host_floor(a) -> int:
+    """Measure the host floor per layer pass on this CPU; print it; with --save write models_store/host_floor.json."""
+    from predictor.host_floor import save_host_floor
+
+    from .host_floor import measure_host_floor
+    if not a.no_wait:
+        _quiet(a)
+    rec = measure_host_floor(rounds=a.rounds, iters=a.iters, log=_log)
+    print(json.dumps({k: rec[k] for k in ("host_s_per_layer_pass", "fwd_bwd_s_per_layer_iqr",
+                                          "kernels_per_layer_pass", "measured_at")}, indent=2))
+    print(f"machine: {rec['machine']['short']}")
+    if a.save:
+        print(f"wrote {save_host_floor(rec, a.models_dir)}")
+    return 0
+
+
 def cmd_curve(a) -> int:
     from .curve import print_curve
     for s in a.samples or [speed_check_samples(p, None) for p in ("cpu-2t", "cpu-1t")]:
@@ -538,6 +554,15 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--samples", help="the sample set the models were trained on (default bench/samples/<platform>)")
     sp.add_argument("--models-dir")
     sp.set_defaults(fn=cmd_sampled_on)
+
+    sp = sub.add_parser("host-floor", help="host time an eager framework needs per transformer layer pass, measured "
+                                           "on this CPU (a lower bound for calibrate-framework's host term)")
+    sp.add_argument("--rounds", type=int, default=9)
+    sp.add_argument("--iters", type=int, default=40, help="forward + backward steps per stack and round")
+    sp.add_argument("--save", action="store_true", help="write models_store/host_floor.json (or under --models-dir)")
+    sp.add_argument("--models-dir")
+    _common(sp)
+    sp.set_defaults(fn=cmd_host_floor)
 
     from .loop import DEFAULT_PHASES, OLD_NAMES, PHASES
     sp = sub.add_parser("cpu-platform", help="the whole loop for this machine's CPU (cpu-2t, cpu-1t): sample, train, "

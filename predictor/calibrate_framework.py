@@ -19,7 +19,7 @@ of what the terms add (engine.terms_error) and as their end-to-end error on GPU 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import pandas as pd
 
 from .compose import ComposeOptions
 from .engine import rows_for
+from .host_floor import HostFloor, load_host_floor
 from .layout_io import layout_from_fields, model_from_fields
 from .specs import FRAMEWORKS, InfeasibleConfig, Layout, ModelSpec
 from .terms import DEFAULT_HOST, EndToEndTerms, HostTerm, save_terms
@@ -45,9 +46,22 @@ class TermsFitOptions:
     host_max_s_per_micro_batch: float = 40e-3
     blend_p: float = 2.0
     power_factor_max: float = 1.0
-    prior_weight: float = 0.3          # weight of the pull of the host terms towards 0 (in units of their bound)
+    prior_weight: float = 0.3          # weight of the pull of the host terms towards their floor (units of bound)
     robust_scale: float = 0.05         # soft-L1 scale of the log-ratio residuals
     max_evaluations: int = 40
+    # framework -> measured lower bound of host_s_per_layer_pass (predictor.host_floor; none: 0)
+    host_floor_s_per_layer_pass: tuple[tuple[str, float], ...] = ()
+
+    def floor_for(self, framework: str) -> float:
+        return dict(self.host_floor_s_per_layer_pass).get(framework, 0.0)
+
+    def with_floor(self, floor: HostFloor | None) -> TermsFitOptions:
+        """These options with the measured floor of every framework it applies to (None: unchanged)."""
+        if floor is None:
+            return self
+        return replace(self, host_floor_s_per_layer_pass=tuple(
+            (f, min(floor.for_framework(f), self.host_max_s_per_layer_pass)) for f in FRAMEWORKS
+            if floor.for_framework(f) > 0))
 
 
 @dataclass
@@ -162,7 +176,10 @@ def with_pooled_host(terms: EndToEndTerms) -> EndToEndTerms:
 
 def fit_terms(runs: RunSet, mask: np.ndarray | None = None, options: TermsFitOptions = TermsFitOptions()
               ) -> EndToEndTerms:
-    """The power factor (shared) and a host term per framework, fitted on runs[mask]."""
+    """The power factor (shared) and a host term per framework, fitted on runs[mask]. A framework's
+    host time per layer pass is bounded below by its measured floor (options.host_floor_s_per_layer_pass)
+    and the prior pulls it towards that floor, so where the runs cannot identify it (large kernels hide
+    the host) it is the floor, not zero."""
     from scipy.optimize import least_squares
     mask = np.ones(len(runs), dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
     if not mask.any():
@@ -175,14 +192,18 @@ def fit_terms(runs: RunSet, mask: np.ndarray | None = None, options: TermsFitOpt
     bounds_hi = np.array([options.power_factor_max]
                          + [options.host_max_s_per_layer_pass, options.host_max_s_per_micro_batch] * len(fws))
     scale = bounds_hi.copy()
+    lo = np.zeros_like(scale)
+    lo[1::2] = [options.floor_for(f) / options.host_max_s_per_layer_pass for f in fws]
     meas = runs.measured_s[mask]
 
     def residuals(z: np.ndarray) -> np.ndarray:   # z: parameters in units of their bound
         pred = runs.predict(_terms_from_vector(z * scale, fws, options))[mask]
-        return np.concatenate([w * np.log(pred / meas), options.prior_weight * z[1:]])
+        return np.concatenate([w * np.log(pred / meas), options.prior_weight * (z[1:] - lo[1:])])
 
-    z0 = np.array([0.1] + [0.25, 0.05] * len(fws))
-    res = least_squares(residuals, z0, bounds=(np.zeros_like(z0), np.ones_like(z0)), loss="soft_l1",
+    hi = np.ones_like(lo)
+    z0 = np.clip(np.array([0.1] + [0.25, 0.05] * len(fws)), lo, hi)
+    hi = np.maximum(hi, lo + 1e-9)
+    res = least_squares(residuals, z0, bounds=(lo, hi), loss="soft_l1",
                         f_scale=options.robust_scale, diff_step=1e-2, max_nfev=options.max_evaluations)
     return with_pooled_host(_terms_from_vector(res.x * scale, fws, options))
 
@@ -294,13 +315,21 @@ class FrameworkCalibration:
 
 def calibrate_framework(store_path: str | Path | None = None, models_dir: str | Path | None = None,
                         options: TermsFitOptions = TermsFitOptions(), progress: Progress | None = None,
-                        save: bool = True) -> FrameworkCalibration:
-    """Fit the end-to-end terms on the store's GPU runs, validate leave-one-source-out, save them."""
+                        save: bool = True, use_host_floor: bool = True) -> FrameworkCalibration:
+    """Fit the end-to-end terms on the store's GPU runs, validate leave-one-source-out, save them. With
+    `use_host_floor` (and options without floors of their own) the measured host floor
+    (models_store/host_floor.json) bounds the host terms below."""
     runs_df = gpu_runs(store_path)
     if runs_df.empty:
         raise InfeasibleConfig("runs", "the store has no measured runs on GPU platforms.",
                                "ingest some (python -m predictor ingest ../shared/datasets/published-runs).")
     runs = prepare_runs(runs_df, models_dir)
+    floor, floor_warning = load_host_floor(models_dir) if use_host_floor else (None, None)
+    if floor_warning:
+        raise InfeasibleConfig("host_floor", floor_warning,
+                               "measure it again (python -m bench host-floor --save) or remove the file.")
+    if not options.host_floor_s_per_layer_pass:
+        options = options.with_floor(floor)
     if len(set(runs.source_ids)) < 2:
         raise InfeasibleConfig("runs", f"the measured runs come from {len(set(runs.source_ids))} source; "
                                        "leave-one-source-out validation needs at least 2.",
@@ -313,8 +342,12 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
     unknown = [f for f in FRAMEWORKS if f not in terms.host]
     licences = source_licences()
     counted = ", ".join(f"{k} {v} [{licences.get(k, 'licence unknown')}]" for k, v in fitted_on.items())
+    floors = dict(options.host_floor_s_per_layer_pass)
+    floor_words = (f"; host time per layer pass bounded below by the floor measured on a CPU ({floor.in_words()})"
+                   if floor is not None and floors else "; no measured host floor (host terms bounded below by 0)")
     source = (f"{len(runs)} measured GPU runs ({counted}); "
-              f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term")
+              f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term"
+              f"{floor_words}")
     terms = EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention, host=terms.host,
                           power_factor=terms.power_factor, source=source, fitted_on=fitted_on,
                           validation=validation, fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))

@@ -12,7 +12,7 @@ def cmd_calibrate_framework(a: argparse.Namespace) -> int:
     log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     opts = TermsFitOptions(max_evaluations=a.max_evaluations)
     cal = calibrate_framework(store_path=a.store, models_dir=a.models_dir, options=opts, progress=log,
-                              save=not a.dry_run)
+                              save=not a.dry_run, use_host_floor=not a.no_host_floor)
     t = cal.terms
     if a.json:
         out: dict[str, Any] = {"terms": t.to_dict(), "per_source": cal.table.to_dict(orient="records"),
@@ -36,5 +36,7 @@ def add_calibrate_framework_parser(sub: Any, common: Any) -> None:
                              "GPU runs; report in-sample and leave-one-source-out errors")
     sp.add_argument("--max-evaluations", type=int, default=40, help="least-squares evaluations per fit")
     sp.add_argument("--dry-run", action="store_true", help="fit and report, write nothing")
+    sp.add_argument("--no-host-floor", action="store_true",
+                    help="ignore models_store/host_floor.json: host terms bounded below by 0 (for comparison)")
     common(sp)
     sp.set_defaults(func=cmd_calibrate_framework)

@@ -1,0 +1,81 @@
+"""The measured floor of an eager framework's host time per transformer layer pass.
+
+A GPU step's host (framework) time is fitted on end-to-end runs (`predictor.calibrate_framework`), but
+only runs whose kernels are short identify it: on large models the GPU hides it and the fit cannot tell
+0 ms from 1 ms. Fitted without such runs the term came out at zero, which no eager framework achieves:
+before any kernel runs, Python, the PyTorch dispatcher and autograd must issue every operator of the
+layer. That part we can measure on a CPU: `python -m bench host-floor` times a Megatron-style eager GPT
+layer (unfused: layer norms, QKV, baddbmm, masked softmax, dropouts, bmm, projections, GeLU MLP,
+residuals) forward and backward at tiny shapes, where the arithmetic is negligible and what remains is
+the issuing cost, as the slope over the number of layers (so the loss and the backward call's fixed
+cost drop out).
+
+The result, `models_store/host_floor.json`, is a lower bound, not an estimate: a GPU host additionally
+pays the CUDA launch call per kernel, the caching allocator, TP collectives' calls and the framework's
+own wrappers, and the CPU that measured it may be faster than the training node's. The fit uses it as
+the lower bound (and the prior) of host_s_per_layer_pass of the frameworks it applies to; where end-to-
+end runs identify a larger value, they win.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from . import paths
+from .paths import ArtifactError, check_number
+from .specs import FRAMEWORKS
+
+HOST_FLOOR_FILE = "host_floor.json"
+MAX_FLOOR_S = 2e-3   # the fit's upper bound of host time per layer pass: a floor above it is a broken file
+
+
+@dataclass(frozen=True)
+class HostFloor:
+    host_s_per_layer_pass: float
+    applies_to: tuple[str, ...]
+    kernels_per_layer_pass: float | None = None
+    machine: str = ""
+    measured_at: str = ""
+    source: str = ""
+
+    def for_framework(self, framework: str) -> float:
+        """The floor of this framework (0 for one the measurement does not apply to)."""
+        return self.host_s_per_layer_pass if framework in self.applies_to else 0.0
+
+    def in_words(self) -> str:
+        k = "" if self.kernels_per_layer_pass is None else f", {self.kernels_per_layer_pass:.0f} kernels"
+        return (f"{self.host_s_per_layer_pass * 1e3:.2f} ms per layer pass{k}, measured on {self.machine or 'a CPU'}"
+                f"{' at ' + self.measured_at if self.measured_at else ''}; applies to {', '.join(self.applies_to)}")
+
+
+def host_floor_from_dict(d: Any, path: str | Path = HOST_FLOOR_FILE) -> HostFloor:
+    """Parsed and checked; ArtifactError naming the file and the field on a bad value."""
+    if not isinstance(d, dict):
+        raise ArtifactError(path, None, f"must be a JSON object, not {type(d).__name__}")
+    floor = float(check_number(path, "host_s_per_layer_pass", d.get("host_s_per_layer_pass"), ge=0.0,
+                               le=MAX_FLOOR_S))
+    applies = d.get("applies_to")
+    if not isinstance(applies, list) or not applies:
+        raise ArtifactError(path, "applies_to", f"must be a non-empty list of frameworks ({', '.join(FRAMEWORKS)})")
+    for f in applies:
+        if f not in FRAMEWORKS:
+            raise ArtifactError(path, "applies_to", f"unknown framework {f!r} (use {', '.join(FRAMEWORKS)})")
+    kernels = check_number(path, "kernels_per_layer_pass", d.get("kernels_per_layer_pass"), ge=0.0, optional=True)
+    machine = d.get("machine") or {}
+    short = str(machine.get("short", "")) if isinstance(machine, dict) else str(machine)
+    return HostFloor(floor, tuple(str(f) for f in applies), None if kernels is None else float(kernels), short,
+                     str(d.get("measured_at", "")), str(d.get("source", "")))
+
+
+def load_host_floor(models_dir: str | Path | None = None) -> tuple[HostFloor | None, str | None]:
+    """(floor, None); (None, None) without the file; (None, warning naming the file and field) when broken."""
+    p = paths.shared_artifact(HOST_FLOOR_FILE, models_dir)
+    return paths.load_checked(p, lambda d: host_floor_from_dict(d, p))
+
+
+def save_host_floor(record: dict[str, Any], models_dir: str | Path | None = None) -> Path:
+    """Write the record atomically, refusing one that would not load back."""
+    p = paths.shared_artifact(HOST_FLOOR_FILE, models_dir)
+    host_floor_from_dict(record, p)
+    return paths.write_json_atomic(p, record)

@@ -1,0 +1,106 @@
+"""The measured host floor (predictor.host_floor, bench/host_floor.py): what `bench host-floor` measures,
+how the file is checked, and that the end-to-end fit keeps each framework's host term at or above it."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from predictor import calibrate_framework as cf
+from predictor.host_floor import HOST_FLOOR_FILE, host_floor_from_dict, load_host_floor, save_host_floor
+from predictor.paths import ArtifactError
+from predictor.terms import EndToEndTerms, HostTerm
+from tests.test_calibrate_framework import _runs
+
+GOOD = {"host_s_per_layer_pass": 3e-4, "applies_to": ["megatron-deepspeed", "fsdp"], "kernels_per_layer_pass": 26.5,
+        "machine": {"short": "AMD EPYC (test)"}, "measured_at": "2026-11-25T00:00:00+00:00", "source": "test"}
+
+
+def test_a_valid_record_loads_and_applies_only_to_its_frameworks(tmp_path):
+    save_host_floor(GOOD, tmp_path)
+    floor, warn = load_host_floor(tmp_path)
+    assert warn is None and floor is not None
+    assert floor.for_framework("fsdp") == pytest.approx(3e-4)
+    assert floor.for_framework("ddp") == 0.0
+    assert "0.30 ms per layer pass" in floor.in_words() and "AMD EPYC (test)" in floor.in_words()
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"host_s_per_layer_pass": -1e-4}, "host_s_per_layer_pass"),
+    ({"host_s_per_layer_pass": 0.5}, "host_s_per_layer_pass"),          # half a second: no framework's floor
+    ({"host_s_per_layer_pass": None}, "host_s_per_layer_pass"),
+    ({"applies_to": ["jax"]}, "applies_to"),
+    ({"applies_to": []}, "applies_to"),
+    ({"kernels_per_layer_pass": "many"}, "kernels_per_layer_pass"),
+])
+def test_a_bad_record_names_its_field(bad, field, tmp_path):
+    with pytest.raises(ArtifactError, match=field):
+        host_floor_from_dict({**GOOD, **bad})
+    with pytest.raises(ArtifactError, match=field):
+        save_host_floor({**GOOD, **bad}, tmp_path)        # never written
+    assert not (tmp_path / HOST_FLOOR_FILE).exists()
+    (tmp_path / HOST_FLOOR_FILE).write_text(json.dumps({**GOOD, **bad}))
+    floor, warn = load_host_floor(tmp_path)
+    assert floor is None and HOST_FLOOR_FILE in warn and field in warn
+
+
+def test_no_file_is_no_floor(tmp_path):
+    assert load_host_floor(tmp_path) == (None, None)
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs() -> cf.RunSet:
+    runs = cf.prepare_runs(pd.DataFrame(_runs("a", "fsdp", 1024, 8, 6) + _runs("b", "fsdp", 512, 8, 6)))
+    # runs that want no host time at all: the bare kernel time plus a power term
+    runs.measured_s = runs.predict(EndToEndTerms(power_factor=0.1, host={"fsdp": HostTerm(0.0, 2.0, 0.0)}))
+    return runs
+
+
+def test_the_fit_keeps_the_host_term_at_or_above_the_measured_floor(fsdp_runs):
+    free = cf.fit_terms(fsdp_runs, options=cf.TermsFitOptions(max_evaluations=20))
+    floor = host_floor_from_dict({**GOOD, "host_s_per_layer_pass": 1.2e-3})
+    opt = cf.TermsFitOptions(max_evaluations=20).with_floor(floor)
+    assert opt.floor_for("fsdp") == pytest.approx(1.2e-3) and opt.floor_for("ddp") == 0.0
+    held = cf.fit_terms(fsdp_runs, options=opt)
+    assert free.host["fsdp"].host_s_per_layer_pass < 0.6e-3           # the runs alone pull it down
+    assert held.host["fsdp"].host_s_per_layer_pass >= 1.2e-3 - 1e-9    # the floor holds it
+    # and the floor costs time: those runs are now predicted slower than by the free fit
+    assert np.mean(fsdp_runs.predict(held)) > np.mean(fsdp_runs.predict(free))
+
+
+def test_calibrate_framework_uses_the_floor_file_and_says_so(tmp_path):
+    from predictor.store import ingest_path
+    f = tmp_path / "runs.csv"
+    rows = [{**r, "step_time_s": 2.0 + 0.1 * i} for i, r in
+            enumerate(_runs("x", "fsdp", 512, 4, 3) + _runs("y", "megatron-deepspeed", 512, 4, 3))]
+    pd.DataFrame(rows).drop(columns=["run_id"]).assign(
+        case_id=lambda d: [f"c{i}" for i in range(len(d))]).to_csv(f, index=False)
+    db = tmp_path / "s.duckdb"
+    ingest_path(f, store_path=db)
+    models = tmp_path / "m"
+    save_host_floor({**GOOD, "host_s_per_layer_pass": 1.5e-3}, models)
+    cal = cf.calibrate_framework(store_path=db, models_dir=models, save=False,
+                                 options=cf.TermsFitOptions(max_evaluations=8))
+    assert "bounded below by the floor measured on a CPU" in cal.terms.source
+    for fw in ("fsdp", "megatron-deepspeed"):
+        assert cal.terms.host[fw].host_s_per_layer_pass >= 1.5e-3 - 1e-9
+    off = cf.calibrate_framework(store_path=db, models_dir=models, save=False, use_host_floor=False,
+                                 options=cf.TermsFitOptions(max_evaluations=8))
+    assert "no measured host floor" in off.terms.source
+    (models / HOST_FLOOR_FILE).write_text("{not json")
+    from predictor.specs import InfeasibleConfig
+    with pytest.raises(InfeasibleConfig, match="host_floor"):
+        cf.calibrate_framework(store_path=db, models_dir=models, save=False)
+
+
+def test_bench_host_floor_measures_a_positive_time_and_counts_kernels():
+    pytest.importorskip("torch")
+    from bench.host_floor import measure_host_floor
+    rec = measure_host_floor(rounds=2, iters=3, warmup=1)
+    assert 0 < rec["host_s_per_layer_pass"] < 2e-3
+    # a GPT layer's forward + backward issues some tens of kernels per pass (views not counted)
+    assert 10 <= rec["kernels_per_layer_pass"] <= 80
+    floor = host_floor_from_dict(rec)          # what bench writes is what the predictor reads
+    assert "megatron-deepspeed" in floor.applies_to and floor.machine
