@@ -64,6 +64,12 @@ SOURCE_COLS_CFG = {
     "measured_mfu": st.column_config.NumberColumn("measured MFU", format="percent"),
     "held_out_mfu_gap_points": st.column_config.NumberColumn("held-out MFU gap (points)", format="%.1f"),
     "held_out_mfu_signed_points": st.column_config.NumberColumn("held-out MFU signed (points)", format="%.1f"),
+    "runs_shape_flagged": st.column_config.NumberColumn(
+        "runs with unaligned GEMMs", help="GEMM dimensions not in multiples of 8 elements: outside the sampled "
+                                          "shapes; predictions with such shapes warn and widen their error band"),
+    "held_out_mape_unflagged": st.column_config.NumberColumn("held-out MAPE, aligned runs", format="percent"),
+    "held_out_mean_signed_unflagged": st.column_config.NumberColumn("held-out signed, aligned runs",
+                                                                    format="percent"),
     "skipped_at_fit": st.column_config.NumberColumn("runs not composed"),
     "skipped_at_ingest": st.column_config.NumberColumn("rows skipped at ingest"),
     "skipped_why": st.column_config.TextColumn("why skipped at ingest"),
@@ -86,6 +92,20 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
                 "from a refit without that source, so it is how far to trust the terms on a framework or cluster "
                 f"they have not seen. *Signed*: below zero, the prediction is faster than the measurement.{held}")
     views.table(table, "end_to_end_per_source", "e2e_sources", column_config=SOURCE_COLS_CFG)
+    notes = []
+    shape = pooled.get("shape_flagged")
+    if isinstance(shape, dict) and shape.get("runs"):
+        notes.append(f"{int(shape['runs'])} runs have GEMM dimensions not in multiples of 8 (outside the sampled "
+                     f"shapes): held out they were {fmt.pct(shape['held_out_mape'], 1)} off (signed "
+                     f"{shape['held_out_mean_signed']:+.1%}); a prediction with such shapes warns and carries that "
+                     "error in its band.")
+    floor = data.host_floor_words()
+    if floor:
+        notes.append(f"Host time per layer pass of every eager framework is bounded below by a floor measured on a "
+                     f"CPU ({floor}; `python -m bench host-floor`): where no run identifies the host (long kernels "
+                     "hide it) the fit rests there, not at zero.")
+    if notes:
+        st.caption(" ".join(notes))
 
 
 IND_COLS_CFG = {

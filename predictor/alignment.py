@@ -16,11 +16,20 @@ ALIGN_ELEMENTS = 8
 
 def unaligned_dims(model: ModelSpec, layout: Layout) -> dict[str, int]:
     """GEMM dimensions of one rank that are not multiples of 8 elements: name -> size."""
-    tp = layout.tp
+    return unaligned_dims_at(model, layout.tp)
+
+
+def unaligned_dims_at(model: ModelSpec, tp: int) -> dict[str, int]:
+    """`unaligned_dims` for a tensor-parallel degree (a search row has no Layout)."""
     dims = {"head dimension (hidden / heads)": model.head_size,
             "hidden per TP rank": model.hidden_size // tp if model.hidden_size % tp == 0 else model.hidden_size,
             "FFN width per TP rank": model.ffn // tp if model.ffn % tp == 0 else model.ffn}
     return {k: v for k, v in dims.items() if v % ALIGN_ELEMENTS}
+
+
+def shape_flagged(model: ModelSpec, tp: int, precision: str) -> bool:
+    """Whether a layout's GEMM shapes are outside what the samples cover (tensor-core precisions only)."""
+    return precision != "fp32" and bool(unaligned_dims_at(model, tp))
 
 
 def alignment_warning(model: ModelSpec, layout: Layout) -> str | None:

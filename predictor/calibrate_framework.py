@@ -76,6 +76,7 @@ class RunSet:
     mfu_s: np.ndarray                           # model FLOPs / (GPUs x peak): MFU = mfu_s / step time
     ceiling_mfu: np.ndarray                     # achievable matmul FLOP/s / peak (NaN where unknown)
     _groups: list[tuple[Any, ModelSpec, int, str, np.ndarray, np.ndarray, list]]
+    shape_flagged: np.ndarray | None = None     # GEMM dimensions not in multiples of 8 (predictor.alignment)
 
     def __len__(self) -> int:
         return len(self.measured_s)
@@ -149,8 +150,10 @@ def prepare_runs(runs: pd.DataFrame, models_dir: str | Path | None = None) -> Ru
     for (plat, m, seq, prec), idx in by.items():
         rows, structs = rows_for(m, [items[i][1] for i in idx])
         groups.append((predictors[plat], m, seq, prec, np.array(idx), rows, structs))
+    from .alignment import shape_flagged
+    flagged = np.array([shape_flagged(m, L.tp, L.precision) for m, L, _p in items], dtype=bool)
     return RunSet(np.array(meas), np.array(src), np.array(fws), np.array(plats), np.array(ids), skipped,
-                  np.array(mfu_s), np.array(ceil), groups)
+                  np.array(mfu_s), np.array(ceil), groups, flagged)
 
 
 # ---- the fit ------------------------------------------------------------------------------------------
@@ -257,6 +260,12 @@ def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
         if s in held_terms:
             ht = held_terms[s]
             row["held_out_terms"] = terms_in_words(ht)
+        flagged = runs.shape_flagged if runs.shape_flagged is not None else np.zeros(len(runs), dtype=bool)
+        row["runs_shape_flagged"] = int((m & flagged).sum())
+        for tag, sel in (("flagged", m & flagged), ("unflagged", m & ~flagged)):
+            if row["runs_shape_flagged"] and sel.any() and not np.isnan(held[sel]).any():
+                e = error_summary(held[sel], runs.measured_s[sel])
+                row[f"held_out_mape_{tag}"], row[f"held_out_mean_signed_{tag}"] = e["mape"], e["mean_signed"]
         table.append(row)
     return terms, pd.DataFrame(table), held
 
@@ -267,8 +276,9 @@ def terms_in_words(t: EndToEndTerms) -> str:
     return f"power factor {t.power_factor:.3f}; host: {host}"
 
 
-def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str, int]] | None = None
-                      ) -> dict[str, Any]:
+def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str, int]] | None = None,
+                      held: np.ndarray | None = None, measured_s: np.ndarray | None = None,
+                      flagged: np.ndarray | None = None) -> dict[str, Any]:
     """What framework_terms.json keeps: per source in-sample and held-out figures, the pooled held-out
     MAPE and mean signed error (every source weighted equally)."""
     per: dict[str, Any] = {}
@@ -278,7 +288,14 @@ def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str,
             per[r["source"]]["skipped_at_ingest"] = skipped_by_store[r["source"]]
     ho = table["held_out_mape"].dropna() if "held_out_mape" in table else pd.Series(dtype=float)
     hs = table["held_out_mean_signed"].dropna() if "held_out_mean_signed" in table else pd.Series(dtype=float)
-    return {"scheme": "leave-one-source-out: each source predicted by terms fitted without it",
+    out: dict[str, Any] = {}
+    if held is not None and flagged is not None and flagged.any() and not np.isnan(held[flagged]).any():
+        e = error_summary(held[flagged], measured_s[flagged])    # type: ignore[index]
+        out["shape_flagged"] = {
+            "runs": int(flagged.sum()), "held_out_mape": e["mape"], "held_out_mean_signed": e["mean_signed"],
+            "what": "runs whose GEMM dimensions are not multiples of 8 elements (predictor.alignment), each "
+                    "predicted by terms fitted without its source"}
+    return {**out, "scheme": "leave-one-source-out: each source predicted by terms fitted without it",
             "held_out_mape": float(ho.mean()) if len(ho) else None,
             "held_out_mean_signed": float(hs.mean()) if len(hs) else None,
             "in_sample_mape": float(table["in_sample_mape"].mean()) if "in_sample_mape" in table else None,
@@ -334,10 +351,10 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
         raise InfeasibleConfig("runs", f"the measured runs come from {len(set(runs.source_ids))} source; "
                                        "leave-one-source-out validation needs at least 2.",
                                "ingest runs from another source (another framework or cluster).")
-    terms, table, _held = validate_terms(runs, options, progress)
+    terms, table, held = validate_terms(runs, options, progress)
     skips = store_skips(store_path)
     table["skipped_at_ingest"] = [int(sum(skips.get(s, {}).values())) for s in table["source"]]
-    validation = validation_record(table, skips)
+    validation = validation_record(table, skips, held, runs.measured_s, runs.shape_flagged)
     fitted_on = {str(s): int((runs.source_ids == s).sum()) for s in sorted(set(runs.source_ids))}
     unknown = [f for f in FRAMEWORKS if f not in terms.host]
     licences = source_licences()
@@ -383,4 +400,13 @@ def format_table(table: pd.DataFrame) -> str:
             r.get("held_out_max_mfu_over_ceiling")
         lines.append(f"{r['source']:<18} {pct(r.get('measured_mfu')):>12} "
                      f"{'-' if g is None else f'{g:.1f}, {gs:+.1f}':>44} {'-' if mc is None else f'{mc:.2f}':>28}")
+    flagged = [r for r in table.to_dict(orient="records") if (r.get("runs_shape_flagged") or 0) > 0]
+    if flagged:
+        lines += ["", "runs with GEMM dimensions not in multiples of 8 (predictions warn; samples cover aligned "
+                      "shapes only), source held out, MAPE (mean signed):"]
+        for r in flagged:
+            lines.append(f"{r['source']:<18} {int(r['runs_shape_flagged']):>3} flagged: "
+                         f"{pct(r.get('held_out_mape_flagged'))} ({spct(r.get('held_out_mean_signed_flagged'))}); "
+                         f"the other {int(r.get('runs', 0)) - int(r['runs_shape_flagged'])}: "
+                         f"{pct(r.get('held_out_mape_unflagged'))} ({spct(r.get('held_out_mean_signed_unflagged'))})")
     return "\n".join(lines)

@@ -467,6 +467,9 @@ class Predictor:
         tflops_gpu = flops / step / layout.num_gpus / 1e12
         peak = self.platform.device.peak_flops(fp8.mfu_peak_precision(layout.precision)) / 1e12  # fp8: BF16 peak
         share, err, basis = self.confidence(ev.provenance_s[r])
+        shape = self.shape_error(model, layout.tp, layout.precision)
+        if shape is not None:
+            err, basis = max(err, shape[0]), f"{basis}; {shape[1]}"
         det = ev.details.get(r)
         memory = None
         if det is not None:
@@ -595,6 +598,21 @@ class Predictor:
         how = (f" over {val['measuring_runs']} measuring runs, as sampled" if val.get("measuring_runs", 1) > 1
                else "")
         return float(val["mape"]), val.get("n_runs", "?"), how
+
+    def shape_error(self, model: ModelSpec, tp: int, precision: str) -> tuple[float, str] | None:
+        """(error, words) for GEMM shapes the samples do not cover (dimensions not in multiples of 8, see
+        predictor.alignment): the source-held-out error of the measured runs with such shapes
+        (framework_terms.json `validation.shape_flagged`), which the band widens to. None where the shapes
+        are aligned, on CPU platforms, or without such runs."""
+        from .alignment import shape_flagged
+        if self.platform.device.vendor == "cpu" or not shape_flagged(model, tp, precision):
+            return None
+        rec = ((self.terms.validation or {}) if self.terms is not None else {}).get("shape_flagged")
+        if not isinstance(rec, dict) or not rec.get("runs"):
+            return None
+        mape, signed = float(rec["held_out_mape"]), float(rec["held_out_mean_signed"])
+        return mape, (f"GEMM dimensions not in multiples of 8: {int(rec['runs'])} measured runs with such shapes "
+                      f"were {mape:.0%} off (mean signed {signed:+.0%}) with the terms fitted without their source")
 
     def confidence(self, prov_s: dict[str, list[float]]) -> tuple[dict[str, float], float, str]:
         """(share of the step's work per provenance, expected relative error, basis in words) from the

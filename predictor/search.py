@@ -572,9 +572,11 @@ def _add_error_band(table: pd.DataFrame, model, P: Predictor, eng, arr, structs,
     src = table.loc[best, "_row"].to_numpy()
     ev = eng.evaluate(model, arr[src], structs, seq_len, precision, provenance=True)
     errs, provs = [], []
+    tps = table.loc[best, "tp"].to_numpy()
     for r in range(len(src)):
         share, err, _basis = P.confidence(ev.provenance_s[r])
-        errs.append(err)
+        shape = P.shape_error(model, int(tps[r]), precision)
+        errs.append(err if shape is None else max(err, shape[0]))
         provs.append("; ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v > 0.0005))
     table.loc[best, "expected_error"] = errs
     table.loc[best, "provenance"] = provs

@@ -144,7 +144,8 @@ def save_terms(terms: EndToEndTerms, models_dir: str | Path | None = None) -> Pa
 SOURCE_VALIDATION_COLUMNS = (
     "source", "framework", "runs", "in_sample_mape", "held_out_mape", "in_sample_median_ape", "held_out_median_ape",
     "in_sample_worst_ape", "held_out_worst_ape", "in_sample_mean_signed", "held_out_mean_signed", "measured_mfu",
-    "held_out_mfu_gap_points", "held_out_mfu_signed_points", "skipped_at_fit", "skipped_at_ingest", "skipped_why")
+    "held_out_mfu_gap_points", "held_out_mfu_signed_points", "runs_shape_flagged", "held_out_mape_unflagged",
+    "held_out_mean_signed_unflagged", "skipped_at_fit", "skipped_at_ingest", "skipped_why")
 
 
 def validation_by_source(terms: EndToEndTerms) -> Any:
@@ -152,7 +153,9 @@ def validation_by_source(terms: EndToEndTerms) -> Any:
     written by predictor.calibrate_framework) as a DataFrame, one row per source, `SOURCE_VALIDATION_COLUMNS`:
     runs, in-sample and source-held-out MAPE / median / worst / mean signed error (held-out: predicted by
     terms refitted without that source), the measured MFU and the held-out MFU gap (mean |gap| and signed,
-    in points), the runs the fit could not compose (`skipped_at_fit`), and the rows the ingest skipped for
+    in points), the runs with GEMM dimensions not in multiples of 8 (`runs_shape_flagged`, predictor.alignment)
+    and the held-out error of the others (`held_out_mape_unflagged`, `held_out_mean_signed_unflagged`; None
+    where no run is flagged), the runs the fit could not compose (`skipped_at_fit`), and the rows the ingest skipped for
     that source (`skipped_at_ingest`) with why
     (`skipped_why`: "reason: rows; ..."). Empty (with those columns) when the terms carry no validation."""
     import pandas as pd
@@ -167,7 +170,7 @@ def validation_by_source(terms: EndToEndTerms) -> Any:
             why = ""
         row = {c: rec.get(c) for c in SOURCE_VALIDATION_COLUMNS}
         row.update(source=source, skipped_at_fit=int(rec.get("skipped") or 0), skipped_at_ingest=int(skipped),
-                   skipped_why=why)
+                   skipped_why=why, runs_shape_flagged=int(rec.get("runs_shape_flagged") or 0))
         rows.append(row)
     return pd.DataFrame(rows, columns=list(SOURCE_VALIDATION_COLUMNS))
 

@@ -240,6 +240,18 @@ def _terms_by_source(models_version: str) -> tuple[pd.DataFrame, dict[str, Any],
     return validation_by_source(terms), {**pooled, "fitted_on": terms.fitted_on}, warning
 
 
+@st.cache_data(show_spinner=False, max_entries=8)
+def _host_floor_words(models_version: str) -> str | None:
+    from predictor.host_floor import load_host_floor
+    floor, _warning = load_host_floor(config.models_dir_arg())
+    return floor.in_words() if floor is not None else None
+
+
+def host_floor_words() -> str | None:
+    """The measured host floor (models_store/host_floor.json) in words, or None without a usable file."""
+    return _host_floor_words(config.models_version())
+
+
 def terms_by_source() -> tuple[pd.DataFrame, dict[str, Any], str | None]:
     """The end-to-end terms' leave-one-source-out validation (predictor.terms.validation_by_source), the
     pooled figures of framework_terms.json (held-out MAPE, scheme, the runs per source) and a warning when

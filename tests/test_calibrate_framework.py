@@ -2,6 +2,7 @@
 terms, scores each source with terms fitted without it, and what predictions then say."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -177,3 +178,31 @@ def test_validation_by_source_reads_the_per_source_record():
     assert pd.isna(b["held_out_median_ape"])  # not in the record: empty
     empty = validation_by_source(NONE)
     assert empty.empty and list(empty.columns) == list(SOURCE_VALIDATION_COLUMNS)
+
+
+def test_runs_with_unaligned_gemm_shapes_are_scored_apart_and_widen_the_band(tmp_path):
+    rows = (_runs("aligned-a", "megatron-deepspeed", 512, 4, 3) + _runs("aligned-b", "fsdp", 512, 4, 3)
+            + [{**r, "heads": 16, "kv_heads": 16} for r in _runs("odd", "megatron-deepspeed", 960, 4, 3)])   # head dim 60
+    runs = cf.prepare_runs(pd.DataFrame(rows))
+    assert runs.shape_flagged is not None
+    assert list(runs.shape_flagged) == [False] * 6 + [True] * 3
+    base = runs.predict(TRUE)
+    runs.measured_s = np.where(runs.shape_flagged, base * 2.0, base)     # unaligned shapes run 2x slower
+    _terms, table, held = cf.validate_terms(runs, cf.TermsFitOptions(max_evaluations=10))
+    r = table.set_index("source").loc["odd"]
+    assert r["runs_shape_flagged"] == 3 and r["held_out_mean_signed_flagged"] < -0.3
+    rec = cf.validation_record(table, None, held, runs.measured_s, runs.shape_flagged)
+    assert rec["shape_flagged"]["runs"] == 3 and rec["shape_flagged"]["held_out_mape"] > 0.3
+    assert "not in multiples of 8" in cf.format_table(table)
+    # a prediction with such shapes carries that error; an aligned one does not
+    save_terms(EndToEndTerms(power_factor=0.1, host={"default": HostTerm(1e-3, 2.0, 1e-3)}, fitted_on={"odd": 3},
+                             validation={"held_out_mape": 0.05, "shape_flagged": rec["shape_flagged"]}), tmp_path)
+    pr = Predictor("dgx-h100", tmp_path)
+    lay = Layout(num_gpus=8, tp=2, pp=1, dp=4, micro_batch=1, global_batch=32, seq_len=2048)
+    odd = pr.predict(dataclasses.replace(get_preset("llama2-7b"), hidden_size=4000, num_heads=40, num_kv_heads=40),
+                     lay)   # head dimension 100
+    even = pr.predict(get_preset("llama2-7b"), lay)
+    assert odd.expected_error >= rec["shape_flagged"]["held_out_mape"] - 1e-12
+    assert "3 measured runs with such shapes" in odd.error_basis
+    assert even.expected_error < rec["shape_flagged"]["held_out_mape"] and even.expected_error < odd.expected_error
+    assert "such shapes" not in even.error_basis
