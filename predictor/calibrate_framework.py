@@ -77,6 +77,7 @@ class RunSet:
     ceiling_mfu: np.ndarray                     # achievable matmul FLOP/s / peak (NaN where unknown)
     _groups: list[tuple[Any, ModelSpec, int, str, np.ndarray, np.ndarray, list]]
     shape_flagged: np.ndarray | None = None     # GEMM dimensions not in multiples of 8 (predictor.alignment)
+    device_ids: np.ndarray | None = None        # the GPU of each run's platform (DeviceSpec.device_id)
 
     def __len__(self) -> int:
         return len(self.measured_s)
@@ -152,8 +153,9 @@ def prepare_runs(runs: pd.DataFrame, models_dir: str | Path | None = None) -> Ru
         groups.append((predictors[plat], m, seq, prec, np.array(idx), rows, structs))
     from .alignment import shape_flagged
     flagged = np.array([shape_flagged(m, L.tp, L.precision) for m, L, _p in items], dtype=bool)
+    devices = np.array([predictors[p].platform.device.device_id for p in plats])
     return RunSet(np.array(meas), np.array(src), np.array(fws), np.array(plats), np.array(ids), skipped,
-                  np.array(mfu_s), np.array(ceil), groups, flagged)
+                  np.array(mfu_s), np.array(ceil), groups, flagged, devices)
 
 
 # ---- the fit ------------------------------------------------------------------------------------------
@@ -244,6 +246,8 @@ def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
         m = runs.source_ids == s
         row: dict[str, Any] = {"source": s, "framework": ", ".join(sorted(set(runs.frameworks[m]))),
                                "skipped": int(sum(runs.skipped.get(s, {}).values()))}
+        if runs.device_ids is not None:
+            row["devices"] = ", ".join(sorted(set(runs.device_ids[m])))
         for tag, pred in (("no_terms", bare), ("in_sample", in_sample), ("held_out", held)):
             if np.isnan(pred[m]).any():
                 continue
