@@ -1,14 +1,18 @@
 """Fit the end-to-end terms (predictor.terms) on measured runs of real frameworks, scored leave-one-source-out.
 
     python -m predictor calibrate-framework            # fit, print in-sample and source-held-out, save
-    python -m predictor calibrate-framework --no-save  # the table only
+    python -m predictor calibrate-framework --dry-run  # the table only
+    python -m predictor calibrate-framework --no-host-floor --dry-run   # without the measured host floor
 
 Every measured run of a GPU platform in the store (vTrain's single-node Megatron-DeepSpeed runs, the
 llm-foundry FSDP runs, the BLOOM-176B Megatron-DeepSpeed runs, ...) is composed by the step-time engine
 exactly as `predict` composes it, with candidate terms; the terms minimise a robust loss of the log
 ratio predicted / measured, each source weighted by the square root of its run count (so 1,440 vTrain
-rows do not drown 20 BLOOM rows) plus a weak prior that pulls the host terms towards zero (they are
-bounded by what an eager framework can physically spend: `TermsFitOptions`).
+rows do not drown 20 BLOOM rows) plus a weak prior that pulls the host terms towards their floor. The
+host terms are bounded above by what an eager framework can physically spend and below by the host
+floor measured on a CPU (predictor.host_floor; 0 without it): `TermsFitOptions`. Runs whose GEMM
+dimensions are not multiples of 8 (predictor.alignment: outside the sampled shapes) are fitted on like
+the others and also scored apart (`runs_shape_flagged`, `validation.shape_flagged`).
 
 Validation is leave-one-source-out: for each source the terms are fitted again without it and its
 runs are predicted with those terms. The table reports, per source, the in-sample and held-out MAPE,
