@@ -10,8 +10,10 @@ with the shape (at hidden 64 / 16 tokens it is 70 % higher, at 128 / 32 tokens 2
 is what Python, the dispatcher and autograd spend issuing the operators.
 The time per layer is the slope between a short and a long stack of layers (the loss, the backward
 call and the optimizer-free step's fixed cost drop out), taken as the median over rounds; a layer pass
-is half of a layer's forward + backward. The profiler counts the operators that would launch a kernel
-on a GPU. See predictor.host_floor for how the fit uses it (a lower bound).
+is half of a layer's forward + backward. The same stacks under full activation recomputation (reentrant
+checkpoint per layer, as Megatron recomputes) give what recomputation adds, in layer passes. The
+profiler counts the operators that would launch a kernel on a GPU. See predictor.host_floor for how the
+fit uses it (a lower bound).
 """
 from __future__ import annotations
 
@@ -114,10 +116,27 @@ def _layer_class() -> Any:
     return MegatronStyleLayer
 
 
-def _stack(layers: int, hidden: int, heads: int, dropout: float) -> Any:
+def _stack(layers: int, hidden: int, heads: int, dropout: float, checkpointed: bool = False) -> Any:
     from torch import nn
     cls = _layer_class()
-    return nn.Sequential(*[cls(hidden, heads, dropout) for _ in range(layers)])
+    if not checkpointed:
+        return nn.Sequential(*[cls(hidden, heads, dropout) for _ in range(layers)])
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        """Full activation recomputation as Megatron runs it: each layer's forward without autograd, its
+        input kept, re-run with autograd in the backward (reentrant checkpoint, RNG state saved and restored)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([cls(hidden, heads, dropout) for _ in range(layers)])
+
+        def forward(self, x: Any) -> Any:
+            for layer in self.layers:
+                x = checkpoint(layer, x, use_reentrant=True, preserve_rng_state=True)
+            return x
+
+    return Checkpointed()
 
 
 def _time_step(model: Any, x: Any, iters: int) -> float:
@@ -154,17 +173,22 @@ def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short:
         torch.manual_seed(0)
         x = torch.randn(seq, 1, hidden, requires_grad=True)
         a, b = _stack(short, hidden, heads, dropout), _stack(long, hidden, heads, dropout)
-        for m in (a, b):
+        ca, cb = (_stack(short, hidden, heads, dropout, True), _stack(long, hidden, heads, dropout, True))
+        for m in (a, b, ca, cb):
             _time_step(m, x, warmup)
-        slopes = []
-        for r in range(rounds):
+        slopes, ck_slopes = [], []
+        for r in range(rounds):   # plain and checkpointed stacks interleaved: both see the same machine state
             ta, tb = _time_step(a, x, iters), _time_step(b, x, iters)
             slopes.append((tb - ta) / (long - short))
-            say(f"round {r + 1}/{rounds}: {slopes[-1] * 1e6:.0f} us per layer forward + backward")
+            ta, tb = _time_step(ca, x, iters), _time_step(cb, x, iters)
+            ck_slopes.append((tb - ta) / (long - short))
+            say(f"round {r + 1}/{rounds}: {slopes[-1] * 1e6:.0f} us per layer forward + backward, "
+                f"{ck_slopes[-1] * 1e6:.0f} us with full recomputation")
         kernels = (count_kernels(b, x) - count_kernels(a, x)) / (long - short)
     finally:
         torch.set_num_threads(threads)
     per_layer = statistics.median(slopes)
+    per_layer_ck = statistics.median(ck_slopes)
     q = statistics.quantiles(slopes, n=4) if len(slopes) >= 4 else [min(slopes), per_layer, max(slopes)]
     from predictor.machine import current
     mach = current()
@@ -173,6 +197,10 @@ def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short:
         "fwd_bwd_s_per_layer": per_layer,
         "fwd_bwd_s_per_layer_iqr": [q[0], q[-1]],
         "kernels_per_layer_pass": kernels / 2.0,
+        "fwd_bwd_s_per_layer_recomputed": per_layer_ck,
+        # what full recomputation adds to a layer (its no-grad forward, the checkpoint machinery and the
+        # forward re-run), in plain layer passes: the host passes the backward carries for recomputation
+        "recompute_host_passes": max(0.0, per_layer_ck - per_layer) / (per_layer / 2.0),
         "applies_to": FRAMEWORKS_EAGER,
         "layer": {"style": "Megatron-style GPT layer, unfused, [seq, batch, hidden], TP 1", "hidden": hidden,
                   "heads": heads, "seq_len": seq, "micro_batch": 1, "dropout": dropout,

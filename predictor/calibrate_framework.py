@@ -55,6 +55,7 @@ class TermsFitOptions:
     max_evaluations: int = 40
     # framework -> measured lower bound of host_s_per_layer_pass (predictor.host_floor; none: 0)
     host_floor_s_per_layer_pass: tuple[tuple[str, float], ...] = ()
+    recompute_host_passes: float = 1.0   # host passes a recomputed layer adds (measured with the floor)
 
     def floor_for(self, framework: str) -> float:
         return dict(self.host_floor_s_per_layer_pass).get(framework, 0.0)
@@ -63,7 +64,8 @@ class TermsFitOptions:
         """These options with the measured floor of every framework it applies to (None: unchanged)."""
         if floor is None:
             return self
-        return replace(self, host_floor_s_per_layer_pass=tuple(
+        rp = self.recompute_host_passes if floor.recompute_host_passes is None else floor.recompute_host_passes
+        return replace(self, recompute_host_passes=rp, host_floor_s_per_layer_pass=tuple(
             (f, min(floor.for_framework(f), self.host_max_s_per_layer_pass)) for f in FRAMEWORKS
             if floor.for_framework(f) > 0))
 
@@ -169,7 +171,7 @@ def _frameworks_in(runs: RunSet, mask: np.ndarray) -> list[str]:
 
 def _terms_from_vector(x: np.ndarray, fws: Sequence[str], opt: TermsFitOptions) -> EndToEndTerms:
     host = {f: HostTerm(float(x[1 + 2 * j]), opt.blend_p, float(x[2 + 2 * j])) for j, f in enumerate(fws)}
-    return EndToEndTerms(power_factor=float(x[0]), host=host)
+    return EndToEndTerms(power_factor=float(x[0]), host=host, recompute_host_passes=opt.recompute_host_passes)
 
 
 def with_pooled_host(terms: EndToEndTerms) -> EndToEndTerms:
@@ -180,7 +182,8 @@ def with_pooled_host(terms: EndToEndTerms) -> EndToEndTerms:
     pooled = HostTerm(float(np.mean([h.host_s_per_layer_pass for h in hs])), hs[0].blend_p,
                       float(np.mean([h.host_s_per_micro_batch for h in hs])))
     return EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention,
-                         host={**terms.host, DEFAULT_HOST: pooled}, power_factor=terms.power_factor)
+                         host={**terms.host, DEFAULT_HOST: pooled}, power_factor=terms.power_factor,
+                         recompute_host_passes=terms.recompute_host_passes)
 
 
 def fit_terms(runs: RunSet, mask: np.ndarray | None = None, options: TermsFitOptions = TermsFitOptions()
@@ -281,7 +284,8 @@ def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
 def terms_in_words(t: EndToEndTerms) -> str:
     host = "; ".join(f"{k} {v.host_s_per_layer_pass * 1e3:.2f} ms/layer pass + {v.host_s_per_micro_batch * 1e3:.1f} "
                      f"ms/micro-batch" for k, v in sorted(t.host.items()))
-    return f"power factor {t.power_factor:.3f}; host: {host}"
+    rp = "" if t.recompute_host_passes == 1.0 else f"; full recomputation {t.recompute_host_passes:.2f} host passes"
+    return f"power factor {t.power_factor:.3f}; host: {host}{rp}"
 
 
 def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str, int]] | None = None,
@@ -374,8 +378,9 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
               f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term"
               f"{floor_words}")
     terms = EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention, host=terms.host,
-                          power_factor=terms.power_factor, source=source, fitted_on=fitted_on,
-                          validation=validation, fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
+                          power_factor=terms.power_factor, recompute_host_passes=terms.recompute_host_passes,
+                          source=source, fitted_on=fitted_on, validation=validation,
+                          fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
     path = save_terms(terms, models_dir) if save else None
     return FrameworkCalibration(terms, table, path)
 

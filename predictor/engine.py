@@ -634,7 +634,8 @@ class Engine:
     def _framework_host(e2e: EndToEndTerms, sub: np.ndarray, cn: np.ndarray, vpp: int, g_fwd: np.ndarray,
                         g_bwd: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Host seconds each chunk's forward / backward adds per micro-batch, by each row's framework: the
-        per-layer host time blended with the GPU time, plus the per-micro-batch time of its stage split over
+        per-layer host time blended with the GPU time (the backward's passes include what recomputation adds,
+        e2e.recompute_host_passes per recomputed layer), plus the per-micro-batch time of its stage split over
         the stage's chunk passes."""
         R = len(sub)
         h = np.zeros(R)
@@ -645,7 +646,8 @@ class Engine:
             if t is not None:
                 sel = sub[:, I_FW] == fi
                 h[sel], p[sel], u[sel] = t.host_s_per_layer_pass, t.blend_p, t.host_s_per_micro_batch
-        bpasses = np.array([1.0 + RECOMPUTE_PASSES.get(RECOMPUTE[int(v)], 0.0) for v in sub[:, I_RC]])[:, None]
+        rp = e2e.recompute_host_passes
+        bpasses = np.array([1.0 + rp * RECOMPUTE_PASSES.get(RECOMPUTE[int(v)], 0.0) for v in sub[:, I_RC]])[:, None]
         fh = blend(g_fwd, cn[None, :] * h[:, None], p[:, None]) - g_fwd
         bh = blend(g_bwd, cn[None, :] * h[:, None] * bpasses, p[:, None]) - g_bwd
         per_pass = (u / (2.0 * vpp))[:, None]

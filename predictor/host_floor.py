@@ -8,7 +8,9 @@ layer. That part we can measure on a CPU: `python -m bench host-floor` times a M
 layer (unfused: layer norms, QKV, baddbmm, masked softmax, dropouts, bmm, projections, GeLU MLP,
 residuals) forward and backward at tiny shapes, where the arithmetic is negligible and what remains is
 the issuing cost, as the slope over the number of layers (so the loss and the backward call's fixed
-cost drop out).
+cost drop out). The same stacks under full activation recomputation give the host passes recomputation
+adds per layer (its no-grad forward, the checkpoint machinery and the re-run forward: about 1.7 plain
+passes, not the 1 a re-run forward alone would be).
 
 The result, `models_store/host_floor.json`, is a lower bound, not an estimate: a GPU host additionally
 pays the CUDA launch call per kernel, the caching allocator, TP collectives' calls and the framework's
@@ -28,6 +30,9 @@ from .specs import FRAMEWORKS
 
 HOST_FLOOR_FILE = "host_floor.json"
 MAX_FLOOR_S = 2e-3   # the fit's upper bound of host time per layer pass: a floor above it is a broken file
+# full recomputation re-runs a layer's forward (1 pass) plus a no-grad forward and the checkpoint machinery:
+# fewer than half a pass or more than 4 is not that
+MIN_RECOMPUTE_PASSES, MAX_RECOMPUTE_PASSES = 0.5, 4.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class HostFloor:
     host_s_per_layer_pass: float
     applies_to: tuple[str, ...]
     kernels_per_layer_pass: float | None = None
+    recompute_host_passes: float | None = None   # host passes full recomputation adds per layer (None: 1)
     machine: str = ""
     measured_at: str = ""
     source: str = ""
@@ -45,6 +51,8 @@ class HostFloor:
 
     def in_words(self) -> str:
         k = "" if self.kernels_per_layer_pass is None else f", {self.kernels_per_layer_pass:.0f} kernels"
+        if self.recompute_host_passes is not None:
+            k += f", full recomputation {self.recompute_host_passes:.2f} passes"
         return (f"{self.host_s_per_layer_pass * 1e3:.2f} ms per layer pass{k}, measured on {self.machine or 'a CPU'}"
                 f"{' at ' + self.measured_at if self.measured_at else ''}; applies to {', '.join(self.applies_to)}")
 
@@ -62,10 +70,12 @@ def host_floor_from_dict(d: Any, path: str | Path = HOST_FLOOR_FILE) -> HostFloo
         if f not in FRAMEWORKS:
             raise ArtifactError(path, "applies_to", f"unknown framework {f!r} (use {', '.join(FRAMEWORKS)})")
     kernels = check_number(path, "kernels_per_layer_pass", d.get("kernels_per_layer_pass"), ge=0.0, optional=True)
+    rp = check_number(path, "recompute_host_passes", d.get("recompute_host_passes"), ge=MIN_RECOMPUTE_PASSES,
+                      le=MAX_RECOMPUTE_PASSES, optional=True)
     machine = d.get("machine") or {}
     short = str(machine.get("short", "")) if isinstance(machine, dict) else str(machine)
-    return HostFloor(floor, tuple(str(f) for f in applies), None if kernels is None else float(kernels), short,
-                     str(d.get("measured_at", "")), str(d.get("source", "")))
+    return HostFloor(floor, tuple(str(f) for f in applies), None if kernels is None else float(kernels),
+                     None if rp is None else float(rp), short, str(d.get("measured_at", "")), str(d.get("source", "")))
 
 
 def load_host_floor(models_dir: str | Path | None = None) -> tuple[HostFloor | None, str | None]:

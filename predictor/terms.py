@@ -17,6 +17,8 @@ leave-one-source-out (each source predicted by terms fitted without it):
                    (predictor.overhead), plus seconds per micro-batch and pipeline stage (the
                    framework's per-micro-batch loop: schedule, loss scaling, hooks). A framework
                    without runs of its own takes the pooled fit of the others ("default").
+  recompute_host_passes  host passes a layer's recomputation adds to its backward (full: this; selective:
+                   a quarter of it), measured with the host floor (bench host-floor), 1 without it.
 
 The file `models_store/framework_terms.json` holds the terms with their provenance: the runs and
 sources they were fitted on, and the in-sample and source-held-out errors per source. GPU platforms
@@ -53,6 +55,7 @@ class EndToEndTerms:
     contention: float = 0.0
     host: dict[str, HostTerm] = field(default_factory=dict)
     power_factor: float = 0.0
+    recompute_host_passes: float = 1.0      # host passes a layer's full recomputation adds (predictor.host_floor)
     source: str = ""
     fitted_on: dict[str, int] = field(default_factory=dict)     # source id -> runs
     validation: dict[str, Any] = field(default_factory=dict)    # per source: in-sample and held-out errors
@@ -79,6 +82,9 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     alpha = float(check_number(path, "compute_factor", d.get("compute_factor", 1.0), ge=0.5, le=2.0))
     kappa = float(check_number(path, "contention", d.get("contention", 0.0), ge=0.0, le=2.0))
     beta = float(check_number(path, "power_factor", d.get("power_factor", 0.0), ge=0.0, le=1.0))
+    from .host_floor import MAX_RECOMPUTE_PASSES, MIN_RECOMPUTE_PASSES
+    rpass = float(check_number(path, "recompute_host_passes", d.get("recompute_host_passes", 1.0),
+                               ge=MIN_RECOMPUTE_PASSES, le=MAX_RECOMPUTE_PASSES))
     host: dict[str, HostTerm] = {}
     raw = d.get("host") or {}
     if not isinstance(raw, dict):
@@ -103,6 +109,7 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
         raise ArtifactError(path, "validation", "must be a mapping")
     _check_finite(path, "validation", validation)  # errors and signed gaps: any sign, never NaN / inf
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
+                         recompute_host_passes=rpass,
                          source=str(d.get("source", "")), fitted_on=fitted_on,
                          validation=dict(validation), fitted_at=str(d.get("fitted_at", "")))
 

@@ -34,6 +34,8 @@ def test_a_valid_record_loads_and_applies_only_to_its_frameworks(tmp_path):
     ({"applies_to": ["jax"]}, "applies_to"),
     ({"applies_to": []}, "applies_to"),
     ({"kernels_per_layer_pass": "many"}, "kernels_per_layer_pass"),
+    ({"recompute_host_passes": 0.1}, "recompute_host_passes"),
+    ({"recompute_host_passes": 9.0}, "recompute_host_passes"),
 ])
 def test_a_bad_record_names_its_field(bad, field, tmp_path):
     with pytest.raises(ArtifactError, match=field):
@@ -80,15 +82,16 @@ def test_calibrate_framework_uses_the_floor_file_and_says_so(tmp_path):
     db = tmp_path / "s.duckdb"
     ingest_path(f, store_path=db)
     models = tmp_path / "m"
-    save_host_floor({**GOOD, "host_s_per_layer_pass": 1.5e-3}, models)
+    save_host_floor({**GOOD, "host_s_per_layer_pass": 1.5e-3, "recompute_host_passes": 1.6}, models)
     cal = cf.calibrate_framework(store_path=db, models_dir=models, save=False,
                                  options=cf.TermsFitOptions(max_evaluations=8))
     assert "bounded below by the floor measured on a CPU" in cal.terms.source
+    assert cal.terms.recompute_host_passes == pytest.approx(1.6)
     for fw in ("fsdp", "megatron-deepspeed"):
         assert cal.terms.host[fw].host_s_per_layer_pass >= 1.5e-3 - 1e-9
     off = cf.calibrate_framework(store_path=db, models_dir=models, save=False, use_host_floor=False,
                                  options=cf.TermsFitOptions(max_evaluations=8))
-    assert "no measured host floor" in off.terms.source
+    assert "no measured host floor" in off.terms.source and off.terms.recompute_host_passes == 1.0
     (models / HOST_FLOOR_FILE).write_text("{not json")
     from predictor.specs import InfeasibleConfig
     with pytest.raises(InfeasibleConfig, match="host_floor"):
@@ -98,9 +101,38 @@ def test_calibrate_framework_uses_the_floor_file_and_says_so(tmp_path):
 def test_bench_host_floor_measures_a_positive_time_and_counts_kernels():
     pytest.importorskip("torch")
     from bench.host_floor import measure_host_floor
-    rec = measure_host_floor(rounds=2, iters=3, warmup=1)
+    rec = measure_host_floor(rounds=3, iters=10, warmup=2)
     assert 0 < rec["host_s_per_layer_pass"] < 2e-3
+    # full recomputation adds a no-grad forward, the checkpoint machinery and a forward with autograd: more
+    # than the half pass a bare no-grad forward would be, less than the 4 passes the file allows
+    assert 0.5 < rec["recompute_host_passes"] < 4.0
     # a GPT layer's forward + backward issues some tens of kernels per pass (views not counted)
     assert 10 <= rec["kernels_per_layer_pass"] <= 80
     floor = host_floor_from_dict(rec)          # what bench writes is what the predictor reads
     assert "megatron-deepspeed" in floor.applies_to and floor.machine
+
+
+def test_recomputation_carries_the_measured_host_passes(tmp_path):
+    from predictor.engine import rows_for
+    from predictor.predict import Predictor
+    from predictor.presets import get_preset
+    from predictor.specs import Layout
+    from predictor.terms import save_terms
+    m = get_preset("llama2-7b")
+    pr = Predictor("dgx-a100-80gb", tmp_path / "none")
+    lays = [Layout(num_gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, seq_len=1024, recompute=rc,
+                   framework="megatron-deepspeed") for rc in ("full", "none")]
+    rows, structs = rows_for(m, lays)
+    host = {}
+    for rp in (1.0, 2.0):
+        t = EndToEndTerms(host={"megatron-deepspeed": HostTerm(1.5e-3, 2.0, 0.0)}, recompute_host_passes=rp)
+        ev = pr.engine.evaluate(m, rows, structs, 1024, "bf16", host=None, terms=t, provenance=False)
+        host[rp] = ev.host_all_s
+    assert host[2.0][0] > host[1.0][0] * 1.1        # full recomputation: more host passes, more host time
+    assert host[2.0][1] == pytest.approx(host[1.0][1])   # no recomputation: unchanged
+    save_terms(EndToEndTerms(recompute_host_passes=1.6), tmp_path)
+    assert json.loads((tmp_path / "framework_terms.json").read_text())["recompute_host_passes"] == 1.6
+    (tmp_path / "framework_terms.json").write_text(json.dumps({"recompute_host_passes": 40}))
+    from predictor.terms import load_terms_checked
+    terms, warn = load_terms_checked(tmp_path)
+    assert terms is None and "recompute_host_passes" in warn
