@@ -99,7 +99,9 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
                      f"shapes): held out they were {fmt.pct(shape['held_out_mape'], 1)} off (signed "
                      f"{shape['held_out_mean_signed']:+.1%}); a prediction with such shapes warns and carries that "
                      "error in its band.")
-    floor = data.host_floor_words()
+    floor, floor_warning = data.host_floor_words()
+    if floor_warning:
+        st.warning(floor_warning, icon=":material/warning:")
     if floor:
         notes.append(f"Host time per layer pass of every eager framework is bounded below by a floor measured on a "
                      f"CPU ({floor}; `python -m bench host-floor`): where no run identifies the host (long kernels "

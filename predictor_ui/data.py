@@ -241,14 +241,15 @@ def _terms_by_source(models_version: str) -> tuple[pd.DataFrame, dict[str, Any],
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
-def _host_floor_words(models_version: str) -> str | None:
+def _host_floor_words(models_version: str) -> tuple[str | None, str | None]:
     from predictor.host_floor import load_host_floor
-    floor, _warning = load_host_floor(config.models_dir_arg())
-    return floor.in_words() if floor is not None else None
+    floor, warning = load_host_floor(config.models_dir_arg())
+    return (floor.in_words() if floor is not None else None), warning
 
 
-def host_floor_words() -> str | None:
-    """The measured host floor (models_store/host_floor.json) in words, or None without a usable file."""
+def host_floor_words() -> tuple[str | None, str | None]:
+    """(the measured host floor of models_store/host_floor.json in words, or None without a usable file;
+    a warning naming the file and field when it is broken)."""
     return _host_floor_words(config.models_version())
 
 

@@ -354,6 +354,31 @@ def test_accuracy_shows_the_memory_check():
     assert frame["ours_gib"].head(len(ok)).notna().all() and frame["ours_gib"].iloc[len(ok):].isna().all()
 
 
+def test_accuracy_names_the_measured_host_floor_and_the_unaligned_runs():
+    """The per-source table's notes: runs with GEMM dimensions not in multiples of 8, and the host floor."""
+    from predictor.host_floor import load_host_floor
+    from predictor.terms import load_terms_checked
+    at = run("pages/accuracy.py")
+    t = text(at)
+    floor, _ = load_host_floor()
+    terms, _ = load_terms_checked()
+    assert floor is not None and terms is not None
+    assert f"{floor.host_s_per_layer_pass * 1e3:.2f} ms per layer pass" in t
+    flagged = terms.validation["shape_flagged"]
+    assert f"{flagged['runs']} runs have GEMM dimensions not in multiples of 8" in t
+
+
+def test_accuracy_warns_about_a_broken_host_floor_file(tmp_path, monkeypatch):
+    import shutil
+    models = tmp_path / "models"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "models_store", models)
+    (models / "host_floor.json").write_text('{"host_s_per_layer_pass": -1, "applies_to": ["fsdp"]}')
+    monkeypatch.setenv("PREDICTOR_MODELS_DIR", str(models))
+    at = run("pages/accuracy.py")
+    assert any("host_floor.json" in w.value and "host_s_per_layer_pass" in w.value for w in at.warning)
+    assert not at.exception
+
+
 def test_accuracy_without_store(no_store):
     at = run("pages/accuracy.py")
     assert any("predictor ingest" in i.value for i in at.info)
