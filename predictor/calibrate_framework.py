@@ -289,10 +289,10 @@ def terms_in_words(t: EndToEndTerms) -> str:
 
 
 def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str, int]] | None = None,
-                      held: np.ndarray | None = None, measured_s: np.ndarray | None = None,
-                      flagged: np.ndarray | None = None) -> dict[str, Any]:
+                      runs: RunSet | None = None, held: np.ndarray | None = None) -> dict[str, Any]:
     """What framework_terms.json keeps: per source in-sample and held-out figures, the pooled held-out
-    MAPE and mean signed error (every source weighted equally)."""
+    MAPE and mean signed error (every source weighted equally), and with `runs` and their held-out
+    predictions `held`, the held-out error of the runs with unaligned GEMM shapes (`shape_flagged`)."""
     per: dict[str, Any] = {}
     for r in table.to_dict(orient="records"):
         per[r["source"]] = {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items() if k != "source"}
@@ -301,8 +301,9 @@ def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str,
     ho = table["held_out_mape"].dropna() if "held_out_mape" in table else pd.Series(dtype=float)
     hs = table["held_out_mean_signed"].dropna() if "held_out_mean_signed" in table else pd.Series(dtype=float)
     out: dict[str, Any] = {}
+    flagged = runs.shape_flagged if runs is not None else None
     if held is not None and flagged is not None and flagged.any() and not np.isnan(held[flagged]).any():
-        e = error_summary(held[flagged], measured_s[flagged])    # type: ignore[index]
+        e = error_summary(held[flagged], runs.measured_s[flagged])    # type: ignore[union-attr]
         out["shape_flagged"] = {
             "runs": int(flagged.sum()), "held_out_mape": e["mape"], "held_out_mean_signed": e["mean_signed"],
             "what": "runs whose GEMM dimensions are not multiples of 8 elements (predictor.alignment), each "
@@ -366,7 +367,7 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
     terms, table, held = validate_terms(runs, options, progress)
     skips = store_skips(store_path)
     table["skipped_at_ingest"] = [int(sum(skips.get(s, {}).values())) for s in table["source"]]
-    validation = validation_record(table, skips, held, runs.measured_s, runs.shape_flagged)
+    validation = validation_record(table, skips, runs, held)
     fitted_on = {str(s): int((runs.source_ids == s).sum()) for s in sorted(set(runs.source_ids))}
     unknown = [f for f in FRAMEWORKS if f not in terms.host]
     licences = source_licences()

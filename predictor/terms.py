@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from . import paths
+from .host_floor import MAX_RECOMPUTE_PASSES, MIN_RECOMPUTE_PASSES
 from .paths import ArtifactError, check_number
 from .specs import FRAMEWORKS
 
@@ -82,7 +83,6 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     alpha = float(check_number(path, "compute_factor", d.get("compute_factor", 1.0), ge=0.5, le=2.0))
     kappa = float(check_number(path, "contention", d.get("contention", 0.0), ge=0.0, le=2.0))
     beta = float(check_number(path, "power_factor", d.get("power_factor", 0.0), ge=0.0, le=1.0))
-    from .host_floor import MAX_RECOMPUTE_PASSES, MIN_RECOMPUTE_PASSES
     rpass = float(check_number(path, "recompute_host_passes", d.get("recompute_host_passes", 1.0),
                                ge=MIN_RECOMPUTE_PASSES, le=MAX_RECOMPUTE_PASSES))
     host: dict[str, HostTerm] = {}

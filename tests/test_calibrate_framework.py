@@ -191,7 +191,7 @@ def test_runs_with_unaligned_gemm_shapes_are_scored_apart_and_widen_the_band(tmp
     _terms, table, held = cf.validate_terms(runs, cf.TermsFitOptions(max_evaluations=10))
     r = table.set_index("source").loc["odd"]
     assert r["runs_shape_flagged"] == 3 and r["held_out_mean_signed_flagged"] < -0.3
-    rec = cf.validation_record(table, None, held, runs.measured_s, runs.shape_flagged)
+    rec = cf.validation_record(table, None, runs, held)
     assert rec["shape_flagged"]["runs"] == 3 and rec["shape_flagged"]["held_out_mape"] > 0.3
     assert "not in multiples of 8" in cf.format_table(table)
     # a prediction with such shapes carries that error; an aligned one does not
