@@ -82,8 +82,8 @@ class RunSet:
     mfu_s: np.ndarray                           # model FLOPs / (GPUs x peak): MFU = mfu_s / step time
     ceiling_mfu: np.ndarray                     # achievable matmul FLOP/s / peak (NaN where unknown)
     _groups: list[tuple[Any, ModelSpec, int, str, np.ndarray, np.ndarray, list]]
-    shape_flagged: np.ndarray | None = None     # GEMM dimensions not in multiples of 8 (predictor.alignment)
-    device_ids: np.ndarray | None = None        # the GPU of each run's platform (DeviceSpec.device_id)
+    shape_flagged: np.ndarray                   # GEMM dimensions not in multiples of 8 (predictor.alignment)
+    device_ids: np.ndarray                      # the GPU of each run's platform (DeviceSpec.device_id)
 
     def __len__(self) -> int:
         return len(self.measured_s)
@@ -253,8 +253,7 @@ def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
         m = runs.source_ids == s
         row: dict[str, Any] = {"source": s, "framework": ", ".join(sorted(set(runs.frameworks[m]))),
                                "skipped": int(sum(runs.skipped.get(s, {}).values()))}
-        if runs.device_ids is not None:
-            row["devices"] = ", ".join(sorted(set(runs.device_ids[m])))
+        row["devices"] = ", ".join(sorted(set(runs.device_ids[m])))
         for tag, pred in (("no_terms", bare), ("in_sample", in_sample), ("held_out", held)):
             if np.isnan(pred[m]).any():
                 continue
@@ -271,7 +270,7 @@ def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
         if s in held_terms:
             ht = held_terms[s]
             row["held_out_terms"] = terms_in_words(ht)
-        flagged = runs.shape_flagged if runs.shape_flagged is not None else np.zeros(len(runs), dtype=bool)
+        flagged = runs.shape_flagged
         row["runs_shape_flagged"] = int((m & flagged).sum())
         for tag, sel in (("flagged", m & flagged), ("unflagged", m & ~flagged)):
             if row["runs_shape_flagged"] and sel.any() and not np.isnan(held[sel]).any():
@@ -301,9 +300,9 @@ def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str,
     ho = table["held_out_mape"].dropna() if "held_out_mape" in table else pd.Series(dtype=float)
     hs = table["held_out_mean_signed"].dropna() if "held_out_mean_signed" in table else pd.Series(dtype=float)
     out: dict[str, Any] = {}
-    flagged = runs.shape_flagged if runs is not None else None
-    if held is not None and flagged is not None and flagged.any() and not np.isnan(held[flagged]).any():
-        e = error_summary(held[flagged], runs.measured_s[flagged])    # type: ignore[union-attr]
+    flagged = runs.shape_flagged if runs is not None else np.zeros(0, dtype=bool)
+    if runs is not None and held is not None and flagged.any() and not np.isnan(held[flagged]).any():
+        e = error_summary(held[flagged], runs.measured_s[flagged])
         out["shape_flagged"] = {
             "runs": int(flagged.sum()), "held_out_mape": e["mape"], "held_out_mean_signed": e["mean_signed"],
             "what": "runs whose GEMM dimensions are not multiples of 8 elements (predictor.alignment), each "

@@ -9,7 +9,7 @@ layer (unfused: layer norms, QKV, baddbmm, masked softmax, dropouts, bmm, projec
 residuals) forward and backward at tiny shapes, where the arithmetic is negligible and what remains is
 the issuing cost, as the slope over the number of layers (so the loss and the backward call's fixed
 cost drop out). The same stacks under full activation recomputation give the host passes recomputation
-adds per layer (its no-grad forward, the checkpoint machinery and the re-run forward: about 1.7 plain
+adds per layer (its no-grad forward, the checkpoint machinery and the re-run forward: about 1.6 plain
 passes, not the 1 a re-run forward alone would be).
 
 The result, `models_store/host_floor.json`, is a lower bound, not an estimate: a GPU host additionally

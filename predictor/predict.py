@@ -466,10 +466,8 @@ class Predictor:
         flops = model_flops_per_step(model, layout)
         tflops_gpu = flops / step / layout.num_gpus / 1e12
         peak = self.platform.device.peak_flops(fp8.mfu_peak_precision(layout.precision)) / 1e12  # fp8: BF16 peak
-        share, err, basis = self.confidence(ev.provenance_s[r], layout.framework)
-        shape = self.shape_error(model, layout.tp, layout.precision)
-        if shape is not None:
-            err, basis = max(err, shape[0]), f"{basis}; {shape[1]}"
+        share, err, basis = self.confidence(ev.provenance_s[r], layout.framework,
+                                            (model, layout.tp, layout.precision))
         det = ev.details.get(r)
         memory = None
         if det is not None:
@@ -636,13 +634,15 @@ class Predictor:
         return mape, (f"GEMM dimensions not in multiples of 8: {int(rec['runs'])} measured runs with such shapes "
                       f"were {mape:.0%} off (mean signed {signed:+.0%}) with the terms fitted without their source")
 
-    def confidence(self, prov_s: dict[str, list[float]], framework: str | None = None
-                   ) -> tuple[dict[str, float], float, str]:
+    def confidence(self, prov_s: dict[str, list[float]], framework: str | None = None,
+                   shape: tuple[ModelSpec, int, str] | None = None) -> tuple[dict[str, float], float, str]:
         """(share of the step's work per provenance, expected relative error, basis in words) from the
         seconds (and seconds x error) resting on each provenance: the time-weighted error of the parts
         (measured ops: their CV error; transferred ops: the measured cross-GPU transfer error; collectives
         from the analytic network: its fit / leave-one-platform-out error; the rest: assumed), combined
-        with the end-to-end validation error of the platform where one has been measured."""
+        with the end-to-end validation error of the platform where one has been measured (for `framework`:
+        `end_to_end_error`), and widened to `shape_error` where `shape` = (model, tp, precision) has GEMM
+        dimensions the samples do not cover."""
         total = sum(v[0] for v in prov_s.values())
         share = {k: v[0] / total for k, v in prov_s.items()} if total > 0 else {}
         op_err = sum(v[1] for v in prov_s.values()) / total if total > 0 else 0.3
@@ -665,6 +665,9 @@ class Predictor:
             err = math.sqrt(op_err ** 2 + UNVALIDATED_COMPOSITION_ERROR ** 2)
             basis = (f"parts {op_err:.1%}; composition not validated end to end on this platform "
                      f"({UNVALIDATED_COMPOSITION_ERROR:.0%} assumed); {parts}")
+        wide = self.shape_error(*shape) if shape is not None else None
+        if wide is not None:
+            err, basis = max(err, wide[0]), f"{basis}; {wide[1]}"
         return share, err, basis
 
 

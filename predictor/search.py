@@ -575,9 +575,8 @@ def _add_error_band(table: pd.DataFrame, model, P: Predictor, eng, arr, structs,
     tps = table.loc[best, "tp"].to_numpy()
     fws = table.loc[best, "framework"].to_numpy() if "framework" in table else [None] * len(src)
     for r in range(len(src)):
-        share, err, _basis = P.confidence(ev.provenance_s[r], fws[r])
-        shape = P.shape_error(model, int(tps[r]), precision)
-        errs.append(err if shape is None else max(err, shape[0]))
+        share, err, _basis = P.confidence(ev.provenance_s[r], fws[r], (model, int(tps[r]), precision))
+        errs.append(err)
         provs.append("; ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v > 0.0005))
     table.loc[best, "expected_error"] = errs
     table.loc[best, "provenance"] = provs
