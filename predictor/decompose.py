@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from . import moe as moe_
 from . import params
-from .frameworks import fused_kernels_on, get_framework
+from .frameworks import fused_kernels_on, get_framework, separate_grad_accumulation
 from .ops import OP_SHAPE_COLUMNS, SHAPE_COLUMNS
 from .platforms import Platform
 from .specs import BYTES_PER_ELEMENT, FLASH_IMPLS, Layout, ModelSpec, grad_comm_bytes
@@ -98,6 +98,7 @@ class StepWork:
     step_ops: tuple[OpCall, ...] = ()
     step_comms: tuple[CommCall, ...] = ()
     mb_comms: tuple[CommCall, ...] = ()   # per micro-batch (ZeRO-2/3 gathers and reduce-scatters)
+    accum_ops: tuple[OpCall, ...] = ()    # per micro-batch after the first: the gradient accumulation pass
 
 
 @dataclass
@@ -112,6 +113,7 @@ class StagePlan:
     comms: list[CommCall] = field(default_factory=list)       # per micro-batch, on the critical path
     step_ops: list[OpCall] = field(default_factory=list)      # once per step (optimizer)
     step_comms: list[CommCall] = field(default_factory=list)  # once per step (dp grads, zero gathers)
+    accum_ops: list[OpCall] = field(default_factory=list)     # per micro-batch after the first (gradient accumulation)
 
 
 def split_layers(num_layers: int, chunks: int) -> list[int]:
@@ -458,6 +460,25 @@ def gather_bytes(model: ModelSpec, n_params: float, precision: str, *, tp: int, 
     return int(n_params * elem - min(gemm, n_params) * (elem - 1))
 
 
+def grad_accumulation_calls(model: ModelSpec, n_params: int, layers: int, shard: int, grad_bytes: int,
+                            precision: str) -> tuple[OpCall, ...]:
+    """The gradient accumulation pass of one chunk after a micro-batch (frameworks without a fused accumulation,
+    predictor.frameworks): the `n_params` / `shard` gradients this rank accumulates (ZeRO-2/3 and FSDP: its shard),
+    read twice and written once in `grad_bytes` per element. Timed as the sampled elementwise add (res_add, two
+    tensors in, one out) over rows of `hidden` elements, one call per layer (the per-tensor adds of a layer
+    together; the edge chunks' embedding / head ride on their layers' calls), its time scaled by the ratio of
+    gradient bytes to the add's element bytes."""
+    n = n_params // max(shard, 1)
+    if n <= 0:
+        return ()
+    calls = max(layers, 1)
+    h = model.hidden_size
+    rows = max(1, math.ceil(n / calls / h))
+    scale = grad_bytes / BYTES_PER_ELEMENT[precision]
+    return (OpCall("res_add", "fwd", make_shape(batch=1, seq=rows, hidden=h), calls, "accum", "grad_accum",
+                   scale=scale),)
+
+
 def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
               layers: int, first: bool, last: bool, dp_topo: Topology, zero2_gather: str = "per_micro_batch",
               dense: int | None = None, ep: int = 1, edp_topo: Topology | None = None,
@@ -501,13 +522,15 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
     opt = OpCall("optimizer", "step", make_shape(tp=tp, hidden=model.hidden_size, layers=layers,
                                                  params=max(1, n_params // shard)), 1, "step", "optimizer",
                  variant=variant)
+    acc = grad_accumulation_calls(model, n_params, layers, dp if zero_stage >= 2 else 1, gelem, precision)
     if dp == 1:
-        return StepWork(step_ops=(opt,))
+        return StepWork(step_ops=(opt,), accum_ops=acc)
     if zero_stage == 0:
-        return StepWork((opt,), (CommCall("allreduce", n_params * gelem, "dp", "step", 1, *dp_topo),))
+        return StepWork((opt,), (CommCall("allreduce", n_params * gelem, "dp", "step", 1, *dp_topo),), accum_ops=acc)
     if zero_stage == 1:
         return StepWork((opt,), (CommCall("reducescatter", n_params * gelem, "dp", "step", 1, *dp_topo),
-                                 CommCall("allgather", int(n_params * pelem), "dp", "step", 1, *dp_topo)))
+                                 CommCall("allgather", int(n_params * pelem), "dp", "step", 1, *dp_topo)),
+                        accum_ops=acc)
     # ZeRO-2/3 (FSDP): per micro-batch, unit by unit
     layer_unit_params = params.layer_params_per_gpu(model, tp)
     units = [(layer_unit_params, layers)] if layers else []
@@ -523,7 +546,7 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
             mb.append(CommCall("allgather", int(n * pelem), "dp", "bwd", count, *dp_topo))
         mb.append(CommCall("reducescatter", n * gelem, "dp", "bwd", count, *dp_topo))
     steps = (CommCall("allgather", int(n_params * pelem), "dp", "step", 1, *dp_topo),) if per_step_gather else ()
-    return StepWork(step_ops=(opt,), step_comms=steps, mb_comms=tuple(mb))
+    return StepWork(step_ops=(opt,), step_comms=steps, mb_comms=tuple(mb), accum_ops=acc)
 
 
 def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
@@ -552,7 +575,8 @@ def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: i
                       fp8_param=fp8_param)
         k = n_all / max(params.chunk_params(base, tp, pp, layers, first, last, seq_len), 1)
         return StepWork((opt,), tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.step_comms),
-                        tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.mb_comms))
+                        tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.mb_comms),
+                        grad_accumulation_calls(model, n_all, layers, dp, gelem, precision))
     comms: list[CommCall] = []
     for n, topo, group in ((n_dense, dp_topo, "dp"), (n_exp, edp_topo, "edp")):
         if n <= 0 or topo[0] <= 1:
@@ -562,7 +586,9 @@ def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: i
         else:
             comms += [CommCall("reducescatter", n * gelem, group, "step", 1, *topo),
                       CommCall("allgather", int(n * pelem), group, "step", 1, *topo)]
-    return StepWork((opt,), tuple(comms))
+    acc = grad_accumulation_calls(model, n_dense, layers, 1, gelem, precision) + \
+        grad_accumulation_calls(model, n_exp, layers, 1, gelem, precision)
+    return StepWork((opt,), tuple(comms), accum_ops=acc)
 
 
 def embedding_sync(model: ModelSpec, tp: int, pp: int, precision: str, emb_topo: Topology) -> CommCall | None:
@@ -636,6 +662,8 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
         plan.step_ops += list(work.step_ops)
         plan.step_comms += list(work.step_comms)
         plan.comms += list(work.mb_comms)
+        if separate_grad_accumulation(layout.framework, platform):
+            plan.accum_ops += list(work.accum_ops)
         if emb is not None and (first or last):
             plan.step_comms.append(emb)
         plans.append(plan)

@@ -30,7 +30,7 @@ from . import decompose as D
 from . import memory as mem
 from .arrayops import unique_rows as _unique_rows
 from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
-from .frameworks import FRAMEWORK_SPECS, fused_kernels_on, get_framework
+from .frameworks import FRAMEWORK_SPECS, fused_kernels_on, get_framework, separate_grad_accumulation
 from .overhead import RECOMPUTE_PASSES, HostOverhead
 from .specs import FRAMEWORKS, Layout, ModelSpec, grad_reduce_in_fp32_of
 from .terms import EndToEndTerms, blend
@@ -167,6 +167,9 @@ class ChunkClass:
     calls: list[Timed]
     prov_step: dict[str, list[float]]
     prov_mb: dict[str, list[float]]
+    accum_s: float = 0.0        # the gradient accumulation pass after a micro-batch (frameworks that run one)
+    accum_calls: list[Timed] = field(default_factory=list)
+    prov_accum: dict[str, list[float]] = field(default_factory=dict)
 
 
 def _add_prov(d: dict[str, list[float]], prov: str, seconds: float, err: float) -> None:
@@ -378,7 +381,7 @@ class Engine:
             return
         by_prec: dict[str, list] = {}
         for full, w in todo.items():
-            by_prec.setdefault(full[2], []).extend(w.step_ops)
+            by_prec.setdefault(full[2], []).extend((*w.step_ops, *w.accum_ops))
         for prec, prec_calls in by_prec.items():
             self.P.op_times(prec_calls, prec)
         self.P.comm_times([c for w in todo.values() for c in (*w.step_comms, *w.mb_comms)])
@@ -410,8 +413,16 @@ class Engine:
                 zz[1] = max(zz[1], t)
                 calls.append(Timed(cc, t, prov, e, None, True))
                 _add_prov(pm, prov, t * cc.count, e)
+            acc_s = 0.0
+            acc_calls: list[Timed] = []
+            pa: dict[str, list[float]] = {}
+            for c, (t, prov, err) in zip(w.accum_ops, self.P.op_times(w.accum_ops, prec)):
+                e = self._err(prov, err, False)
+                acc_s += t * c.scale * c.count
+                acc_calls.append(Timed(c, t * c.scale, prov, e, err, True))
+                _add_prov(pa, prov, t * c.scale * c.count, e)
             self._classes[full] = ChunkClass(opt, dp_s, gather, z["fwd"][0], z["fwd"][1], z["bwd"][0], z["bwd"][1],
-                                             calls, ps, pm)
+                                             calls, ps, pm, acc_s, acc_calls, pa)
 
     def chunk_class(self, model: ModelSpec, seq_len: int, precision: str, row: np.ndarray, pp: int,
                     cls: tuple[int, int, int, int]) -> ChunkClass:
@@ -539,14 +550,14 @@ class Engine:
                            for i in range(nch)])
         combo, cinv = _unique_rows(np.column_stack([sub[:, I_TP], dp_cp(sub), sub[:, I_ZERO], gather_mode(sub),
                                                     sub[:, I_EP], sub[:, I_GB], sub[:, I_F8P]]))
-        work = np.zeros((len(combo), len(classes), 7))
+        work = np.zeros((len(combo), len(classes), 8))
         for ci, (tp, dp, z, gm, ep, gb, f8p) in enumerate(combo):
             for j, (n_l, f, l_, d_) in enumerate(classes):
                 c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), int(gm), int(ep), int(gb),
                                    int(f8p), n_l, f, l_, d_)]
                 work[ci, j] = (c.optimizer_s, c.dp_sync_s, c.param_gather_s, c.zf_total, c.zf_unit, c.zb_total,
-                               c.zb_unit)
-        W = work[cinv][:, cls_of, :]          # [R, chunks, 7]
+                               c.zb_unit, c.accum_s)
+        W = work[cinv][:, cls_of, :]          # [R, chunks, 8]
 
         def chunks_of(f: str) -> np.ndarray:   # [R, chunks]
             out = (cn * unit["layer"][f][idx][:, None] + cf * unit["first"][f][idx][:, None]
@@ -556,6 +567,11 @@ class Engine:
             return out
         fc, bc, rcp, ft, bt, fcp, bcp, fep, bep = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt", "fcp", "bcp",
                                                                           "fep", "bep"))
+        m_r = sub[:, I_M].astype(float)
+        # every micro-batch after the first adds its gradients into the earlier ones' (predictor.frameworks): the
+        # pass ends that micro-batch's backward, so a micro-batch's backward carries (m - 1) / m of it on average
+        acc_share = separate_accumulation(sub, self.platform) * (m_r - 1.0) / m_r
+        bc = bc + W[..., 7] * acc_share[:, None]
         sampled = fc + bc
         alpha = e2e.compute_factor if e2e is not None else 1.0
         beta = e2e.power_factor if e2e is not None else 0.0
@@ -573,7 +589,6 @@ class Engine:
         if kappa > 0:  # the overlapped part slows the compute it shares the GPU with
             fc = fc + kappa * np.maximum(0.0, zf_tot - fdp)
             bc = bc + kappa * np.maximum(0.0, zb_tot - bdp)
-        m_r = sub[:, I_M].astype(float)
         if host is not None:
             bpasses = np.array([host.passes("bwd", RECOMPUTE[int(v)]) for v in sub[:, I_RC]])[:, None]
             fh = host.extra_s(fc + ft + fep, cn[None, :], "fwd", "none")
@@ -689,11 +704,14 @@ class Engine:
             t_emb, prov_emb, e_emb = emb[emb_inv[r]]
             if t_emb > 0:
                 add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
+            acc_k = float(separate_accumulation(row[None, :], self.platform)[0]) * (m - 1.0)
             for i in range(nch):
                 c = self.chunk_class(model, seq_len, precision, row, pp,
                                      (S.counts[i], int(i == 0), int(i == nch - 1), dense[i]))
                 add(c.prov_step, 1.0)
                 add(c.prov_mb, m)
+                if acc_k:
+                    add(c.prov_accum, acc_k)
             h = float(out.host_all_s[r])
             if h > 0:
                 add({HOST_PROVENANCE if host is not None else TERMS_HOST_PROVENANCE: [h, h * host_err]}, 1.0)
@@ -734,6 +752,13 @@ def structure_classes(s: Structure, model: ModelSpec) -> list[tuple[int, int, in
 
 
 UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep")
+
+
+def separate_accumulation(rows: np.ndarray, platform: Platform) -> np.ndarray:
+    """Per row: 1.0 where its framework adds each micro-batch's gradients in a pass of its own on this platform
+    (predictor.frameworks.separate_grad_accumulation), else 0.0."""
+    flags = np.array([float(separate_grad_accumulation(f, platform)) for f in FRAMEWORKS])
+    return flags[rows[:, I_FW].astype(int)]
 
 
 def fused_kernels(rows: np.ndarray, platform: Platform) -> np.ndarray:

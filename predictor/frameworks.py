@@ -24,6 +24,17 @@ whether it hides behind the backward pass, when ZeRO parameters are gathered, wh
   ddp                 PyTorch DistributedDataParallel: bucketed all-reduce overlapped with the backward
                       (ZeroRedundancyOptimizer for stage 1).
 
+Gradient accumulation (`fused_grad_accumulation`): with more than one micro-batch per step, every micro-batch
+after the first adds its weight gradients into those of the earlier ones. Megatron-LM / Megatron-Core fuse that
+add into the weight-gradient GEMM (gradient_accumulation_fusion: the GEMM accumulates into the fp32 main_grad with
+beta = 1), so it costs nothing on its own. The other frameworks run it as a separate memory-bound pass over the
+gradients the rank holds (read the accumulated and the new gradient, write the sum), after every micro-batch but
+the first: PyTorch autograd's AccumulateGrad (DDP; DeepSpeed ZeRO-0/1, Megatron-DeepSpeed's fp16 engine: in the
+gradient precision), DeepSpeed's BF16 optimizer (the bf16 gradient added into fp32 accumulation buffers), and
+FSDP / ZeRO-2/3 (the reduce-scattered shard added into the accumulated shard: 1/dp of the gradients).
+`predictor.decompose.grad_accumulation_calls` sizes the pass; it is timed as the sampled elementwise add (res_add)
+over as many bytes. On a CPU platform Megatron's fused GEMM does not exist, so every framework runs the pass.
+
 Kernels (`fused_kernels`): Megatron-Core runs the memory-bound operators of a layer as fused kernels (Transformer
 Engine's fused RMSNorm / LayerNorm inside LayerNormLinear, the fused RoPE kernel, the fused bias-SwiGLU / GeLU,
 the fused bias-dropout-add residual). The sampled regressors of those operators (the paper's Megatron-LM kernels,
@@ -50,11 +61,13 @@ class Framework:
     overlap_switch: bool             # the user can switch the overlap of the gradient reduction
     description: str
     fused_kernels: bool = False      # norms, RoPE, activation and residual run as fused single-pass kernels
+    fused_grad_accumulation: bool = False   # the weight-gradient GEMM accumulates over micro-batches itself
 
 
 FRAMEWORK_SPECS: dict[str, Framework] = {f.name: f for f in [
     Framework("megatron", False, False, (0, 1, 2, 3), "per_micro_batch", False, True,
-              "Megatron-LM / Megatron-Core (distributed optimizer = ZeRO-1, Megatron FSDP = 2/3)", fused_kernels=True),
+              "Megatron-LM / Megatron-Core (distributed optimizer = ZeRO-1, Megatron FSDP = 2/3)", fused_kernels=True,
+              fused_grad_accumulation=True),
     Framework("megatron-deepspeed", False, False, (0, 1, 2, 3), "per_step", True, False,
               "Megatron-DeepSpeed (DeepSpeed engine; ZeRO-2/3 only without pipeline parallelism)"),
     Framework("deepspeed", False, False, (0, 1, 2, 3), "per_step", True, False,
@@ -71,6 +84,12 @@ def fused_kernels_on(name: str, platform: Any) -> bool:
     """Whether framework `name` runs its fused memory-bound kernels on `platform`: they are GPU kernels, so a CPU
     platform runs the sampled PyTorch kernels whatever the framework."""
     return get_framework(name).fused_kernels and platform.device.vendor != "cpu"
+
+
+def separate_grad_accumulation(name: str, platform: Any) -> bool:
+    """Whether framework `name` adds each micro-batch's gradients in a pass of its own on `platform` (see the module
+    docstring): all but Megatron's fused weight-gradient GEMM, which is a GPU kernel."""
+    return not (get_framework(name).fused_grad_accumulation and platform.device.vendor != "cpu")
 
 
 def get_framework(name: str) -> Framework:

@@ -180,3 +180,39 @@ def test_megatron_core_runs_fused_memory_bound_kernels():
     cpu = get_predictor("cpu-2t").predict(get_preset("llama3-8b"), Layout(num_gpus=1, global_batch=1, seq_len=128,
                                                                             precision="fp32"), timeline=False).ops
     assert not (cpu["provenance"] == "analytical (fused kernel)").any()
+
+
+def test_gradient_accumulation_pass_by_framework():
+    """Every micro-batch after the first adds its gradients into the earlier ones': a memory-bound pass over the
+    gradients the rank holds (3 x gradient bytes per parameter, timed as the sampled elementwise add), except under
+    Megatron, whose weight-gradient GEMM accumulates itself. FSDP / ZeRO-3 accumulate only their shard."""
+    from predictor.params import chunk_params
+    P = get_predictor("dgx-a100-80gb")
+    m = get_preset("llama3-8b")
+    base = dict(num_gpus=8, tp=2, pp=1, dp=4, micro_batch=1, seq_len=2048)
+
+    def run(fw: str, steps: int, **kw):
+        return P.predict(m, Layout(**base, global_batch=4 * steps, framework=fw, **kw), timeline=False)
+
+    def accum(p):
+        ops = p.ops
+        return ops[ops["part"] == "grad_accum"]
+
+    assert accum(run("megatron", 8)).empty and accum(run("megatron-deepspeed", 1)).empty
+    ds8, ds1 = run("megatron-deepspeed", 8), run("megatron-deepspeed", 1)
+    acc = accum(ds8)
+    assert len(acc) and set(acc["op"]) == {"res_add"}
+    acc_s = float(acc["seconds_total"].sum())
+    # the pass's time is on the critical path: compute grows by it beyond 8 x one micro-batch's
+    assert ds8.breakdown_s["compute"] - 8 * ds1.breakdown_s["compute"] == pytest.approx(acc_s, rel=1e-6)
+    # 7 passes over this GPU's gradients (fp32 for bf16: 12 bytes per parameter) at no more than the HBM bandwidth
+    n = chunk_params(m, 2, 1, m.num_layers, True, True, 2048)
+    bytes_moved = 7 * 3 * 4 * n
+    bw = P.platform.device.hbm_bandwidth_gbps * 1e9
+    assert bytes_moved / bw < acc_s < 2 * bytes_moved / bw
+    bf16_grads = float(accum(run("megatron-deepspeed", 8, grad_reduce_in_fp32=False))["seconds_total"].sum())
+    assert bf16_grads == pytest.approx(acc_s / 2, rel=0.05)
+    ddp = float(accum(run("ddp", 8))["seconds_total"].sum())
+    assert ddp == pytest.approx(acc_s, rel=1e-9)
+    fsdp = float(accum(run("fsdp", 8, zero_stage=3))["seconds_total"].sum())
+    assert fsdp == pytest.approx(acc_s / 4, rel=0.1)
