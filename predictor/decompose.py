@@ -658,7 +658,7 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
         work = step_work(model, tp=tp, pp=layout.pp, dp=dpc, zero_stage=layout.zero_stage, precision=prec,
                          seq_len=s, layers=n_layers, first=first, last=last, dp_topo=dp_topo,
                          zero2_gather=get_framework(layout.framework).zero2_gather, dense=n_dense, ep=ep,
-                         edp_topo=edp_topo)
+                         edp_topo=edp_topo, grad_bytes=layout.grad_bytes)
         plan.step_ops += list(work.step_ops)
         plan.step_comms += list(work.step_comms)
         plan.comms += list(work.mb_comms)

@@ -89,3 +89,27 @@ def test_zero_stages_shard_optimizer_and_change_dp_traffic():
     assert p1 == pytest.approx(p0 / 8, rel=0.01)
     assert [c.collective for c in z0.step_comms] == ["allreduce"]
     assert {c.collective for c in z1.step_comms} == {"reducescatter", "allgather"}
+
+
+def test_gradient_accumulation_pass_covers_the_gradients_each_rank_holds():
+    """The accumulation pass of each chunk reads and writes every gradient the GPU holds (its shard under ZeRO-3), in
+    the layout's gradient bytes; Megatron's fused weight-gradient GEMM needs none on a GPU, but not on a CPU."""
+    model = get_preset("llama3-8b")
+    base = dict(num_gpus=8, tp=2, pp=2, dp=2, micro_batch=1, global_batch=8, seq_len=2048)
+
+    def elements(plan):   # the res_add elements, in gradient elements (the call's scale = gradient / add bytes)
+        return sum(c.shape[SHAPE_COLUMNS.index("seq")] * c.shape[SHAPE_COLUMNS.index("hidden")] * c.count
+                   for c in plan.accum_ops)
+
+    assert all(not p.accum_ops for p in decompose(model, Layout(**base), DGX))
+    plans = decompose(model, Layout(**base, framework="megatron-deepspeed"), DGX)
+    for p in plans:
+        assert {(c.op, c.part, c.phase) for c in p.accum_ops} == {("res_add", "grad_accum", "accum")}
+        assert {c.scale for c in p.accum_ops} == {2.0}              # fp32 gradients of a bf16 model
+        assert elements(p) == pytest.approx(p.params_per_gpu, rel=0.01)
+    bf16 = decompose(model, Layout(**base, framework="ddp", grad_reduce_in_fp32=False), DGX)
+    assert {c.scale for p in bf16 for c in p.accum_ops} == {1.0}
+    z3 = decompose(model, Layout(**dict(base, pp=1, dp=4), framework="fsdp", zero_stage=3), DGX)[0]
+    assert elements(z3) == pytest.approx(z3.params_per_gpu / 4, rel=0.01)
+    cpu = decompose(model, Layout(num_gpus=1, global_batch=2, seq_len=128, precision="fp32"), get_platform("cpu-2t"))
+    assert cpu[0].accum_ops and {c.scale for c in cpu[0].accum_ops} == {1.0}
