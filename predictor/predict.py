@@ -529,7 +529,8 @@ class Predictor:
         cats = {"tp": "tp_comm", "cp": "cp_comm", "ep": "ep_comm", "pp": "pp_comm", "dp": "dp_comm", "edp": "dp_comm",
                 "embedding": "dp_comm"}
         dense_counts = chunk_dense(S, model)
-        acc_k = (layout.num_micro_batches - 1) * float(separate_accumulation(row[None, :], self.platform)[0])
+        m = layout.num_micro_batches
+        acc_k = (m - 1) / m * float(separate_accumulation(row[None, :], self.platform)[0])
         rows: list[tuple] = []
 
         def add_unit(stage: int, chunk: int, unit, k: float) -> None:
@@ -570,11 +571,11 @@ class Predictor:
                 else:
                     rows.append((stage, chunk, c.part, "step", c.op, c.pass_, "optimizer", c.count, t, t * c.count,
                                  prov, tc.raw_error))
-            if acc_k > 0:   # the gradient accumulation pass after every micro-batch but the first
-                for tc in cls.accum_calls:
+            if acc_k > 0:   # the gradient accumulation pass after every micro-batch but the first: per micro-batch
+                for tc in cls.accum_calls:   # (m - 1) / m of it, as the engine puts it on each backward
                     c, t = tc.call, tc.seconds
-                    rows.append((stage, chunk, c.part, "bwd", c.op, c.pass_, "compute", c.count * acc_k, t,
-                                 t * c.count * acc_k, tc.provenance, tc.raw_error))
+                    rows.append((stage, chunk, c.part, "bwd", f"grad_accum ({c.op})", c.pass_, "compute",
+                                 c.count * acc_k, t, t * c.count * acc_k, tc.provenance, tc.raw_error))
             if (i == 0 or i == nch - 1) and det["tails"]["embedding_sync_s"][stage] > 0:
                 t_emb = self.engine._emb[(model, layout.tp, S.pp, layout.dp * layout.cp, layout.precision)]
                 rows.append((stage, chunk, "embedding", "step", "allreduce[embedding]", "step", "dp_comm", 1,
