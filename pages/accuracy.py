@@ -99,6 +99,12 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
                      f"shapes): held out they were {fmt.pct(shape['held_out_mape'], 1)} off (signed "
                      f"{shape['held_out_mean_signed']:+.1%}); a prediction with such shapes warns and carries that "
                      "error in its band.")
+    bins = [b for b in (pooled.get("by_host_share") or []) if isinstance(b, dict) and b.get("runs")]
+    if bins:
+        notes.append("Held out by the share of a run's work that is framework host time (a prediction's band takes "
+                     "its own share's figure): " + "; ".join(
+                         f"{b['from']:.0%}-{b['to']:.0%}: {fmt.pct(b['held_out_mape'], 1)} (signed "
+                         f"{b['held_out_mean_signed']:+.1%}) over {int(b['runs']):,} runs" for b in bins) + ".")
     floor, floor_warning = data.host_floor_words()
     if floor_warning:
         st.warning(floor_warning, icon=":material/warning:")

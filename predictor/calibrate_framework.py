@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,16 @@ class RunSet:
 
     def __len__(self) -> int:
         return len(self.measured_s)
+
+    def host_shares(self, terms: EndToEndTerms) -> np.ndarray:
+        """Every run's share of its work that is framework host time under these terms, as a prediction's error
+        band sees it (`predict.host_share` of its provenance)."""
+        from .predict import host_share
+        out = np.empty(len(self))
+        for pr, m, seq, prec, idx, rows, structs in self._groups:
+            ev = pr.engine.evaluate(m, rows, structs, seq, prec, host=None, terms=terms, provenance=True)
+            out[idx] = [host_share(p) for p in ev.provenance_s]
+        return out
 
     def predict(self, terms: EndToEndTerms | None) -> np.ndarray:
         """Every run's step time with these terms (None: none) and no platform host fit."""
@@ -287,11 +298,37 @@ def terms_in_words(t: EndToEndTerms) -> str:
     return f"power factor {t.power_factor:.3f}; host: {host}{rp}"
 
 
+# Host share bins of the held-out error (`host_share_bins`): where the framework's host time is a large part of a
+# step (short kernels), the end-to-end terms were never identified on another source's runs.
+HOST_SHARE_EDGES = (0.0, 0.05, 0.2, 1.0)
+
+
+def host_share_bins(runs: RunSet, held: np.ndarray, shares: np.ndarray,
+                    edges: Sequence[float] = HOST_SHARE_EDGES) -> list[dict[str, Any]]:
+    """The source-held-out error of the runs by the host share of their work (under the final terms): per bin
+    [from, to), the runs, the sources with runs there, and the MAPE and mean signed error per source averaged
+    over those sources (each source weighted equally, as the pooled figure)."""
+    out: list[dict[str, Any]] = []
+    e = held / runs.measured_s - 1.0
+    for lo, hi in pairwise(edges):
+        sel = (shares >= lo) & ((shares < hi) if hi < edges[-1] else (shares <= hi)) & ~np.isnan(e)
+        srcs = sorted(set(runs.source_ids[sel]))
+        if not srcs:
+            continue
+        mape = [float(np.abs(e[sel & (runs.source_ids == s)]).mean()) for s in srcs]
+        signed = [float(e[sel & (runs.source_ids == s)].mean()) for s in srcs]
+        out.append({"from": float(lo), "to": float(hi), "runs": int(sel.sum()), "sources": srcs,
+                    "held_out_mape": float(np.mean(mape)), "held_out_mean_signed": float(np.mean(signed))})
+    return out
+
+
 def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str, int]] | None = None,
-                      runs: RunSet | None = None, held: np.ndarray | None = None) -> dict[str, Any]:
+                      runs: RunSet | None = None, held: np.ndarray | None = None,
+                      shares: np.ndarray | None = None) -> dict[str, Any]:
     """What framework_terms.json keeps: per source in-sample and held-out figures, the pooled held-out
     MAPE and mean signed error (every source weighted equally), and with `runs` and their held-out
-    predictions `held`, the held-out error of the runs with unaligned GEMM shapes (`shape_flagged`)."""
+    predictions `held`, the held-out error of the runs with unaligned GEMM shapes (`shape_flagged`) and, with
+    the runs' host shares `shares`, by host share (`host_share_bins`)."""
     per: dict[str, Any] = {}
     for r in table.to_dict(orient="records"):
         per[r["source"]] = {k: (None if isinstance(v, float) and v != v else v) for k, v in r.items() if k != "source"}
@@ -307,6 +344,8 @@ def validation_record(table: pd.DataFrame, skipped_by_store: dict[str, dict[str,
             "runs": int(flagged.sum()), "held_out_mape": e["mape"], "held_out_mean_signed": e["mean_signed"],
             "what": "runs whose GEMM dimensions are not multiples of 8 elements (predictor.alignment), each "
                     "predicted by terms fitted without its source"}
+    if runs is not None and held is not None and shares is not None:
+        out["by_host_share"] = host_share_bins(runs, held, shares)
     return {**out, "scheme": "leave-one-source-out: each source predicted by terms fitted without it",
             "held_out_mape": float(ho.mean()) if len(ho) else None,
             "held_out_mean_signed": float(hs.mean()) if len(hs) else None,
@@ -366,7 +405,7 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
     terms, table, held = validate_terms(runs, options, progress)
     skips = store_skips(store_path)
     table["skipped_at_ingest"] = [int(sum(skips.get(s, {}).values())) for s in table["source"]]
-    validation = validation_record(table, skips, runs, held)
+    validation = validation_record(table, skips, runs, held, runs.host_shares(terms))
     fitted_on = {str(s): int((runs.source_ids == s).sum()) for s in sorted(set(runs.source_ids))}
     unknown = [f for f in FRAMEWORKS if f not in terms.host]
     licences = source_licences()
@@ -383,6 +422,18 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
                           fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
     path = save_terms(terms, models_dir) if save else None
     return FrameworkCalibration(terms, table, path)
+
+
+def format_host_share(validation: dict[str, Any]) -> str:
+    """The held-out error by host share, as text (empty where the record has none)."""
+    bins = validation.get("by_host_share") or []
+    if not bins:
+        return ""
+    lines = ["source held out by the host share of a run's work (the band of a prediction uses its bin):"]
+    for b in bins:
+        lines.append(f"  host {b['from']:.0%}-{b['to']:.0%}: {b['runs']:>5} runs of {', '.join(b['sources'])}: "
+                     f"MAPE {b['held_out_mape']:.1%} (mean signed {b['held_out_mean_signed']:+.1%})")
+    return "\n".join(lines)
 
 
 def format_table(table: pd.DataFrame) -> str:

@@ -8,7 +8,13 @@ from typing import Any
 
 
 def cmd_calibrate_framework(a: argparse.Namespace) -> int:
-    from .calibrate_framework import TermsFitOptions, calibrate_framework, format_table, terms_in_words
+    from .calibrate_framework import (
+        TermsFitOptions,
+        calibrate_framework,
+        format_host_share,
+        format_table,
+        terms_in_words,
+    )
     log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     opts = TermsFitOptions(max_evaluations=a.max_evaluations)
     cal = calibrate_framework(store_path=a.store, models_dir=a.models_dir, options=opts, progress=log,
@@ -26,6 +32,8 @@ def cmd_calibrate_framework(a: argparse.Namespace) -> int:
     print(f"\nsource-held-out MAPE {v['held_out_mape']:.1%} (mean signed {v['held_out_mean_signed']:+.1%}), "
           f"sources weighted equally; in-sample {v['in_sample_mape']:.1%}. 'skip' counts rows left out at ingest "
           f"(a field not stated) and here (fields that make no valid layout).")
+    if format_host_share(v):
+        print(format_host_share(v))
     print(f"written: {cal.path}" if cal.path else "(dry run: nothing written)")
     return 0
 

@@ -28,6 +28,7 @@ from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
 from .decompose import FUSED, CommCall, OpCall
 from .engine import (
     HOST_PROVENANCE,
+    TERMS_HOST_PROVENANCE,
     Engine,
     Evaluation,
     Structure,
@@ -48,7 +49,7 @@ from .paths import ArtifactError
 from .platforms import Platform, get_platform
 from .specs import InfeasibleConfig, Layout, ModelSpec, as_dict
 from .speed import SpeedCheck, load_speed_check_checked
-from .terms import causal_attention_factors, load_terms_checked
+from .terms import causal_attention_factors, host_share_bin, load_terms_checked
 
 PAPER_SOURCE_PREFIX = "arXiv 2509.22832"  # regressors.PAPER_SOURCE: the paper's (non-causal) samples
 
@@ -586,12 +587,16 @@ class Predictor:
         return self.engine._p2p[(nbytes, layout.tp, layout.pp, layout.dp * layout.cp)][1]
 
     # ---- confidence -----------------------------------------------------------------------
-    def end_to_end_error(self, framework: str | None = None) -> tuple[float, int | str, str] | None:
+    def end_to_end_error(self, framework: str | None = None,
+                         host_share: float | None = None) -> tuple[float, int | str, str] | None:
         """(MAPE, measured runs, how) from the platform's validation.json: the speed-checked MAPE when a
         speed check scales this predictor's times and the validation has one, else the plain one. On GPU
         platforms: the leave-one-source-out error of the end-to-end terms, pooled over the sources where
         measured runs cover both this GPU and `framework`, else (a GPU or a framework no run covers) the
-        worst source's."""
+        worst source's; where the prediction's framework host time is `host_share` of its work and the terms
+        record their held-out error by host share, that bin's error instead of the pooled one (host-bound
+        steps were never identified on another source's runs), and at least it where GPU or framework is
+        uncovered."""
         val = self.validation or {}
         tv = (self.terms.validation or {}) if self.terms is not None else {}
         if tv.get("held_out_mape") is not None and self.host is None:
@@ -601,11 +606,18 @@ class Predictor:
             missing = self._uncovered(per, framework)
             worst = max(((float(v["held_out_mape"]), k) for k, v in per.items()
                          if v.get("held_out_mape") is not None), default=None)
-            if missing and worst is not None and worst[0] > float(tv["held_out_mape"]):
+            b = host_share_bin(tv.get("by_host_share"), host_share) if host_share is not None else None
+            base = float(tv["held_out_mape"])
+            base_how = f", each of {n_src} sources predicted by terms fitted without it"
+            if b is not None:
+                base = float(b["held_out_mape"])
+                base_how = (f", each of {n_src} sources predicted by terms fitted without it, over the {b['runs']} "
+                            f"runs whose framework host time is {b['from']:.0%}-{b['to']:.0%} of the work as here "
+                            f"({host_share:.0%})")
+            if missing and worst is not None and worst[0] > base:
                 return (worst[0], runs, f"; no measured run covers {' or '.join(missing)}, so the worst of "
                                         f"{n_src} sources held out ({worst[1]}) rather than their mean")
-            return (float(tv["held_out_mape"]), runs,
-                    f", each of {n_src} sources predicted by terms fitted without it")
+            return base, runs, base_how
         if self.speed is not None and val.get("mape_speed_checked") is not None:
             return (float(val["mape_speed_checked"]), val.get("n_runs_speed_checked", "?"),
                     " with a speed check around each run")
@@ -661,7 +673,7 @@ class Predictor:
             parts += f" [{self.network_basis}]"
         if any(n.startswith("transferred") for n in notes):
             parts += " [transfer error measured A100<->GH200, python -m tests.benchmarks.transfer_accuracy]"
-        e2e = self.end_to_end_error(framework)
+        e2e = self.end_to_end_error(framework, host_share(prov_s))
         if e2e is not None:
             mape, n, how = e2e
             err = math.sqrt(op_err ** 2 + mape ** 2)
@@ -677,6 +689,13 @@ class Predictor:
         if wide is not None:
             err, basis = max(err, wide[0]), f"{basis}; {wide[1]}"
         return share, err, basis
+
+
+def host_share(prov_s: dict[str, list[float]]) -> float:
+    """The share of a prediction's work (seconds over every stage, per provenance) that is framework host time."""
+    total = sum(v[0] for v in prov_s.values())
+    host = sum(prov_s.get(k, [0.0])[0] for k in (TERMS_HOST_PROVENANCE, HOST_PROVENANCE))
+    return host / total if total > 0 else 0.0
 
 
 def D_p2p(i: int, nch: int, pp: int) -> int:

@@ -211,3 +211,14 @@ def causal_attention_factor(seq_len: int, block: int = 128) -> float:
     with nb = ceil(seq / block) (FlashAttention-2 skips the blocks above the diagonal)."""
     nb = max(1, math.ceil(seq_len / block))
     return (nb + 1) / (2 * nb)
+
+
+def host_share_bin(bins: Any, share: float) -> dict[str, Any] | None:
+    """The bin of `calibrate_framework.host_share_bins` (as framework_terms.json keeps it) holding `share`, if any."""
+    if not isinstance(bins, list):
+        return None
+    for b in bins:
+        if isinstance(b, dict) and b.get("from", 1.0) <= share and (share < b.get("to", 0.0) or b.get("to") == 1.0) \
+                and isinstance(b.get("held_out_mape"), (int, float)):
+            return b
+    return None

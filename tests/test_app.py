@@ -366,6 +366,8 @@ def test_accuracy_names_the_measured_host_floor_and_the_unaligned_runs():
     assert f"{floor.host_s_per_layer_pass * 1e3:.2f} ms per layer pass" in t
     flagged = terms.validation["shape_flagged"]
     assert f"{flagged['runs']} runs have GEMM dimensions not in multiples of 8" in t
+    top = terms.validation["by_host_share"][-1]
+    assert "framework host time" in t and f"over {int(top['runs']):,} runs" in t
 
 
 def test_accuracy_warns_about_a_broken_host_floor_file(tmp_path, monkeypatch):

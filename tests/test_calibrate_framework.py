@@ -224,3 +224,39 @@ def test_the_band_widens_where_no_measured_run_covers_the_gpu_or_the_framework(t
     uncovered = a100.predict(m, dataclasses.replace(lay, framework="ddp"))
     assert uncovered.expected_error > covered.expected_error
     assert "the framework ddp" in uncovered.error_basis and "framework_terms.json" in uncovered.error_basis
+
+
+def test_the_held_out_error_is_kept_by_host_share_and_sets_the_band_of_host_bound_steps(tmp_path):
+    """Host-bound runs (the framework's host time a large share of the work) were never identified on another source's
+    runs: their held-out error is kept apart, per source averaged with the sources weighted equally, and a prediction
+    takes the error of its own bin."""
+    from types import SimpleNamespace
+    runs = SimpleNamespace(measured_s=np.ones(7), source_ids=np.array(["a", "a", "a", "b", "b", "b", "b"]))
+    held = np.array([0.9, 1.1, 0.5, 1.02, 1.04, 0.7, 0.6])
+    shares = np.array([0.01, 0.1, 0.5, 0.0, 0.02, 0.3, 1.0])
+    bins = cf.host_share_bins(runs, held, shares)   # type: ignore[arg-type]
+    assert [(b["from"], b["to"], b["runs"], b["sources"]) for b in bins] == [
+        (0.0, 0.05, 3, ["a", "b"]), (0.05, 0.2, 1, ["a"]), (0.2, 1.0, 3, ["a", "b"])]
+    assert bins[0]["held_out_mape"] == pytest.approx((0.1 + 0.03) / 2)        # a: 10 %; b: 2 % and 4 %
+    assert bins[2]["held_out_mean_signed"] == pytest.approx((-0.5 + (-0.3 - 0.4) / 2) / 2)
+    assert "host 20%-100%" in cf.format_host_share({"by_host_share": bins})
+    from predictor.terms import host_share_bin
+    assert host_share_bin(bins, 1.0) is bins[2] and host_share_bin(bins, 0.05) is bins[1]
+    assert host_share_bin(None, 0.5) is None and host_share_bin([{"from": 0.0, "to": 1.0}], 0.5) is None
+    # a prediction takes its bin's error: a host-bound step (a small model, micro-batch 1, TP 8) the high one
+    per = {"a": {"held_out_mape": 0.08, "framework": "megatron-deepspeed", "devices": "a100-sxm4-80gb"}}
+    bands = [{"from": 0.0, "to": 0.2, "runs": 9, "sources": ["a"], "held_out_mape": 0.05},
+             {"from": 0.2, "to": 1.0, "runs": 9, "sources": ["a"], "held_out_mape": 0.30}]
+    save_terms(EndToEndTerms(power_factor=0.1, host={"default": HostTerm(0.8e-3, 2.0, 2e-3)}, fitted_on={"a": 18},
+                             validation={"held_out_mape": 0.08, "per_source": per, "by_host_share": bands}), tmp_path)
+    pr = Predictor("dgx-a100-80gb", tmp_path)
+    small = pr.predict(get_preset("gpt3-1.3b"), Layout(num_gpus=8, tp=8, micro_batch=1, global_batch=64, seq_len=1024,
+                                                       framework="megatron-deepspeed", precision="fp16"))
+    big = pr.predict(get_preset("llama2-7b"), Layout(num_gpus=8, tp=2, dp=4, micro_batch=4, global_batch=64,
+                                                     seq_len=4096, framework="megatron-deepspeed"))
+    # (no operator models in tmp_path: the parts rest on the roofline, the same for both)
+    assert "end-to-end MAPE 30.0%" in small.error_basis and "20%-100% of the work" in small.error_basis
+    assert "end-to-end MAPE 5.0%" in big.error_basis and "0%-20% of the work" in big.error_basis
+    assert small.expected_error >= 0.30 > big.expected_error
+    shipped, _w = load_terms_checked()
+    assert shipped is not None and len(shipped.validation["by_host_share"]) == 3

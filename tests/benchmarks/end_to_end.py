@@ -112,7 +112,7 @@ def table_speed(n_rows: int) -> None:
 
 
 def table_sources(store: str | None) -> None:
-    from predictor.calibrate_framework import calibrate_framework, format_table, terms_in_words
+    from predictor.calibrate_framework import calibrate_framework, format_host_share, format_table, terms_in_words
     t0 = time.perf_counter()
     cal = calibrate_framework(store_path=store, save=False)
     v = cal.terms.validation
@@ -122,6 +122,7 @@ def table_sources(store: str | None) -> None:
     print(f"pooled (sources weighted equally): held-out MAPE {v['held_out_mape']:.1%}, mean signed "
           f"{v['held_out_mean_signed']:+.1%}; in-sample MAPE {v['in_sample_mape']:.1%} "
           f"({time.perf_counter() - t0:.0f} s)")
+    print(format_host_share(v))
 
 
 def main(argv=None) -> None:
