@@ -32,8 +32,9 @@ def cmd_calibrate_framework(a: argparse.Namespace) -> int:
     print(f"\nsource-held-out MAPE {v['held_out_mape']:.1%} (mean signed {v['held_out_mean_signed']:+.1%}), "
           f"sources weighted equally; in-sample {v['in_sample_mape']:.1%}. 'skip' counts rows left out at ingest "
           f"(a field not stated) and here (fields that make no valid layout).")
-    if format_host_share(v):
-        print(format_host_share(v))
+    by_share = format_host_share(v)
+    if by_share:
+        print(by_share)
     print(f"written: {cal.path}" if cal.path else "(dry run: nothing written)")
     return 0
 

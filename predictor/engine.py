@@ -390,12 +390,8 @@ class Engine:
             calls: list[Timed] = []
             ps: dict[str, list[float]] = {}
             pm: dict[str, list[float]] = {}
-            opt = 0.0
-            for c, (t, prov, err) in zip(w.step_ops, self.P.op_times(w.step_ops, prec)):
-                e = self._err(prov, err, False)
-                opt += t * c.count
-                calls.append(Timed(c, t, prov, e, err, False))
-                _add_prov(ps, prov, t * c.count, e)
+            opt, op_calls = self._time_ops(w.step_ops, prec, ps, per_micro_batch=False)
+            calls += op_calls
             dp_s = gather = 0.0
             for cc, (t, prov) in zip(w.step_comms, self.P.comm_times(w.step_comms)):
                 e = self._err(prov, None, True)
@@ -413,16 +409,23 @@ class Engine:
                 zz[1] = max(zz[1], t)
                 calls.append(Timed(cc, t, prov, e, None, True))
                 _add_prov(pm, prov, t * cc.count, e)
-            acc_s = 0.0
-            acc_calls: list[Timed] = []
             pa: dict[str, list[float]] = {}
-            for c, (t, prov, err) in zip(w.accum_ops, self.P.op_times(w.accum_ops, prec)):
-                e = self._err(prov, err, False)
-                acc_s += t * c.scale * c.count
-                acc_calls.append(Timed(c, t * c.scale, prov, e, err, True))
-                _add_prov(pa, prov, t * c.scale * c.count, e)
+            acc_s, acc_calls = self._time_ops(w.accum_ops, prec, pa, per_micro_batch=True)
             self._classes[full] = ChunkClass(opt, dp_s, gather, z["fwd"][0], z["fwd"][1], z["bwd"][0], z["bwd"][1],
                                              calls, ps, pm, acc_s, acc_calls, pa)
+
+    def _time_ops(self, ops: Sequence[D.OpCall], precision: str, prov: dict[str, list[float]], *,
+                  per_micro_batch: bool) -> tuple[float, list[Timed]]:
+        """(seconds of all `ops` x their counts, each timed call) of a chunk class's operator calls (its stand-in
+        scale applied), their seconds added to `prov`."""
+        total = 0.0
+        timed: list[Timed] = []
+        for c, (t, pv, err) in zip(ops, self.P.op_times(ops, precision)):
+            e = self._err(pv, err, False)
+            total += t * c.scale * c.count
+            timed.append(Timed(c, t * c.scale, pv, e, err, per_micro_batch))
+            _add_prov(prov, pv, t * c.scale * c.count, e)
+        return total, timed
 
     def chunk_class(self, model: ModelSpec, seq_len: int, precision: str, row: np.ndarray, pp: int,
                     cls: tuple[int, int, int, int]) -> ChunkClass:
@@ -676,6 +679,7 @@ class Engine:
         per-micro-batch work x the micro-batches, plus the once-per-step work."""
         host_err = (host.cv_mape if host is not None and host.cv_mape is not None else ASSUMED_ERROR["host"])
         terms_err = terms_error(e2e)
+        separate = separate_accumulation(rows, self.platform)
         for r in range(len(rows)):
             row = rows[r]
             S = structures[int(row[I_STRUCT])]
@@ -704,7 +708,7 @@ class Engine:
             t_emb, prov_emb, e_emb = emb[emb_inv[r]]
             if t_emb > 0:
                 add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
-            acc_k = float(separate_accumulation(row[None, :], self.platform)[0]) * (m - 1.0)
+            acc_k = float(separate[r]) * (m - 1.0)
             for i in range(nch):
                 c = self.chunk_class(model, seq_len, precision, row, pp,
                                      (S.counts[i], int(i == 0), int(i == nch - 1), dense[i]))
@@ -754,18 +758,22 @@ def structure_classes(s: Structure, model: ModelSpec) -> list[tuple[int, int, in
 UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep")
 
 
-def separate_accumulation(rows: np.ndarray, platform: Platform) -> np.ndarray:
-    """Per row: 1.0 where its framework adds each micro-batch's gradients in a pass of its own on this platform
-    (predictor.frameworks.separate_grad_accumulation), else 0.0."""
-    flags = np.array([float(separate_grad_accumulation(f, platform)) for f in FRAMEWORKS])
+def _per_framework(rows: np.ndarray, platform: Platform, rule: Any) -> np.ndarray:
+    """Per row: int(rule(its framework, platform))."""
+    flags = np.array([int(rule(f, platform)) for f in FRAMEWORKS])
     return flags[rows[:, I_FW].astype(int)]
+
+
+def separate_accumulation(rows: np.ndarray, platform: Platform) -> np.ndarray:
+    """Per row: 1 where its framework adds each micro-batch's gradients in a pass of its own on this platform
+    (predictor.frameworks.separate_grad_accumulation), else 0."""
+    return _per_framework(rows, platform, separate_grad_accumulation)
 
 
 def fused_kernels(rows: np.ndarray, platform: Platform) -> np.ndarray:
     """Per row: 1 where its framework runs fused memory-bound kernels on this platform (predictor.frameworks:
     GPU kernels; a CPU platform runs the sampled PyTorch kernels whatever the framework), else 0."""
-    flags = np.array([int(fused_kernels_on(f, platform)) for f in FRAMEWORKS])
-    return flags[rows[:, I_FW]]
+    return _per_framework(rows, platform, fused_kernels_on)
 
 
 def unit_key(layout: Layout, platform: Platform) -> tuple[int, ...]:

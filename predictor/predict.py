@@ -607,13 +607,11 @@ class Predictor:
             worst = max(((float(v["held_out_mape"]), k) for k, v in per.items()
                          if v.get("held_out_mape") is not None), default=None)
             b = host_share_bin(tv.get("by_host_share"), host_share) if host_share is not None else None
-            base = float(tv["held_out_mape"])
+            base = float(tv["held_out_mape"] if b is None else b["held_out_mape"])
             base_how = f", each of {n_src} sources predicted by terms fitted without it"
             if b is not None:
-                base = float(b["held_out_mape"])
-                base_how = (f", each of {n_src} sources predicted by terms fitted without it, over the {b['runs']} "
-                            f"runs whose framework host time is {b['from']:.0%}-{b['to']:.0%} of the work as here "
-                            f"({host_share:.0%})")
+                base_how += (f", over the {b['runs']} runs whose framework host time is {b['from']:.0%}-{b['to']:.0%} "
+                             f"of the work as here ({host_share:.0%})")
             if missing and worst is not None and worst[0] > base:
                 return (worst[0], runs, f"; no measured run covers {' or '.join(missing)}, so the worst of "
                                         f"{n_src} sources held out ({worst[1]}) rather than their mean")
