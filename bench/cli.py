@@ -323,8 +323,9 @@ def cmd_sampled_on(a) -> int:
 
 
 def cmd_host_floor(a) -> int:
-    """Measure the host floor per layer pass on this CPU; print it; with --save write models_store/host_floor.json."""
-    from predictor.host_floor import save_host_floor
+    """Measure the host floor per layer pass on this CPU; print it; with --save write models_store/host_floor.json
+    unless the saved floor of another machine is the tighter (higher) lower bound (--replace: write anyway)."""
+    from predictor.host_floor import save_tighter_floor
 
     from .host_floor import measure_host_floor
     if not a.no_wait:
@@ -334,7 +335,8 @@ def cmd_host_floor(a) -> int:
                                           "kernels_per_layer_pass", "measured_at")}, indent=2))
     print(f"machine: {rec['machine']['short']}")
     if a.save:
-        print(f"wrote {save_host_floor(rec, a.models_dir)}")
+        path, why = save_tighter_floor(rec, a.models_dir, replace=a.replace)
+        print(f"wrote {path}" if path is not None else f"not written: {why} (--replace writes this one anyway)")
     return 0
 
 
@@ -559,7 +561,10 @@ def build_parser() -> argparse.ArgumentParser:
                                            "on this CPU (a lower bound for calibrate-framework's host term)")
     sp.add_argument("--rounds", type=int, default=9)
     sp.add_argument("--iters", type=int, default=40, help="forward + backward steps per stack and round")
-    sp.add_argument("--save", action="store_true", help="write models_store/host_floor.json (or under --models-dir)")
+    sp.add_argument("--save", action="store_true", help="write models_store/host_floor.json (or under --models-dir) "
+                                                        "unless another machine's saved floor is higher (the tighter "
+                                                        "lower bound)")
+    sp.add_argument("--replace", action="store_true", help="with --save: write even a lower floor")
     sp.add_argument("--models-dir")
     _common(sp)
     sp.set_defaults(fn=cmd_host_floor)

@@ -88,7 +88,8 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
             f"in-sample {fmt.pct(pooled.get('in_sample_mape'), 1)}." if pooled.get("held_out_mape") is not None
             else "")
     st.markdown(f"The end-to-end terms (compute factor, power factor, contention, host time per framework) were "
-                f"fitted on all {runs:,} measured GPU runs of {len(table)} sources; each **held-out** number comes "
+                f"fitted on {runs:,} measured GPU runs of {len(table)} sources (runs with GEMM dimensions not in "
+                "multiples of 8 are scored, not fitted on); each **held-out** number comes "
                 "from a refit without that source, so it is how far to trust the terms on a framework or cluster "
                 f"they have not seen. *Signed*: below zero, the prediction is faster than the measurement.{held}")
     views.table(table, "end_to_end_per_source", "e2e_sources", column_config=SOURCE_COLS_CFG)

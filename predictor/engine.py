@@ -196,7 +196,7 @@ class Evaluation:
     capacity_bytes: float
     provenance_s: list[dict[str, list[float]]]   # per row: provenance -> [seconds, seconds x error] (all stages)
     host_all_s: np.ndarray                        # host (framework) seconds over every stage and micro-batch
-    terms_all_s: np.ndarray                       # seconds the end-to-end terms add (compute factor, contention)
+    terms_all_s: np.ndarray                       # seconds the end-to-end terms add (power factor, contention)
     details: dict[int, dict[str, Any]] = field(default_factory=dict)  # row -> per-chunk detail (detail=True)
 
     low_peak_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # with the least allocator reserve
@@ -727,7 +727,7 @@ class Engine:
 
 HOST_PROVENANCE = "host overhead (fitted on measured runs)"
 TERMS_HOST_PROVENANCE = "framework host overhead (end-to-end terms)"
-TERMS_PROVENANCE = "end-to-end terms (compute factor, contention)"
+TERMS_PROVENANCE = "end-to-end terms (power factor, contention)"
 
 
 def terms_error(e2e: EndToEndTerms | None) -> float:

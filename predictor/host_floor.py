@@ -14,7 +14,10 @@ passes, not the 1 a re-run forward alone would be).
 
 The result, `models_store/host_floor.json`, is a lower bound, not an estimate: a GPU host additionally
 pays the CUDA launch call per kernel, the caching allocator, TP collectives' calls and the framework's
-own wrappers, and the CPU that measured it may be faster than the training node's. The fit uses it as
+own wrappers, and the CPU that measured it may be faster than the training node's. Measured on several
+CPUs (each no slower than the training nodes' host CPUs: a DGX A100's EPYC 7742 is an older core than
+the EPYC VMs here) every measurement is such a bound, so the highest is the tightest: `bench host-floor
+--save` keeps the saved floor of another machine when it is higher (`kept_floor_reason`). The fit uses it as
 the lower bound (and the prior) of host_s_per_layer_pass of the frameworks it applies to; where end-to-
 end runs identify a larger value, they win.
 """
@@ -44,6 +47,7 @@ class HostFloor:
     machine: str = ""
     measured_at: str = ""
     source: str = ""
+    machine_id: str = ""     # the fingerprint of the measuring CPU (bench.env), "" when not recorded
 
     def for_framework(self, framework: str) -> float:
         """The floor of this framework (0 for one the measurement does not apply to)."""
@@ -74,8 +78,37 @@ def host_floor_from_dict(d: Any, path: str | Path = HOST_FLOOR_FILE) -> HostFloo
                       le=MAX_RECOMPUTE_PASSES, optional=True)
     machine = d.get("machine") or {}
     short = str(machine.get("short", "")) if isinstance(machine, dict) else str(machine)
+    mid = str(machine.get("id", "")) if isinstance(machine, dict) else ""
     return HostFloor(floor, tuple(str(f) for f in applies), None if kernels is None else float(kernels),
-                     None if rp is None else float(rp), short, str(d.get("measured_at", "")), str(d.get("source", "")))
+                     None if rp is None else float(rp), short, str(d.get("measured_at", "")), str(d.get("source", "")),
+                     mid)
+
+
+def kept_floor_reason(existing: HostFloor | None, new: HostFloor) -> str | None:
+    """Why a new measurement should not replace the saved floor (None: it should).
+
+    Each measurement is a lower bound of a training host's time (on a CPU no slower than the training nodes'),
+    so of two bounds from different machines the higher is the tighter, and the one kept; a machine's new
+    measurement replaces its own older one either way."""
+    if existing is None or (existing.machine_id and existing.machine_id == new.machine_id):
+        return None
+    if new.host_s_per_layer_pass >= existing.host_s_per_layer_pass:
+        return None
+    return (f"the saved floor, {existing.host_s_per_layer_pass * 1e3:.2f} ms per layer pass measured on "
+            f"{existing.machine or 'another CPU'}, is the tighter lower bound than this one "
+            f"({new.host_s_per_layer_pass * 1e3:.2f} ms on {new.machine or 'this CPU'}); it is kept")
+
+
+def save_tighter_floor(record: dict[str, Any], models_dir: str | Path | None = None, replace: bool = False
+                       ) -> tuple[Path | None, str | None]:
+    """(path written, None), or (None, why the saved floor was kept: `kept_floor_reason`); `replace` writes anyway.
+    A saved file that does not load is replaced."""
+    new = host_floor_from_dict(record)
+    existing, _warning = load_host_floor(models_dir)
+    why = None if replace else kept_floor_reason(existing, new)
+    if why is not None:
+        return None, why
+    return save_host_floor(record, models_dir), None
 
 
 def load_host_floor(models_dir: str | Path | None = None) -> tuple[HostFloor | None, str | None]:

@@ -456,7 +456,8 @@ def test_accuracy_end_to_end_per_source_in_sample_vs_held_out():
     assert len(sources) >= 2
     at = run("pages/accuracy.py")
     assert any(s.value == "End-to-end accuracy per source: in-sample vs source-held-out" for s in at.subheader)
-    assert "fitted on all" in text(at) and "refit without that source" in text(at)
+    assert "measured GPU runs of" in text(at) and "scored, not fitted on" in text(at)
+    assert "refit without that source" in text(at)
     table = next(d.value for d in at.dataframe if "held_out_mape" in d.value)
     assert sorted(table["source"]) == sources and len(table) == len(sources)  # one row per source
     for c in ("in_sample_mape", "held_out_mape", "in_sample_mean_signed", "held_out_mean_signed", "runs",

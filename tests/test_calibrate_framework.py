@@ -208,6 +208,28 @@ def test_runs_with_unaligned_gemm_shapes_are_scored_apart_and_widen_the_band(tmp
     assert "such shapes" not in even.error_basis
 
 
+def test_runs_with_unaligned_gemm_shapes_are_not_fitted_on():
+    rows = (_runs("aligned-a", "megatron-deepspeed", 512, 4, 6) + _runs("aligned-b", "fsdp", 1024, 4, 6)
+            + [{**r, "heads": 16, "kv_heads": 16} for r in _runs("odd", "megatron-deepspeed", 960, 4, 3)])   # head dim 60
+    runs = cf.prepare_runs(pd.DataFrame(rows))
+    base = runs.predict(TRUE)
+    runs.measured_s = np.where(runs.shape_flagged, base * 1.6, base)     # unaligned shapes run 1.6x slower
+    opt = cf.TermsFitOptions(prior_weight=0.0, max_evaluations=40)
+    assert list(cf.fit_mask(runs, None, opt)) == [True] * 12 + [False] * 3
+    clean = cf.fit_terms(runs, options=opt)
+    assert clean.power_factor == pytest.approx(TRUE.power_factor, abs=0.03)    # the slow runs do not move it
+    err = np.abs(runs.predict(clean) / runs.measured_s - 1)[~runs.shape_flagged]
+    assert err.max() < 0.03
+    # fitted on as well, they pull the shared power factor up and every aligned run with it
+    dirty = cf.fit_terms(runs, options=dataclasses.replace(opt, fit_shape_flagged=True))
+    assert dirty.power_factor > clean.power_factor + 0.05
+    aligned_bias = (runs.predict(dirty) / runs.measured_s - 1)[~runs.shape_flagged].mean()
+    assert aligned_bias > 0.03, aligned_bias
+    # a fit on nothing but such runs still fits on them (there is nothing else)
+    only_odd = runs.shape_flagged
+    assert cf.fit_mask(runs, only_odd, opt).sum() == 3
+
+
 def test_the_band_widens_where_no_measured_run_covers_the_gpu_or_the_framework(tmp_path):
     per = {"a": {"held_out_mape": 0.06, "framework": "fsdp", "devices": "a100-sxm4-80gb"},
            "b": {"held_out_mape": 0.20, "framework": "megatron-deepspeed", "devices": "a100-sxm4-80gb"}}

@@ -9,7 +9,13 @@ import pandas as pd
 import pytest
 
 from predictor import calibrate_framework as cf
-from predictor.host_floor import HOST_FLOOR_FILE, host_floor_from_dict, load_host_floor, save_host_floor
+from predictor.host_floor import (
+    HOST_FLOOR_FILE,
+    host_floor_from_dict,
+    load_host_floor,
+    save_host_floor,
+    save_tighter_floor,
+)
 from predictor.paths import ArtifactError
 from predictor.terms import EndToEndTerms, HostTerm
 from tests.test_calibrate_framework import _runs
@@ -46,6 +52,22 @@ def test_a_bad_record_names_its_field(bad, field, tmp_path):
     (tmp_path / HOST_FLOOR_FILE).write_text(json.dumps({**GOOD, **bad}))
     floor, warn = load_host_floor(tmp_path)
     assert floor is None and HOST_FLOOR_FILE in warn and field in warn
+
+
+def test_saving_keeps_the_tighter_bound_of_two_machines_and_a_machine_replaces_its_own(tmp_path):
+    def rec(ms: float, machine: str) -> dict:
+        return {**GOOD, "host_s_per_layer_pass": ms * 1e-3, "machine": {"short": f"CPU {machine}", "id": machine}}
+    path, why = save_tighter_floor(rec(0.8, "a"), tmp_path)
+    assert path is not None and why is None                      # nothing saved yet
+    path, why = save_tighter_floor(rec(0.3, "b"), tmp_path)      # another machine, lower: a looser bound
+    assert path is None and "0.80 ms" in why and "CPU a" in why and "0.30 ms" in why
+    assert load_host_floor(tmp_path)[0].host_s_per_layer_pass == pytest.approx(0.8e-3)
+    path, _ = save_tighter_floor(rec(0.3, "b"), tmp_path, replace=True)    # unless told to
+    assert path is not None and load_host_floor(tmp_path)[0].machine_id == "b"
+    path, _ = save_tighter_floor(rec(0.9, "a"), tmp_path)        # higher: the tighter bound replaces it
+    assert path is not None and load_host_floor(tmp_path)[0].host_s_per_layer_pass == pytest.approx(0.9e-3)
+    path, _ = save_tighter_floor(rec(0.5, "a"), tmp_path)        # the same machine measured again replaces its own
+    assert path is not None and load_host_floor(tmp_path)[0].host_s_per_layer_pass == pytest.approx(0.5e-3)
 
 
 def test_no_file_is_no_floor(tmp_path):
