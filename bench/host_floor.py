@@ -162,7 +162,7 @@ def count_kernels(model: Any, x: Any) -> int:
 
 
 def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short: int = 2, long: int = 10,
-                       rounds: int = 9, iters: int = 40, warmup: int = 20, dropout: float = 0.1,
+                       rounds: int = 27, iters: int = 40, warmup: int = 20, dropout: float = 0.1,
                        log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The record `models_store/host_floor.json` holds (see predictor.host_floor)."""
     import torch

@@ -332,7 +332,8 @@ def host_share_bins(runs: RunSet, held: np.ndarray, shares: np.ndarray,
             continue
         mape = [float(np.abs(e[sel & (runs.source_ids == s)]).mean()) for s in srcs]
         signed = [float(e[sel & (runs.source_ids == s)].mean()) for s in srcs]
-        out.append({"from": float(lo), "to": float(hi), "runs": int(sel.sum()), "sources": srcs,
+        out.append({"from": float(lo), "to": float(hi), "closed": bool(hi >= edges[-1]), "runs": int(sel.sum()),
+                    "sources": srcs,
                     "held_out_mape": float(np.mean(mape)), "held_out_mean_signed": float(np.mean(signed))})
     return out
 

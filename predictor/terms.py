@@ -217,8 +217,12 @@ def host_share_bin(bins: Any, share: float) -> dict[str, Any] | None:
     """The bin of `calibrate_framework.host_share_bins` (as framework_terms.json keeps it) holding `share`, if any."""
     if not isinstance(bins, list):
         return None
-    for b in bins:
-        if isinstance(b, dict) and b.get("from", 1.0) <= share and (share < b.get("to", 0.0) or b.get("to") == 1.0) \
+    for b in bins:   # [from, to), or [from, to] where the writer closed it (the last edge; older files: to 1)
+        if not isinstance(b, dict):
+            continue
+        closed = bool(b.get("closed", b.get("to") == 1.0))
+        to = b.get("to", 0.0)
+        if b.get("from", 1.0) <= share and (share < to or (closed and share <= to)) \
                 and isinstance(b.get("held_out_mape"), (int, float)):
             return b
     return None

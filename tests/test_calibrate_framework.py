@@ -265,6 +265,11 @@ def test_the_held_out_error_is_kept_by_host_share_and_sets_the_band_of_host_boun
     from predictor.terms import host_share_bin
     assert host_share_bin(bins, 1.0) is bins[2] and host_share_bin(bins, 0.05) is bins[1]
     assert host_share_bin(None, 0.5) is None and host_share_bin([{"from": 0.0, "to": 1.0}], 0.5) is None
+    # edges that end below 1: the writer closes its last bin and the reader honours that, not "to == 1"
+    short = cf.host_share_bins(runs, held, np.minimum(shares, 0.5), edges=(0.0, 0.05, 0.5))  # type: ignore[arg-type]
+    assert short[-1]["closed"] and not short[0]["closed"] and short[-1]["runs"] == 4   # 0.1, 0.3 and two at 0.5
+    assert host_share_bin(short, 0.5) is short[-1] and host_share_bin(short, 0.05) is short[-1]
+    assert host_share_bin(short, 0.6) is None
     # a prediction takes its bin's error: a host-bound step (a small model, micro-batch 1, TP 8) the high one
     per = {"a": {"held_out_mape": 0.08, "framework": "megatron-deepspeed", "devices": "a100-sxm4-80gb"}}
     bands = [{"from": 0.0, "to": 0.2, "runs": 9, "sources": ["a"], "held_out_mape": 0.05},
