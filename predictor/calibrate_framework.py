@@ -61,6 +61,7 @@ class TermsFitOptions:
     host_floor_s_per_layer_pass: tuple[tuple[str, float], ...] = ()
     recompute_host_passes: float = 1.0   # host passes a recomputed layer adds (measured with the floor)
     fit_shape_flagged: bool = False      # also fit on runs with GEMM dimensions not in multiples of 8
+    contention: float = 0.0              # kappa, held fixed (not identifiable on the A100 runs; a what-if knob)
 
     def floor_for(self, framework: str) -> float:
         return dict(self.host_floor_s_per_layer_pass).get(framework, 0.0)
@@ -186,7 +187,8 @@ def _frameworks_in(runs: RunSet, mask: np.ndarray) -> list[str]:
 
 def _terms_from_vector(x: np.ndarray, fws: Sequence[str], opt: TermsFitOptions) -> EndToEndTerms:
     host = {f: HostTerm(float(x[1 + 2 * j]), opt.blend_p, float(x[2 + 2 * j])) for j, f in enumerate(fws)}
-    return EndToEndTerms(power_factor=float(x[0]), host=host, recompute_host_passes=opt.recompute_host_passes)
+    return EndToEndTerms(power_factor=float(x[0]), host=host, recompute_host_passes=opt.recompute_host_passes,
+                         contention=opt.contention)
 
 
 def with_pooled_host(terms: EndToEndTerms) -> EndToEndTerms:

@@ -66,6 +66,16 @@ def test_host_terms_stay_within_their_physical_bounds(runset):
     assert 0 <= t.power_factor <= opt.power_factor_max
 
 
+def test_a_fixed_contention_is_carried_into_the_fitted_terms_and_slows_nothing_without_overlap(runset):
+    runset.measured_s = runset.predict(TRUE)
+    opt = cf.TermsFitOptions(max_evaluations=8)
+    plain = cf.fit_terms(runset, options=opt)
+    held = cf.fit_terms(runset, options=dataclasses.replace(opt, contention=0.3))
+    assert plain.contention == 0.0 and held.contention == 0.3
+    assert held.host["default"].host_s_per_layer_pass >= 0   # the pooled term keeps it too
+    assert cf.with_pooled_host(held).contention == 0.3
+
+
 def test_each_source_is_scored_by_terms_fitted_without_it(runset):
     base = runset.predict(TRUE)
     odd = runset.source_ids == "big-ds"
