@@ -40,7 +40,7 @@ from .engine import rows_for
 from .host_floor import HostFloor, load_host_floor
 from .layout_io import layout_from_fields, model_from_fields
 from .specs import FRAMEWORKS, InfeasibleConfig, Layout, ModelSpec
-from .terms import DEFAULT_HOST, EndToEndTerms, HostTerm, save_terms
+from .terms import DEFAULT_HOST, EndToEndTerms, HostTerm, in_share_bin, save_terms
 
 Progress = Callable[[str], None]
 
@@ -255,6 +255,24 @@ def error_summary(pred: np.ndarray, meas: np.ndarray) -> dict[str, float | int]:
             "worst_ape": float(a.max()), "mean_signed": float(e.mean())}
 
 
+def held_out_predictions(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
+                         progress: Progress | None = None) -> tuple[np.ndarray, dict[str, EndToEndTerms]]:
+    """Leave-one-source-out: (every run predicted by terms fitted without its source, those terms per source).
+    A source that is the only one has no held-out prediction (NaN)."""
+    say = progress or (lambda _m: None)
+    held = np.full(len(runs), np.nan)
+    held_terms: dict[str, EndToEndTerms] = {}
+    for s in sorted(set(runs.source_ids)):
+        rest = runs.source_ids != s
+        if not rest.any():
+            continue
+        say(f"held out: {s} (fitting on the other {int(rest.sum())} runs)")
+        held_terms[s] = fit_terms(runs, rest, options)
+        own = ~rest
+        held[own] = runs.predict(held_terms[s])[own]
+    return held, held_terms
+
+
 def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
                    progress: Progress | None = None) -> tuple[EndToEndTerms, pd.DataFrame, np.ndarray]:
     """(terms fitted on every run, table per source, held-out prediction per run). The table has, per
@@ -266,16 +284,7 @@ def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
     terms = fit_terms(runs, None, options)
     in_sample = runs.predict(terms)
     bare = runs.predict(None)
-    held = np.full(len(runs), np.nan)
-    held_terms: dict[str, EndToEndTerms] = {}
-    for s in sources:
-        rest = runs.source_ids != s
-        if not rest.any():
-            continue
-        say(f"held out: {s} (fitting on the other {int(rest.sum())} runs)")
-        held_terms[s] = fit_terms(runs, rest, options)
-        own = ~rest
-        held[own] = runs.predict(held_terms[s])[own]
+    held, held_terms = held_out_predictions(runs, options, say)
     table = []
     for s in sources:
         m = runs.source_ids == s
@@ -328,13 +337,14 @@ def host_share_bins(runs: RunSet, held: np.ndarray, shares: np.ndarray,
     out: list[dict[str, Any]] = []
     e = held / runs.measured_s - 1.0
     for lo, hi in pairwise(edges):
-        sel = (shares >= lo) & ((shares < hi) if hi < edges[-1] else (shares <= hi)) & ~np.isnan(e)
+        closed = hi >= edges[-1]
+        sel = in_share_bin(shares, lo, hi, closed) & ~np.isnan(e)
         srcs = sorted(set(runs.source_ids[sel]))
         if not srcs:
             continue
         mape = [float(np.abs(e[sel & (runs.source_ids == s)]).mean()) for s in srcs]
         signed = [float(e[sel & (runs.source_ids == s)].mean()) for s in srcs]
-        out.append({"from": float(lo), "to": float(hi), "closed": bool(hi >= edges[-1]), "runs": int(sel.sum()),
+        out.append({"from": float(lo), "to": float(hi), "closed": bool(closed), "runs": int(sel.sum()),
                     "sources": srcs,
                     "held_out_mape": float(np.mean(mape)), "held_out_mean_signed": float(np.mean(signed))})
     return out

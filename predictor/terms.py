@@ -217,12 +217,15 @@ def host_share_bin(bins: Any, share: float) -> dict[str, Any] | None:
     """The bin of `calibrate_framework.host_share_bins` (as framework_terms.json keeps it) holding `share`, if any."""
     if not isinstance(bins, list):
         return None
-    for b in bins:   # [from, to), or [from, to] where the writer closed it (the last edge; older files: to 1)
-        if not isinstance(b, dict):
+    for b in bins:   # the writer marks its last bin closed (older files: the bin that ends at 1)
+        if not isinstance(b, dict) or not isinstance(b.get("held_out_mape"), (int, float)):
             continue
-        closed = bool(b.get("closed", b.get("to") == 1.0))
-        to = b.get("to", 0.0)
-        if b.get("from", 1.0) <= share and (share < to or (closed and share <= to)) \
-                and isinstance(b.get("held_out_mape"), (int, float)):
+        if in_share_bin(share, b.get("from", 1.0), b.get("to", 0.0), bool(b.get("closed", b.get("to") == 1.0))):
             return b
     return None
+
+
+def in_share_bin(share: Any, lo: float, hi: float, closed: bool) -> Any:
+    """Whether `share` (a float or an array) lies in the host-share bin [lo, hi), or [lo, hi] where `closed`: the one
+    membership rule of the writer (`calibrate_framework.host_share_bins`) and the reader (`host_share_bin`)."""
+    return (share >= lo) & ((share < hi) | (closed & (share <= hi)))

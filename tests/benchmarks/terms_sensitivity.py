@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from predictor import calibrate_framework as cf
-from predictor.host_floor import host_floor_from_dict, load_host_floor
+from predictor.host_floor import HostFloor, host_floor_from_dict, load_host_floor
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("alone", "floor", "flagged", "blend", "contention")
@@ -34,11 +34,11 @@ TABLES = ("alone", "floor", "flagged", "blend", "contention")
 
 def held_out(runs: cf.RunSet, options: cf.TermsFitOptions) -> dict[str, str]:
     """source -> 'MAPE (signed) beta' of its runs predicted by terms fitted without it."""
+    held, terms = cf.held_out_predictions(runs, options)
     out = {}
-    for s in sorted(set(runs.source_ids)):
+    for s, t in terms.items():
         m = runs.source_ids == s
-        t = cf.fit_terms(runs, ~m, options)
-        e = runs.predict(t)[m] / runs.measured_s[m] - 1.0
+        e = held[m] / runs.measured_s[m] - 1.0
         out[s] = f"{np.abs(e).mean():.1%} ({e.mean():+.1%}) b={t.power_factor:.3f}"
     return out
 
@@ -47,14 +47,10 @@ def table(runs: cf.RunSet, variants: Iterable[tuple[str, cf.TermsFitOptions]]) -
     return pd.DataFrame([{"variant": name, **held_out(runs, opt)} for name, opt in variants])
 
 
-def floors() -> list[tuple[str, float, float | None]]:
-    """(where, seconds per layer pass, recomputation passes) of every host floor measured in the repository."""
-    found = []
-    for p in [ROOT / "models_store" / "host_floor.json", *sorted(ROOT.glob("bench/samples/machine-*/host_floor.json"))]:
-        f = host_floor_from_dict(json.loads(p.read_text()), p)
-        found.append((f"{p.relative_to(ROOT)} ({f.machine or 'machine not recorded'})", f.host_s_per_layer_pass,
-                      f.recompute_host_passes))
-    return found
+def floors() -> list[tuple[str, HostFloor]]:
+    """(where, floor) of every host floor measured in the repository."""
+    paths = [ROOT / "models_store" / "host_floor.json", *sorted(ROOT.glob("bench/samples/machine-*/host_floor.json"))]
+    return [(f"{p.relative_to(ROOT)}", host_floor_from_dict(json.loads(p.read_text()), p)) for p in paths]
 
 
 def main() -> None:
@@ -80,12 +76,11 @@ def main() -> None:
     if "floor" in a.only:
         print("\n== The host floor (lower bound of the host terms), each measurement in the repository ==")
         variants = []
-        for where, s_per_pass, rp in floors():
-            opt = replace(base, host_floor_s_per_layer_pass=tuple((f, s_per_pass) for f, _ in
-                                                                  base.host_floor_s_per_layer_pass),
-                          recompute_host_passes=rp if rp is not None else 1.0)
-            variants.append((f"{s_per_pass * 1e3:.2f} ms, {opt.recompute_host_passes:.2f} passes: {where}", opt))
-        variants.append(("no floor", replace(base, host_floor_s_per_layer_pass=())))
+        for where, f in floors():
+            opt = cf.TermsFitOptions().with_floor(f)
+            variants.append((f"{f.host_s_per_layer_pass * 1e3:.2f} ms, {opt.recompute_host_passes:.2f} passes: "
+                             f"{where} ({f.machine or 'machine not recorded'})", opt))
+        variants.append(("no floor", cf.TermsFitOptions()))
         print(table(runs, variants).to_string(index=False))
     if "flagged" in a.only:
         print("\n== Runs with unaligned GEMM shapes: left out of the fit (shipped) or fitted on ==")
