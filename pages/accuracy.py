@@ -87,8 +87,12 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
     held = (f" Pooled over the sources (each weighted equally): held-out MAPE {fmt.pct(pooled['held_out_mape'], 1)}, "
             f"in-sample {fmt.pct(pooled.get('in_sample_mape'), 1)}." if pooled.get("held_out_mape") is not None
             else "")
-    st.markdown(f"The end-to-end terms (compute factor, power factor, contention, host time per framework) were "
-                f"fitted on {runs:,} measured GPU runs of {len(table)} sources (runs with GEMM dimensions not in "
+    beta = float(pooled.get("power_factor") or 0.0)
+    form = (f"no tensor-core kernel faster than the achievable matmul rate / {1 + beta:.2f} over a sustained step"
+            if pooled.get("power_form") == "cap"
+            else f"{beta:.3f} x tensor-core FLOPs / achievable matmul rate added to each kernel")
+    st.markdown(f"The end-to-end terms (compute factor, power factor: {form}; contention, host time per framework) "
+                f"were fitted on {runs:,} measured GPU runs of {len(table)} sources (runs with GEMM dimensions not in "
                 "multiples of 8 are scored, not fitted on); each **held-out** number comes "
                 "from a refit without that source, so it is how far to trust the terms on a framework or cluster "
                 f"they have not seen. *Signed*: below zero, the prediction is faster than the measurement.{held}")

@@ -62,6 +62,9 @@ class TermsFitOptions:
     recompute_host_passes: float = 1.0   # host passes a recomputed layer adds (measured with the floor)
     fit_shape_flagged: bool = False      # also fit on runs with GEMM dimensions not in multiples of 8
     contention: float = 0.0              # kappa, held fixed (not identifiable on the A100 runs; a what-if knob)
+    # how the power factor acts (predictor.terms.POWER_FORMS). 'cap' is shipped: on the A100 runs it scored better
+    # held out than 'linear' (tests/benchmarks/terms_sensitivity --only power)
+    power_form: str = "cap"
 
     def floor_for(self, framework: str) -> float:
         return dict(self.host_floor_s_per_layer_pass).get(framework, 0.0)
@@ -188,7 +191,7 @@ def _frameworks_in(runs: RunSet, mask: np.ndarray) -> list[str]:
 def _terms_from_vector(x: np.ndarray, fws: Sequence[str], opt: TermsFitOptions) -> EndToEndTerms:
     host = {f: HostTerm(float(x[1 + 2 * j]), opt.blend_p, float(x[2 + 2 * j])) for j, f in enumerate(fws)}
     return EndToEndTerms(power_factor=float(x[0]), host=host, recompute_host_passes=opt.recompute_host_passes,
-                         contention=opt.contention)
+                         contention=opt.contention, power_form=opt.power_form)
 
 
 def with_pooled_host(terms: EndToEndTerms) -> EndToEndTerms:
@@ -198,9 +201,7 @@ def with_pooled_host(terms: EndToEndTerms) -> EndToEndTerms:
         return terms
     pooled = HostTerm(float(np.mean([h.host_s_per_layer_pass for h in hs])), hs[0].blend_p,
                       float(np.mean([h.host_s_per_micro_batch for h in hs])))
-    return EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention,
-                         host={**terms.host, DEFAULT_HOST: pooled}, power_factor=terms.power_factor,
-                         recompute_host_passes=terms.recompute_host_passes)
+    return replace(terms, host={**terms.host, DEFAULT_HOST: pooled})
 
 
 def fit_mask(runs: RunSet, mask: np.ndarray | None, options: TermsFitOptions) -> np.ndarray:
@@ -321,7 +322,8 @@ def terms_in_words(t: EndToEndTerms) -> str:
     host = "; ".join(f"{k} {v.host_s_per_layer_pass * 1e3:.2f} ms/layer pass + {v.host_s_per_micro_batch * 1e3:.1f} "
                      f"ms/micro-batch" for k, v in sorted(t.host.items()))
     rp = "" if t.recompute_host_passes == 1.0 else f"; full recomputation {t.recompute_host_passes:.2f} host passes"
-    return f"power factor {t.power_factor:.3f}; host: {host}{rp}"
+    form = "" if t.power_form == "linear" else f" ({t.power_form} form)"
+    return f"power factor {t.power_factor:.3f}{form}; host: {host}{rp}"
 
 
 # Host share bins of the held-out error (`host_share_bins`): where the framework's host time is a large part of a
@@ -447,10 +449,8 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
     source = (f"{int(fitted.sum())} measured GPU runs ({counted}){left_words}; "
               f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term"
               f"{floor_words}")
-    terms = EndToEndTerms(compute_factor=terms.compute_factor, contention=terms.contention, host=terms.host,
-                          power_factor=terms.power_factor, recompute_host_passes=terms.recompute_host_passes,
-                          source=source, fitted_on=fitted_on, validation=validation,
-                          fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
+    terms = replace(terms, source=source, fitted_on=fitted_on, validation=validation,
+                    fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
     path = save_terms(terms, models_dir) if save else None
     return FrameworkCalibration(terms, table, path)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 
@@ -17,6 +18,8 @@ def cmd_calibrate_framework(a: argparse.Namespace) -> int:
     )
     log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     opts = TermsFitOptions(max_evaluations=a.max_evaluations)
+    if a.power_form:
+        opts = replace(opts, power_form=a.power_form)
     cal = calibrate_framework(store_path=a.store, models_dir=a.models_dir, options=opts, progress=log,
                               save=not a.dry_run, use_host_floor=not a.no_host_floor)
     t = cal.terms
@@ -44,7 +47,12 @@ def add_calibrate_framework_parser(sub: Any, common: Any) -> None:
                         help="fit the end-to-end terms (power factor, per-framework host overhead) on the store's "
                              "GPU runs; report in-sample and leave-one-source-out errors")
     sp.add_argument("--max-evaluations", type=int, default=40, help="least-squares evaluations per fit")
+    from .terms import POWER_FORMS
     sp.add_argument("--dry-run", action="store_true", help="fit and report, write nothing")
+    sp.add_argument("--power-form", choices=POWER_FORMS,
+                    help="how the power factor acts on tensor-core kernels: 'linear' adds beta x FLOPs / MAMF, 'cap' "
+                         "runs none faster than MAMF / (1 + beta) (default: the shipped form, "
+                         "predictor.calibrate_framework.TermsFitOptions)")
     sp.add_argument("--no-host-floor", action="store_true",
                     help="ignore models_store/host_floor.json: host terms bounded below by 0 (for comparison)")
     common(sp)

@@ -33,7 +33,7 @@ from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_array
 from .frameworks import FRAMEWORK_SPECS, fused_kernels_on, get_framework, separate_grad_accumulation
 from .overhead import RECOMPUTE_PASSES, HostOverhead
 from .specs import FRAMEWORKS, Layout, ModelSpec, grad_reduce_in_fp32_of
-from .terms import EndToEndTerms, blend
+from .terms import CapCurve, EndToEndTerms, blend
 
 if TYPE_CHECKING:
     from .platforms import Platform
@@ -134,6 +134,7 @@ class UnitTimes:
     fi: float = 0.0      # forward tensor-core FLOPs at the achievable matmul throughput (seconds)
     bi: float = 0.0      # ... backward and recomputation
     ri: float = 0.0      # ... recomputation
+    caps: dict[str, CapCurve] = field(default_factory=dict)  # "fi" / "bi" / "ri": the 'cap' power form's curves
     prov: dict[str, list[float]] = field(default_factory=dict)  # provenance -> [seconds, seconds x error]
     raw: tuple = ()      # (unit, op times, comm times, errors): what `calls` is built from, on demand
 
@@ -297,9 +298,14 @@ class Engine:
         fep = bep = 0.0                                      # MoE all-to-all
         gemm = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # tensor-parallel GEMMs per phase (the TP overlap's cover)
         tpc = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}    # tensor-parallel exchanges per phase
+        tc: dict[str, tuple[list[float], list[float]]] = {"fi": ([], []), "bi": ([], []), "ri": ([], [])}
         for c, (t, prov, err), ideal in zip(unit.ops, op_t, self.P.op_ideal_s(unit.ops, precision)):
             total = t * c.count * c.scale
             itot = ideal * c.count * c.scale
+            if itot > 0:   # tensor-core work: (sampled, ideal) per phase for the 'cap' power form
+                for f in ("fi",) if c.phase == "fwd" else ("bi", "ri") if c.phase == "recompute" else ("bi",):
+                    tc[f][0].append(total)
+                    tc[f][1].append(itot)
             if c.op in D.ATTENTION_CORE_OPS and c.phase in attn:
                 attn[c.phase] += total
             elif c.op in D.TP_OVERLAP_GEMMS and c.phase in gemm and c.part != "experts":
@@ -342,6 +348,7 @@ class Engine:
             _add_prov(prov_d, prov, total, e)
         u.fc, u.bc, u.rc, u.ft, u.bt, u.fi, u.bi, u.ri = fc, bc, rc, ft, bt, fi, bi, ri
         u.fep, u.bep = fep, bep
+        u.caps = {f: CapCurve.of(ts, ids) for f, (ts, ids) in tc.items()}
         if unit.tp_overlap:
             # userbuffers: each exchange runs in chunks under the GEMM it feeds; exposed = what the exchanges of a phase
             # take beyond that phase's tensor-parallel GEMM time
@@ -513,6 +520,12 @@ class Engine:
         unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name) or p.layer, f))
                        for f in UNIT_FIELDS}
                 for name in names}
+        if e2e is not None and e2e.power_form == "cap" and e2e.power_factor > 0:
+            # what the sustained-rate cap adds to each unit's tensor-core kernels, per phase ("fx", "bx", "rx")
+            for name in names:
+                for f, x in (("fi", "fx"), ("bi", "bx"), ("ri", "rx")):
+                    unit[name][x] = kvec(lambda p, name=name, f=f: (getattr(p, name) or p.layer).caps[f].added_s(
+                        e2e.power_factor, e2e.compute_factor))
         p2p_bytes = kvec(lambda p: p.p2p_bytes).astype(np.int64)
         u, inv = _unique_rows(np.column_stack([p2p_bytes, tp_a, pp_a, dpc_a]))
         p2p = [self._p2p_time(int(b), int(t), int(p), int(d)) for b, t, p, d in u]
@@ -581,7 +594,11 @@ class Engine:
         kappa = e2e.contention if e2e is not None else 0.0
         if alpha != 1.0:  # kernels in a sustained step run slower than sampled in isolation (predictor.terms)
             fc, bc, rcp = fc * alpha, bc * alpha, rcp * alpha
-        if beta != 0.0:   # ... in proportion to the tensor-core work they do at full power (predictor.terms)
+        if beta != 0.0 and e2e is not None and e2e.power_form == "cap":
+            # ... no tensor-core kernel faster than MAMF / (1 + beta) over a sustained step (predictor.terms)
+            fx, bx, rx = (chunks_of(f) for f in ("fx", "bx", "rx"))
+            fc, bc, rcp = fc + fx, bc + bx, rcp + rx
+        elif beta != 0.0:   # ... in proportion to the tensor-core work they do at full power (predictor.terms)
             fi, bi, ri = (chunks_of(f) for f in ("fi", "bi", "ri"))
             fc, bc, rcp = fc + beta * fi, bc + beta * bi, rcp + beta * ri
         ppc = n_p2p[None, :] * p2p_t[:, None]

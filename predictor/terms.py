@@ -7,9 +7,13 @@ leave-one-source-out (each source predicted by terms fitted without it):
 
   compute_factor   alpha: GPU kernel time in a sustained step / time sampled in isolation (cold caches
                    between kernels). Multiplies every GPU operator time.
-  power_factor     beta: seconds added per second of tensor-core work at the achievable matmul throughput
+  power_factor     beta, in one of two forms (power_form):
+                   'linear': seconds added per second of tensor-core work at the achievable matmul throughput
                    (FLOPs / MAMF): a GEMM running near the device's maximum draws full power, and over a
                    sustained step the clocks drop; a small, latency-bound kernel barely does.
+                   'cap': a sustained step runs no tensor-core kernel faster than MAMF / (1 + beta): each
+                   one takes max(its sampled time, (1 + beta) x FLOPs / MAMF). Kernels sampled well below the
+                   achievable rate (small, latency- or memory-bound) pay nothing; those sampled at it pay beta.
   contention       kappa: seconds of compute lost per second of communication that overlaps it (NCCL
                    kernels occupy SMs and memory bandwidth); charged on the overlapped part of ZeRO
                    gathers / reduce-scatters and of the bucketed gradient reduction.
@@ -37,6 +41,7 @@ from .paths import ArtifactError, check_number
 from .specs import FRAMEWORKS
 
 DEFAULT_HOST = "default"
+POWER_FORMS = ("linear", "cap")
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,7 @@ class EndToEndTerms:
     contention: float = 0.0
     host: dict[str, HostTerm] = field(default_factory=dict)
     power_factor: float = 0.0
+    power_form: str = "linear"              # POWER_FORMS: how power_factor acts on tensor-core kernels
     recompute_host_passes: float = 1.0      # host passes a layer's full recomputation adds (predictor.host_floor)
     source: str = ""
     fitted_on: dict[str, int] = field(default_factory=dict)     # source id -> runs
@@ -83,6 +89,9 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     alpha = float(check_number(path, "compute_factor", d.get("compute_factor", 1.0), ge=0.5, le=2.0))
     kappa = float(check_number(path, "contention", d.get("contention", 0.0), ge=0.0, le=2.0))
     beta = float(check_number(path, "power_factor", d.get("power_factor", 0.0), ge=0.0, le=1.0))
+    form = d.get("power_form", "linear")
+    if form not in POWER_FORMS:
+        raise ArtifactError(path, "power_form", f"must be one of {', '.join(POWER_FORMS)}, not {form!r}")
     rpass = float(check_number(path, "recompute_host_passes", d.get("recompute_host_passes", 1.0),
                                ge=MIN_RECOMPUTE_PASSES, le=MAX_RECOMPUTE_PASSES))
     host: dict[str, HostTerm] = {}
@@ -109,7 +118,7 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
         raise ArtifactError(path, "validation", "must be a mapping")
     _check_finite(path, "validation", validation)  # errors and signed gaps: any sign, never NaN / inf
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
-                         recompute_host_passes=rpass,
+                         power_form=str(form), recompute_host_passes=rpass,
                          source=str(d.get("source", "")), fitted_on=fitted_on,
                          validation=dict(validation), fitted_at=str(d.get("fitted_at", "")))
 
@@ -139,7 +148,9 @@ def save_terms(terms: EndToEndTerms, models_dir: str | Path | None = None) -> Pa
     p = paths.shared_artifact(paths.FRAMEWORK_TERMS, models_dir)
     d = terms.to_dict()
     terms_from_dict(d, p)  # refuse to write what would not load back
-    d["model"] = ("GPU operator times x compute_factor + power_factor x FLOPs / MAMF; + contention x overlapped "
+    power = ("power_factor x FLOPs / MAMF" if terms.power_form == "linear"
+             else "tensor-core operators at least (1 + power_factor) x FLOPs / MAMF")
+    d["model"] = (f"GPU operator times x compute_factor, {power}; + contention x overlapped "
                   "communication; host per layer "
                   "pass blended (T = (G**p + H**p)**(1/p)) plus host_s_per_micro_batch per micro-batch and stage; "
                   "see predictor/terms.py")
@@ -180,6 +191,45 @@ def validation_by_source(terms: EndToEndTerms) -> Any:
                    skipped_why=why, runs_shape_flagged=int(rec.get("runs_shape_flagged") or 0))
         rows.append(row)
     return pd.DataFrame(rows, columns=list(SOURCE_VALIDATION_COLUMNS))
+
+
+@dataclass(frozen=True)
+class CapCurve:
+    """The seconds the 'cap' power form adds to a set of tensor-core kernels as a function of beta:
+    sum_i max(0, (1 + beta) x ideal_i - t_i) = sum over kernels with slack_i < beta of ideal_i x (beta - slack_i),
+    slack_i = t_i / ideal_i - 1 (how far below the achievable rate the kernel was sampled). Kept as sorted
+    slacks with cumulative sums, so one curve answers any beta in O(log n)."""
+    slack: tuple[float, ...] = ()
+    cum_ideal_s: tuple[float, ...] = ()          # sum of ideal_i over the i smallest slacks
+    cum_ideal_slack_s: tuple[float, ...] = ()    # sum of ideal_i x slack_i over the same
+
+    @staticmethod
+    def of(seconds: Any, ideal_s: Any) -> CapCurve:
+        """The curve of kernels taking `seconds` (sampled) whose FLOPs at MAMF take `ideal_s` (0: not tensor-core
+        work, left out)."""
+        import numpy as np
+        t = np.asarray(seconds, dtype="float64")
+        i = np.asarray(ideal_s, dtype="float64")
+        keep = i > 0
+        t, i = t[keep], i[keep]
+        if not len(t):
+            return CapCurve()
+        sl = t / i - 1.0
+        order = np.argsort(sl)
+        sl, i = sl[order], i[order]
+        return CapCurve(tuple(sl.tolist()), tuple(np.cumsum(i).tolist()), tuple(np.cumsum(i * sl).tolist()))
+
+    def added_s(self, beta: float, compute_factor: float = 1.0) -> float:
+        """Seconds added at this beta, the kernels' times first multiplied by compute_factor (alpha):
+        max(0, (1+beta) I - alpha t) = alpha max(0, ((1+beta)/alpha) I - t)."""
+        import bisect
+        if not self.slack:
+            return 0.0
+        b = (1.0 + beta) / compute_factor - 1.0
+        k = bisect.bisect_left(self.slack, b)
+        if k == 0:
+            return 0.0
+        return compute_factor * (b * self.cum_ideal_s[k - 1] - self.cum_ideal_slack_s[k - 1])
 
 
 def blend(g: Any, h: Any, p: Any) -> Any:

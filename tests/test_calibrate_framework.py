@@ -43,9 +43,11 @@ TRUE = EndToEndTerms(power_factor=0.15, host={"megatron-deepspeed": HostTerm(0.8
                                               "fsdp": HostTerm(0.3e-3, 2.0, 5e-3)})
 
 
-def test_fit_recovers_the_terms_that_generated_the_runs(runset):
-    runset.measured_s = runset.predict(TRUE)
-    t = cf.fit_terms(runset, options=cf.TermsFitOptions(prior_weight=0.0, max_evaluations=60))
+@pytest.mark.parametrize("form", ["linear", "cap"])
+def test_fit_recovers_the_terms_that_generated_the_runs(runset, form):
+    runset.measured_s = runset.predict(dataclasses.replace(TRUE, power_form=form))
+    t = cf.fit_terms(runset, options=cf.TermsFitOptions(prior_weight=0.0, max_evaluations=60, power_form=form))
+    assert t.power_form == form
     assert t.power_factor == pytest.approx(0.15, abs=0.03)
     assert t.host["megatron-deepspeed"].host_s_per_layer_pass == pytest.approx(0.8e-3, rel=0.3)
     err = np.abs(runset.predict(t) / runset.measured_s - 1)
@@ -224,7 +226,7 @@ def test_runs_with_unaligned_gemm_shapes_are_not_fitted_on():
     runs = cf.prepare_runs(pd.DataFrame(rows))
     base = runs.predict(TRUE)
     runs.measured_s = np.where(runs.shape_flagged, base * 1.6, base)     # unaligned shapes run 1.6x slower
-    opt = cf.TermsFitOptions(prior_weight=0.0, max_evaluations=40)
+    opt = cf.TermsFitOptions(prior_weight=0.0, max_evaluations=40, power_form=TRUE.power_form)
     assert list(cf.fit_mask(runs, None, opt)) == [True] * 12 + [False] * 3
     clean = cf.fit_terms(runs, options=opt)
     assert clean.power_factor == pytest.approx(TRUE.power_factor, abs=0.03)    # the slow runs do not move it

@@ -1,6 +1,6 @@
 """How the end-to-end terms' source-held-out errors depend on the fit's fixed choices: prints tables.
 
-    python -m tests.benchmarks.terms_sensitivity [--store PATH] [--only alone floor flagged blend contention]
+    python -m tests.benchmarks.terms_sensitivity [--store PATH] [--only alone floor flagged blend contention power]
 
 Every table refits the terms (predictor.calibrate_framework) leave-one-source-out on the store's measured GPU
 runs, as `calibrate-framework` does, with one choice changed, and prints per source the held-out MAPE, the mean
@@ -11,8 +11,10 @@ signed error and the power factor of the fit that predicted it:
   bench/samples/machine-*/host_floor.json, with its recomputation passes) as the fit's lower bound;
 - flagged: runs with GEMM dimensions not in multiples of 8 left out of the fit (shipped) or fitted on;
 - blend: the exponent p of the host / GPU blend (shipped 2);
-- contention: kappa held at a few values (shipped 0; the fit does not fit it).
-Runs 1-2 minutes per table on 2 cores (all five: about 9 minutes). Nothing is saved.
+- contention: kappa held at a few values (shipped 0; the fit does not fit it);
+- power: the power factor's form, 'linear' (seconds added per second of tensor-core work at MAMF) or 'cap'
+  (no tensor-core kernel faster than MAMF / (1 + beta)), each refitted (predictor.terms).
+Runs 1-2 minutes per table on 2 cores (all six: about 11 minutes). Nothing is saved.
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ import pandas as pd
 
 from predictor import calibrate_framework as cf
 from predictor.host_floor import HostFloor, host_floor_from_dict, load_host_floor
+from predictor.terms import POWER_FORMS
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLES = ("alone", "floor", "flagged", "blend", "contention")
+TABLES = ("alone", "floor", "flagged", "blend", "contention", "power")
 
 
 def held_out(runs: cf.RunSet, options: cf.TermsFitOptions) -> dict[str, str]:
@@ -94,6 +97,9 @@ def main() -> None:
         print("\n== Contention kappa held fixed (shipped 0) ==")
         print(table(runs, [(f"kappa = {k:g}", replace(base, contention=k)) for k in (0.0, 0.1, 0.2, 0.4)]).to_string(
             index=False))
+    if "power" in a.only:
+        print(f"\n== The power factor's form (shipped {base.power_form}) ==")
+        print(table(runs, [(f, replace(base, power_form=f)) for f in POWER_FORMS]).to_string(index=False))
 
 
 if __name__ == "__main__":

@@ -82,6 +82,7 @@ BAD = [  # (file, field, value); value KeyError = the field removed
     ("speed_check.json", "measured_at", KeyError), ("speed_check.json", "check_s", -5),
     ("framework_terms.json", "compute_factor", 0), ("framework_terms.json", "compute_factor", float("inf")),
     ("framework_terms.json", "contention", -0.5), ("framework_terms.json", "power_factor", 3.0),
+    ("framework_terms.json", "power_form", "square"), ("framework_terms.json", "power_form", 1),
     ("framework_terms.json", "host.megatron.host_s_per_layer_pass", -1.0),
     ("framework_terms.json", "host.megatron.blend_p", 0.1), ("framework_terms.json", "host", [1]),
     ("framework_terms.json", "fitted_on", [1, 2]), ("framework_terms.json", "fitted_on", {"cpu-2t": "many"}),
