@@ -559,7 +559,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("host-floor", help="host time an eager framework needs per transformer layer pass, measured "
                                            "on this CPU (a lower bound for calibrate-framework's host term)")
-    sp.add_argument("--rounds", type=int, default=27)
+    from .host_floor import DEFAULT_ROUNDS
+    sp.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
+                    help=f"rounds of the short and long stacks (default {DEFAULT_ROUNDS}); the floor is their median")
     sp.add_argument("--iters", type=int, default=40, help="forward + backward steps per stack and round")
     sp.add_argument("--save", action="store_true", help="write models_store/host_floor.json (or under --models-dir) "
                                                         "unless another machine's saved floor is higher (the tighter "
