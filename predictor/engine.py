@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 import numpy as np
 
@@ -292,33 +292,34 @@ class Engine:
         comm_t = self.P.comm_times(unit.comms)
         prov_d = u.prov
         op_e, comm_e = [], []
-        fc = bc = rc = ft = bt = fi = bi = ri = 0.0
+        fc = bc = rc = ft = bt = 0.0
         attn = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # attention kernels per phase (the CP ring's cover)
         ring = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # CP ring sends per phase
         fep = bep = 0.0                                      # MoE all-to-all
         gemm = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # tensor-parallel GEMMs per phase (the TP overlap's cover)
         tpc = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}    # tensor-parallel exchanges per phase
-        tc: dict[str, tuple[list[float], list[float]]] = {"fi": ([], []), "bi": ([], []), "ri": ([], [])}
+        # (sampled, ideal) seconds of every operator per phase: the tensor-core FLOPs at MAMF (fi / bi / ri) and the
+        # 'cap' power form's curves (operators without tensor-core work have ideal 0 and drop out of both)
+        kern: dict[str, tuple[list[float], list[float]]] = {"fi": ([], []), "bi": ([], []), "ri": ([], [])}
         for c, (t, prov, err), ideal in zip(unit.ops, op_t, self.P.op_ideal_s(unit.ops, precision)):
             total = t * c.count * c.scale
             itot = ideal * c.count * c.scale
-            if itot > 0:   # tensor-core work: (sampled, ideal) per phase for the 'cap' power form
-                for f in ("fi",) if c.phase == "fwd" else ("bi", "ri") if c.phase == "recompute" else ("bi",):
-                    tc[f][0].append(total)
-                    tc[f][1].append(itot)
             if c.op in D.ATTENTION_CORE_OPS and c.phase in attn:
                 attn[c.phase] += total
             elif c.op in D.TP_OVERLAP_GEMMS and c.phase in gemm and c.part != "experts":
                 gemm[c.phase] += total
             if c.phase == "fwd":
                 fc += total
-                fi += itot
+                phases: tuple[str, ...] = ("fi",)
             else:
                 bc += total
-                bi += itot
+                phases = ("bi",)
                 if c.phase == "recompute":
                     rc += total
-                    ri += itot
+                    phases = ("bi", "ri")
+            for f in phases:
+                kern[f][0].append(total)
+                kern[f][1].append(itot)
             e = err if err is not None and err == err else self._err(prov, None, False)
             op_e.append(e)
             if total > 0:
@@ -346,9 +347,10 @@ class Engine:
             e = self._err(prov, None, True)
             comm_e.append(e)
             _add_prov(prov_d, prov, total, e)
-        u.fc, u.bc, u.rc, u.ft, u.bt, u.fi, u.bi, u.ri = fc, bc, rc, ft, bt, fi, bi, ri
+        u.fc, u.bc, u.rc, u.ft, u.bt = fc, bc, rc, ft, bt
+        u.fi, u.bi, u.ri = (float(sum(kern[f][1])) for f in ("fi", "bi", "ri"))
         u.fep, u.bep = fep, bep
-        u.caps = {f: CapCurve.of(ts, ids) for f, (ts, ids) in tc.items()}
+        u.caps = {f: CapCurve.of(ts, ids) for f, (ts, ids) in kern.items()}
         if unit.tp_overlap:
             # userbuffers: each exchange runs in chunks under the GEMM it feeds; exposed = what the exchanges of a phase
             # take beyond that phase's tensor-parallel GEMM time
@@ -520,7 +522,7 @@ class Engine:
         unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name) or p.layer, f))
                        for f in UNIT_FIELDS}
                 for name in names}
-        if e2e is not None and e2e.power_form == "cap" and e2e.power_factor > 0:
+        if _capped(e2e):
             # what the sustained-rate cap adds to each unit's tensor-core kernels, per phase ("fx", "bx", "rx")
             for name in names:
                 for f, x in (("fi", "fx"), ("bi", "bx"), ("ri", "rx")):
@@ -594,7 +596,7 @@ class Engine:
         kappa = e2e.contention if e2e is not None else 0.0
         if alpha != 1.0:  # kernels in a sustained step run slower than sampled in isolation (predictor.terms)
             fc, bc, rcp = fc * alpha, bc * alpha, rcp * alpha
-        if beta != 0.0 and e2e is not None and e2e.power_form == "cap":
+        if _capped(e2e):
             # ... no tensor-core kernel faster than MAMF / (1 + beta) over a sustained step (predictor.terms)
             fx, bx, rx = (chunks_of(f) for f in ("fx", "bx", "rx"))
             fc, bc, rcp = fc + fx, bc + bx, rcp + rx
@@ -745,6 +747,12 @@ class Engine:
 HOST_PROVENANCE = "host overhead (fitted on measured runs)"
 TERMS_HOST_PROVENANCE = "framework host overhead (end-to-end terms)"
 TERMS_PROVENANCE = "end-to-end terms (power factor, contention)"
+
+
+def _capped(e2e: EndToEndTerms | None) -> TypeGuard[EndToEndTerms]:
+    """Whether these terms apply the power factor as the sustained matmul-rate cap (the units' "fx" / "bx" / "rx"
+    fields, built in `Engine.evaluate`, used in `Engine._evaluate_structure`)."""
+    return e2e is not None and e2e.power_form == "cap" and e2e.power_factor != 0.0
 
 
 def terms_error(e2e: EndToEndTerms | None) -> float:
