@@ -20,6 +20,8 @@ def cmd_calibrate_framework(a: argparse.Namespace) -> int:
     opts = TermsFitOptions(max_evaluations=a.max_evaluations)
     if a.power_form:
         opts = replace(opts, power_form=a.power_form)
+    if a.contention is not None:
+        opts = replace(opts, contention=a.contention)
     cal = calibrate_framework(store_path=a.store, models_dir=a.models_dir, options=opts, progress=log,
                               save=not a.dry_run, use_host_floor=not a.no_host_floor)
     t = cal.terms
@@ -42,6 +44,18 @@ def cmd_calibrate_framework(a: argparse.Namespace) -> int:
     return 0
 
 
+def _contention(text: str) -> float:
+    """--contention: a number in [0, 2] (terms files refuse more), else a message naming the option."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--contention takes a number of seconds per second, not {text!r}") from None
+    if not 0.0 <= v <= 2.0:
+        raise argparse.ArgumentTypeError(f"--contention must lie in [0, 2] (seconds of compute lost per second of "
+                                         f"overlapped communication), not {v:g}")
+    return v
+
+
 def add_calibrate_framework_parser(sub: Any, common: Any) -> None:
     sp = sub.add_parser("calibrate-framework",
                         help="fit the end-to-end terms (power factor, per-framework host overhead) on the store's "
@@ -53,6 +67,9 @@ def add_calibrate_framework_parser(sub: Any, common: Any) -> None:
                     help="how the power factor acts on tensor-core kernels: 'linear' adds beta x FLOPs / MAMF, 'cap' "
                          "runs none faster than MAMF / (1 + beta) (default: the shipped form, "
                          "predictor.calibrate_framework.TermsFitOptions)")
+    sp.add_argument("--contention", type=_contention, metavar="KAPPA",
+                    help="seconds of compute lost per second of overlapped communication, held fixed in the fit "
+                         "(default: the published measurement, 0.159, predictor.terms.PUBLISHED_CONTENTION; 0: none)")
     sp.add_argument("--no-host-floor", action="store_true",
                     help="ignore models_store/host_floor.json: host terms bounded below by 0 (for comparison)")
     common(sp)

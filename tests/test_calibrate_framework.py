@@ -13,7 +13,7 @@ from predictor import calibrate_framework as cf
 from predictor.predict import Predictor
 from predictor.presets import get_preset
 from predictor.specs import Layout
-from predictor.terms import EndToEndTerms, HostTerm, load_terms_checked, save_terms
+from predictor.terms import PUBLISHED_CONTENTION, EndToEndTerms, HostTerm, load_terms_checked, save_terms
 
 PLATFORM = "dgx-a100-80gb"
 
@@ -39,8 +39,9 @@ def runset() -> cf.RunSet:
     return cf.prepare_runs(df)
 
 
+# the fit holds the contention at the published value (not fitted), so the runs are generated with it
 TRUE = EndToEndTerms(power_factor=0.15, host={"megatron-deepspeed": HostTerm(0.8e-3, 2.0, 2e-3),
-                                              "fsdp": HostTerm(0.3e-3, 2.0, 5e-3)})
+                                              "fsdp": HostTerm(0.3e-3, 2.0, 5e-3)}, contention=PUBLISHED_CONTENTION)
 
 
 @pytest.mark.parametrize("form", ["linear", "cap"])
@@ -71,11 +72,39 @@ def test_host_terms_stay_within_their_physical_bounds(runset):
 def test_a_fixed_contention_is_carried_into_the_fitted_terms_and_slows_nothing_without_overlap(runset):
     runset.measured_s = runset.predict(TRUE)
     opt = cf.TermsFitOptions(max_evaluations=8)
-    plain = cf.fit_terms(runset, options=opt)
+    shipped = cf.fit_terms(runset, options=opt)
+    none = cf.fit_terms(runset, options=dataclasses.replace(opt, contention=0.0))
     held = cf.fit_terms(runset, options=dataclasses.replace(opt, contention=0.3))
-    assert plain.contention == 0.0 and held.contention == 0.3
+    assert shipped.contention == PUBLISHED_CONTENTION and none.contention == 0.0 and held.contention == 0.3
     assert held.host["default"].host_s_per_layer_pass >= 0   # the pooled term keeps it too
     assert cf.with_pooled_host(held).contention == 0.3
+    assert "contention 0.300" in cf.terms_in_words(held) and "contention" not in cf.terms_in_words(none)
+
+
+def test_the_published_contention_is_the_measured_slowdown_per_second_of_overlap():
+    # compute W overlapped by a window T of communication runs 18.9 % slower: W * 1.189 = T, so T - W is lost
+    T = 1.0
+    W = T / (1 + 0.189)
+    assert PUBLISHED_CONTENTION == pytest.approx((T - W) / T)
+    assert cf.TermsFitOptions().contention == PUBLISHED_CONTENTION
+
+
+def test_contention_slows_a_zero3_step_by_kappa_times_its_overlapped_communication(runset):
+    """The FSDP runs' all-gathers and reduce-scatters hide under compute; contention charges kappa seconds per
+    overlapped second: the step grows in proportion to kappa, by the same overlapped seconds at every kappa (with no
+    host term, whose blend with the GPU time is not linear)."""
+    layout = [int(r.split(":")[1]) for r in runset.run_ids]       # the index into _runs' layouts
+    sharded = np.array([i < 5 for i in layout])                      # the sixth is tp4 pp2: dp 1, nothing sharded
+    fsdp = runset.frameworks == "fsdp"
+    base = dataclasses.replace(TRUE, contention=0.0, host={})
+    t0 = runset.predict(base)
+    d1 = runset.predict(dataclasses.replace(base, contention=0.1)) - t0
+    d2 = runset.predict(dataclasses.replace(base, contention=0.2)) - t0
+    assert (d1[fsdp & sharded] > 0).all()                  # ZeRO-3 communication overlaps their compute
+    np.testing.assert_allclose(d2[fsdp], 2 * d1[fsdp], rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(d1[fsdp & ~sharded], 0.0, atol=1e-12)
+    # Megatron-DeepSpeed's gradient all-reduce runs after the backward here (no overlap): nothing to slow
+    np.testing.assert_allclose(d1[~fsdp], 0.0, atol=1e-12)
 
 
 def test_each_source_is_scored_by_terms_fitted_without_it(runset):

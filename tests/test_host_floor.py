@@ -108,6 +108,7 @@ def test_calibrate_framework_uses_the_floor_file_and_says_so(tmp_path):
     cal = cf.calibrate_framework(store_path=db, models_dir=models, save=False,
                                  options=cf.TermsFitOptions(max_evaluations=8))
     assert "bounded below by the floor measured on a CPU" in cal.terms.source
+    assert "contention held at the published measurement" in cal.terms.source and "2507.03114" in cal.terms.source
     assert cal.terms.recompute_host_passes == pytest.approx(1.6)
     for fw in ("fsdp", "megatron-deepspeed"):
         assert cal.terms.host[fw].host_s_per_layer_pass >= 1.5e-3 - 1e-9
