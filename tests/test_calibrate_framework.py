@@ -328,3 +328,14 @@ def test_the_held_out_error_is_kept_by_host_share_and_sets_the_band_of_host_boun
     assert small.expected_error >= 0.30 > big.expected_error
     shipped, _w = load_terms_checked()
     assert shipped is not None and len(shipped.validation["by_host_share"]) == 3
+
+
+@pytest.mark.parametrize("bad, says", [("abc", "takes a number"), ("-1", "must lie in [0, 2]"),
+                                       ("nan", "must lie in [0, 2]"), ("3", "must lie in [0, 2]")])
+def test_calibrate_framework_refuses_a_contention_that_is_not_a_kappa(bad, says, capsys):
+    from predictor.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["calibrate-framework", "--dry-run", "--contention", bad])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--contention" in err and says in err and "Traceback" not in err
