@@ -614,8 +614,9 @@ class Predictor:
                              f"of the work as here ({host_share:.0%})")
             if missing and worst is not None and worst[0] > base:
                 return (worst[0], runs, f"; no measured run covers {' or '.join(missing)}, so the worst of "
-                                        f"{n_src} sources held out ({worst[1]}) rather than their mean")
-            return base, runs, base_how
+                                        f"{n_src} sources held out ({worst[1]}) rather than their mean"
+                                        + signed_words(per[worst[1]].get("held_out_mean_signed")))
+            return base, runs, base_how + signed_words((tv if b is None else b).get("held_out_mean_signed"))
         if self.speed is not None and val.get("mape_speed_checked") is not None:
             return (float(val["mape_speed_checked"]), val.get("n_runs_speed_checked", "?"),
                     " with a speed check around each run")
@@ -687,6 +688,15 @@ class Predictor:
         if wide is not None:
             err, basis = max(err, wide[0]), f"{basis}; {wide[1]}"
         return share, err, basis
+
+
+def signed_words(mean_signed: Any) -> str:
+    """The held-out mean signed error in words for an error band's basis ('' where none is recorded): a planner
+    needs the direction of the error (the bias) more than its spread."""
+    if not isinstance(mean_signed, (int, float)) or isinstance(mean_signed, bool) or not math.isfinite(mean_signed):
+        return ""
+    side = "faster" if mean_signed < 0 else "slower"
+    return f"; held out, those predictions were {abs(mean_signed):.1%} {side} than measured on average (mean signed)"
 
 
 def host_share(prov_s: dict[str, list[float]]) -> float:

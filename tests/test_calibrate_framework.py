@@ -272,21 +272,26 @@ def test_runs_with_unaligned_gemm_shapes_are_not_fitted_on():
 
 
 def test_the_band_widens_where_no_measured_run_covers_the_gpu_or_the_framework(tmp_path):
-    per = {"a": {"held_out_mape": 0.06, "framework": "fsdp", "devices": "a100-sxm4-80gb"},
-           "b": {"held_out_mape": 0.20, "framework": "megatron-deepspeed", "devices": "a100-sxm4-80gb"}}
+    per = {"a": {"held_out_mape": 0.06, "held_out_mean_signed": 0.02, "framework": "fsdp", "devices": "a100-sxm4-80gb"},
+           "b": {"held_out_mape": 0.20, "held_out_mean_signed": -0.12, "framework": "megatron-deepspeed",
+                 "devices": "a100-sxm4-80gb"}}
     save_terms(EndToEndTerms(power_factor=0.1, host={"default": HostTerm(1e-3, 2.0, 1e-3)}, fitted_on={"a": 5, "b": 5},
-                             validation={"held_out_mape": 0.13, "per_source": per}), tmp_path)
+                             validation={"held_out_mape": 0.13, "held_out_mean_signed": -0.05, "per_source": per}),
+               tmp_path)
     lay = Layout(num_gpus=8, tp=2, pp=1, dp=4, micro_batch=1, global_batch=32, seq_len=2048)
     a100, h100 = Predictor("dgx-a100-80gb", tmp_path), Predictor("dgx-h100", tmp_path)
-    assert a100.end_to_end_error("fsdp")[0] == pytest.approx(0.13)          # covered: the sources' mean
+    e, _n, how = a100.end_to_end_error("fsdp")                              # covered: the sources' mean
+    assert e == pytest.approx(0.13) and "5.0% faster than measured" in how   # ... and their mean bias
     assert a100.end_to_end_error("ddp")[0] == pytest.approx(0.20)           # no ddp run: the worst source
     e, _n, how = h100.end_to_end_error("fsdp")                              # no H100 run: the worst source
     assert e == pytest.approx(0.20) and "h100" in how and "worst" in how
+    assert "12.0% faster than measured" in how                              # ... with that source's bias
     m = get_preset("llama2-7b")
     covered = a100.predict(m, dataclasses.replace(lay, framework="fsdp"))
     uncovered = a100.predict(m, dataclasses.replace(lay, framework="ddp"))
     assert uncovered.expected_error > covered.expected_error
     assert "the framework ddp" in uncovered.error_basis and "framework_terms.json" in uncovered.error_basis
+    assert "held out, those predictions were 12.0% faster" in uncovered.error_basis
 
 
 def test_the_held_out_error_is_kept_by_host_share_and_sets_the_band_of_host_bound_steps(tmp_path):
