@@ -6,7 +6,7 @@ import streamlit as st
 
 from predictor.layout_io import BATCH_COLUMNS
 from predictor.paths import ArtifactError
-from predictor.terms import PUBLISHED_CONTENTION
+from predictor.terms import contention_words
 from predictor.validate import mark_unmodelled_host, save_validation, summarize_validation
 from predictor_ui import charts, config, data, fmt, views
 
@@ -92,11 +92,7 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
     form = (f"no tensor-core kernel faster than the achievable matmul rate / {1 + beta:.2f} over a sustained step"
             if pooled.get("power_form") == "cap"
             else f"{beta:.3f} x tensor-core FLOPs / achievable matmul rate added to each kernel")
-    kappa = float(pooled.get("contention") or 0.0)
-    held_at = ("a published measurement (compute beside NCCL kernels 18.9 % slower, arXiv 2507.03114)"
-               if abs(kappa - PUBLISHED_CONTENTION) < 1e-9 else "a value set by hand")
-    contention = (f"contention: {kappa:.2f} s of compute lost per second of communication it overlaps, held at "
-                  f"{held_at}, not fitted" if kappa else "no contention")
+    contention = contention_words(float(pooled.get("contention") or 0.0))
     st.markdown(f"The end-to-end terms (compute factor; power factor: {form}; {contention}; host time per framework) "
                 f"were fitted on {runs:,} measured GPU runs of {len(table)} sources (runs with GEMM dimensions not in "
                 "multiples of 8 are scored, not fitted on); each **held-out** number comes "

@@ -41,11 +41,11 @@ from .host_floor import HostFloor, load_host_floor
 from .layout_io import layout_from_fields, model_from_fields
 from .specs import FRAMEWORKS, InfeasibleConfig, Layout, ModelSpec
 from .terms import (
-    CONTENTION_SOURCE,
     DEFAULT_HOST,
     PUBLISHED_CONTENTION,
     EndToEndTerms,
     HostTerm,
+    contention_words,
     in_share_bin,
     save_terms,
 )
@@ -457,13 +457,9 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
     floor_words = (f"; host time per layer pass bounded below by the floor measured on a CPU ({floor.in_words()})"
                    if floor is not None and floors else "; no measured host floor (host terms bounded below by 0)")
     left_words = (f" ({left} more with GEMM dimensions not in multiples of 8 scored, not fitted on)" if left else "")
-    kappa_words = ("; contention held at the published measurement: " + CONTENTION_SOURCE
-                   if options.contention == PUBLISHED_CONTENTION
-                   else f"; contention held at {options.contention:g} (set, not fitted)" if options.contention
-                   else "; no contention")
     source = (f"{int(fitted.sum())} measured GPU runs ({counted}){left_words}; "
               f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term"
-              f"{floor_words}{kappa_words}")
+              f"{floor_words}; {contention_words(options.contention)}")
     terms = replace(terms, source=source, fitted_on=fitted_on, validation=validation,
                     fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
     path = save_terms(terms, models_dir) if save else None

@@ -45,14 +45,15 @@ def cmd_calibrate_framework(a: argparse.Namespace) -> int:
 
 
 def _contention(text: str) -> float:
-    """--contention: a number in [0, 2] (terms files refuse more), else a message naming the option."""
+    """--contention: a number in [0, MAX_CONTENTION] (what a terms file allows), else a message naming the option."""
+    from .terms import MAX_CONTENTION
     try:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--contention takes a number of seconds per second, not {text!r}") from None
-    if not 0.0 <= v <= 2.0:
-        raise argparse.ArgumentTypeError(f"--contention must lie in [0, 2] (seconds of compute lost per second of "
-                                         f"overlapped communication), not {v:g}")
+    if not 0.0 <= v <= MAX_CONTENTION:
+        raise argparse.ArgumentTypeError(f"--contention must lie in [0, {MAX_CONTENTION:g}] (seconds of compute lost "
+                                         f"per second of overlapped communication), not {v:g}")
     return v
 
 

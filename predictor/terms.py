@@ -52,9 +52,20 @@ POWER_FORMS = ("linear", "cap")
 # compute are lost per second of communication: kappa = 0.159.
 PUBLISHED_SLOWDOWN = 0.189
 PUBLISHED_CONTENTION = PUBLISHED_SLOWDOWN / (1.0 + PUBLISHED_SLOWDOWN)
-CONTENTION_SOURCE = ("compute overlapped by communication runs 18.9 % slower on average (arXiv 2507.03114: GPT / "
-                     "LLaMA layers on A100, H100, MI250, MI210), i.e. 0.159 s of compute lost per second of "
-                     "overlapped communication")
+CONTENTION_SOURCE = (f"compute overlapped by communication runs {PUBLISHED_SLOWDOWN * 100:.1f} % slower on average "
+                     "(arXiv 2507.03114: GPT / LLaMA layers on A100, H100, MI250, MI210), i.e. "
+                     f"{PUBLISHED_CONTENTION:.3f} s of compute lost per second of overlapped communication")
+MAX_CONTENTION = 2.0   # seconds of compute lost per overlapped second: no more in a terms file or the fit's option
+
+
+def contention_words(kappa: float) -> str:
+    """How a contention was set, in words (the fit holds it, never fits it): the calibration's source text and the
+    Accuracy page."""
+    if not kappa:
+        return "no contention"
+    if math.isclose(kappa, PUBLISHED_CONTENTION):
+        return f"contention held at the published measurement: {CONTENTION_SOURCE}"
+    return f"contention held at {kappa:g} (set, not fitted)"
 
 
 @dataclass(frozen=True)
@@ -100,7 +111,7 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     if not isinstance(d, dict):
         raise ArtifactError(path, None, f"must be a JSON object, not {type(d).__name__}")
     alpha = float(check_number(path, "compute_factor", d.get("compute_factor", 1.0), ge=0.5, le=2.0))
-    kappa = float(check_number(path, "contention", d.get("contention", 0.0), ge=0.0, le=2.0))
+    kappa = float(check_number(path, "contention", d.get("contention", 0.0), ge=0.0, le=MAX_CONTENTION))
     beta = float(check_number(path, "power_factor", d.get("power_factor", 0.0), ge=0.0, le=1.0))
     form = d.get("power_form", "linear")
     if form not in POWER_FORMS:
