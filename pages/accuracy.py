@@ -6,7 +6,7 @@ import streamlit as st
 
 from predictor.layout_io import BATCH_COLUMNS
 from predictor.paths import ArtifactError
-from predictor.terms import contention_words
+from predictor.terms import contention_words, spread_in_words
 from predictor.validate import mark_unmodelled_host, save_validation, summarize_validation
 from predictor_ui import charts, config, data, fmt, views
 
@@ -93,7 +93,9 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
             if pooled.get("power_form") == "cap"
             else f"{beta:.3f} x tensor-core FLOPs / achievable matmul rate added to each kernel")
     contention = contention_words(float(pooled.get("contention") or 0.0))
-    st.markdown(f"The end-to-end terms (compute factor; power factor: {form}; {contention}; host time per framework) "
+    spread = spread_in_words(float(pooled.get("speed_spread") or 0.0))
+    st.markdown(f"The end-to-end terms (compute factor; power factor: {form}; {contention}; {spread}; host time per "
+                "framework) "
                 f"were fitted on {runs:,} measured GPU runs of {len(table)} sources (runs with GEMM dimensions not in "
                 "multiples of 8 are scored, not fitted on); each **held-out** number comes "
                 "from a refit without that source, so it is how far to trust the terms on a framework or cluster "

@@ -75,6 +75,11 @@ class TermsFitOptions:
     # how the power factor acts (predictor.terms.POWER_FORMS). 'cap' is shipped: on the A100 runs it scored better
     # held out than 'linear' (tests/benchmarks/terms_sensitivity --only power)
     power_form: str = "cap"
+    # sigma, the spread of identical GPUs' sustained speed (predictor.terms.slowest_of): fitted beside the power factor
+    # (False: held at `speed_spread`). Bounded: 10 % would put the slowest of 64 GPUs 23 % behind their mean.
+    fit_speed_spread: bool = True
+    speed_spread: float = 0.0
+    speed_spread_max: float = 0.1
 
     def floor_for(self, framework: str) -> float:
         return dict(self.host_floor_s_per_layer_pass).get(framework, 0.0)
@@ -199,9 +204,12 @@ def _frameworks_in(runs: RunSet, mask: np.ndarray) -> list[str]:
 
 
 def _terms_from_vector(x: np.ndarray, fws: Sequence[str], opt: TermsFitOptions) -> EndToEndTerms:
+    """x: the power factor, (host per layer pass, host per micro-batch) per framework, then the speed spread where
+    the options fit it."""
     host = {f: HostTerm(float(x[1 + 2 * j]), opt.blend_p, float(x[2 + 2 * j])) for j, f in enumerate(fws)}
+    spread = float(x[1 + 2 * len(fws)]) if opt.fit_speed_spread else opt.speed_spread
     return EndToEndTerms(power_factor=float(x[0]), host=host, recompute_host_passes=opt.recompute_host_passes,
-                         contention=opt.contention, power_form=opt.power_form)
+                         contention=opt.contention, power_form=opt.power_form, speed_spread=spread)
 
 
 def with_pooled_host(terms: EndToEndTerms) -> EndToEndTerms:
@@ -240,19 +248,21 @@ def fit_terms(runs: RunSet, mask: np.ndarray | None = None, options: TermsFitOpt
     srcs = runs.source_ids[mask]
     counts = {s: int((srcs == s).sum()) for s in set(srcs)}
     w = np.array([1.0 / np.sqrt(counts[s]) for s in srcs])
+    spread = [options.speed_spread_max] if options.fit_speed_spread else []
     bounds_hi = np.array([options.power_factor_max]
-                         + [options.host_max_s_per_layer_pass, options.host_max_s_per_micro_batch] * len(fws))
+                         + [options.host_max_s_per_layer_pass, options.host_max_s_per_micro_batch] * len(fws) + spread)
     scale = bounds_hi.copy()
     lo = np.zeros_like(scale)
-    lo[1::2] = [options.floor_for(f) / options.host_max_s_per_layer_pass for f in fws]
+    nh = 1 + 2 * len(fws)                        # the host terms are z[1:nh], pulled towards their floor
+    lo[1:nh:2] = [options.floor_for(f) / options.host_max_s_per_layer_pass for f in fws]
     meas = runs.measured_s[mask]
 
     def residuals(z: np.ndarray) -> np.ndarray:   # z: parameters in units of their bound
         pred = runs.predict(_terms_from_vector(z * scale, fws, options))[mask]
-        return np.concatenate([w * np.log(pred / meas), options.prior_weight * (z[1:] - lo[1:])])
+        return np.concatenate([w * np.log(pred / meas), options.prior_weight * (z[1:nh] - lo[1:nh])])
 
     hi = np.ones_like(lo)
-    z0 = np.clip(np.array([0.1] + [0.25, 0.05] * len(fws)), lo, hi)
+    z0 = np.clip(np.array([0.1] + [0.25, 0.05] * len(fws) + [0.2] * len(spread)), lo, hi)
     hi = np.maximum(hi, lo + 1e-9)
     res = least_squares(residuals, z0, bounds=(lo, hi), loss="soft_l1",
                         f_scale=options.robust_scale, diff_step=1e-2, max_nfev=options.max_evaluations)
@@ -328,13 +338,22 @@ def validate_terms(runs: RunSet, options: TermsFitOptions = TermsFitOptions(),
     return terms, pd.DataFrame(table), held
 
 
+def spread_words(options: TermsFitOptions) -> str:
+    """How the GPU speed spread was set, in words (the calibration's source text)."""
+    if options.fit_speed_spread:
+        return ("GPU speed spread fitted (the slowest of a job's n GPUs sets the pace: compute x (1 + sigma x "
+                "E[max of n standard normals]))")
+    return f"GPU speed spread held at {options.speed_spread:g} (set, not fitted)"
+
+
 def terms_in_words(t: EndToEndTerms) -> str:
     host = "; ".join(f"{k} {v.host_s_per_layer_pass * 1e3:.2f} ms/layer pass + {v.host_s_per_micro_batch * 1e3:.1f} "
                      f"ms/micro-batch" for k, v in sorted(t.host.items()))
     rp = "" if t.recompute_host_passes == 1.0 else f"; full recomputation {t.recompute_host_passes:.2f} host passes"
     form = "" if t.power_form == "linear" else f" ({t.power_form} form)"
     kappa = f"; contention {t.contention:.3f} s per s of overlapped communication" if t.contention else ""
-    return f"power factor {t.power_factor:.3f}{form}{kappa}; host: {host}{rp}"
+    sigma = f"; GPU speed spread {t.speed_spread * 100:.1f} %" if t.speed_spread else ""
+    return f"power factor {t.power_factor:.3f}{form}{kappa}{sigma}; host: {host}{rp}"
 
 
 # Host share bins of the held-out error (`host_share_bins`): where the framework's host time is a large part of a
@@ -459,7 +478,7 @@ def calibrate_framework(store_path: str | Path | None = None, models_dir: str | 
     left_words = (f" ({left} more with GEMM dimensions not in multiples of 8 scored, not fitted on)" if left else "")
     source = (f"{int(fitted.sum())} measured GPU runs ({counted}){left_words}; "
               f"frameworks without runs of their own ({', '.join(unknown) or 'none'}) take the pooled host term"
-              f"{floor_words}; {contention_words(options.contention)}")
+              f"{floor_words}; {contention_words(options.contention)}; {spread_words(options)}")
     terms = replace(terms, source=source, fitted_on=fitted_on, validation=validation,
                     fitted_at=datetime.now(UTC).isoformat(timespec="seconds"))
     path = save_terms(terms, models_dir) if save else None

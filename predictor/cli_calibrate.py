@@ -59,8 +59,8 @@ def _contention(text: str) -> float:
 
 def add_calibrate_framework_parser(sub: Any, common: Any) -> None:
     sp = sub.add_parser("calibrate-framework",
-                        help="fit the end-to-end terms (power factor, per-framework host overhead) on the store's "
-                             "GPU runs; report in-sample and leave-one-source-out errors")
+                        help="fit the end-to-end terms (power factor, GPU speed spread, per-framework host overhead) "
+                             "on the store's GPU runs; report in-sample and leave-one-source-out errors")
     sp.add_argument("--max-evaluations", type=int, default=40, help="least-squares evaluations per fit")
     from .terms import POWER_FORMS
     sp.add_argument("--dry-run", action="store_true", help="fit and report, write nothing")

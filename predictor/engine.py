@@ -33,7 +33,7 @@ from .compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_array
 from .frameworks import FRAMEWORK_SPECS, fused_kernels_on, get_framework, separate_grad_accumulation
 from .overhead import RECOMPUTE_PASSES, HostOverhead
 from .specs import FRAMEWORKS, Layout, ModelSpec, grad_reduce_in_fp32_of
-from .terms import CapCurve, EndToEndTerms, blend
+from .terms import TERMS_PROVENANCE, CapCurve, EndToEndTerms, blend, slowest_of
 
 if TYPE_CHECKING:
     from .platforms import Platform
@@ -197,7 +197,7 @@ class Evaluation:
     capacity_bytes: float
     provenance_s: list[dict[str, list[float]]]   # per row: provenance -> [seconds, seconds x error] (all stages)
     host_all_s: np.ndarray                        # host (framework) seconds over every stage and micro-batch
-    terms_all_s: np.ndarray                       # seconds the end-to-end terms add (power factor, contention)
+    terms_all_s: np.ndarray                       # seconds the end-to-end terms add (TERMS_PROVENANCE)
     details: dict[int, dict[str, Any]] = field(default_factory=dict)  # row -> per-chunk detail (detail=True)
 
     low_peak_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # with the least allocator reserve
@@ -603,6 +603,10 @@ class Engine:
         elif beta != 0.0:   # ... in proportion to the tensor-core work they do at full power (predictor.terms)
             fi, bi, ri = (chunks_of(f) for f in ("fi", "bi", "ri"))
             fc, bc, rcp = fc + beta * fi, bc + beta * bi, rcp + beta * ri
+        if e2e is not None and e2e.speed_spread > 0:
+            # the slowest of the job's GPUs sets the pace of every synchronised step (predictor.terms)
+            slow = (1.0 + e2e.speed_spread * slowest_of(sub[:, I_GPUS]))[:, None]
+            fc, bc, rcp = fc * slow, bc * slow, rcp * slow
         ppc = n_p2p[None, :] * p2p_t[:, None]
         zf_tot, zf_unit, zb_tot, zb_unit = W[..., 3], W[..., 4], W[..., 5], W[..., 6]
         # ZeRO-2/3: prefetched under compute; what compute cannot cover is exposed, and at least one unit
@@ -746,7 +750,6 @@ class Engine:
 
 HOST_PROVENANCE = "host overhead (fitted on measured runs)"
 TERMS_HOST_PROVENANCE = "framework host overhead (end-to-end terms)"
-TERMS_PROVENANCE = "end-to-end terms (power factor, contention)"
 
 
 def _capped(e2e: EndToEndTerms | None) -> TypeGuard[EndToEndTerms]:

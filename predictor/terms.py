@@ -18,6 +18,11 @@ leave-one-source-out (each source predicted by terms fitted without it):
                    kernels occupy SMs and memory bandwidth); charged on the overlapped part of ZeRO
                    gathers / reduce-scatters and of the bucketed gradient reduction. Not fitted (the A100 runs
                    trade it against the power factor): held at a published measurement, PUBLISHED_CONTENTION.
+  speed_spread     sigma: the spread (standard deviation, relative) of the sustained speed of identical GPUs. A
+                   step synchronises all its GPUs (the gradient reduction, and TP / pipeline / ZeRO collectives
+                   inside it), so the slowest of them sets the pace: every GPU operator time is multiplied by
+                   1 + sigma x E[max of n standard normals], n the GPUs of the job (`slowest_of`). Fitted on the
+                   end-to-end runs (2 to 384 GPUs); beyond that the normal tail is an extrapolation.
   host[framework]  host (framework) time: seconds per layer pass blended with the GPU time
                    (predictor.overhead), plus seconds per micro-batch and pipeline stage (the
                    framework's per-micro-batch loop: schedule, loss scaling, hooks). A framework
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +62,47 @@ CONTENTION_SOURCE = (f"compute overlapped by communication runs {PUBLISHED_SLOWD
                      "(arXiv 2507.03114: GPT / LLaMA layers on A100, H100, MI250, MI210), i.e. "
                      f"{PUBLISHED_CONTENTION:.3f} s of compute lost per second of overlapped communication")
 MAX_CONTENTION = 2.0   # seconds of compute lost per overlapped second: no more in a terms file or the fit's option
+MAX_SPEED_SPREAD = 0.2  # relative spread of identical GPUs' sustained speed: no more in a terms file
+TERMS_PROVENANCE = "end-to-end terms (power factor, contention, GPU speed spread)"   # what a prediction rests on
+
+
+def spread_in_words(sigma: float) -> str:
+    """The GPU speed spread of a terms file in words (the Accuracy page)."""
+    if not sigma:
+        return "no GPU speed spread"
+    return (f"GPU speed spread {sigma * 100:.1f} % (fitted): the slowest of a job's n GPUs sets the pace, "
+            f"compute x (1 + {sigma:.3f} x E[max of n standard normals]), e.g. +{sigma * _slowest_of(8) * 100:.1f} % "
+            f"on 8 GPUs, +{sigma * _slowest_of(1024) * 100:.1f} % on 1,024")
+
+
+@cache
+def _normal_grid() -> tuple[Any, Any, Any]:
+    import numpy as np
+    x = np.linspace(-9.0, 9.0, 7201)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    log_cdf = np.log(np.maximum(np.array([0.5 * math.erfc(-v / math.sqrt(2.0)) for v in x]), 1e-300))
+    return x, pdf, log_cdf
+
+
+@lru_cache(maxsize=4096)
+def _slowest_of(n: int) -> float:
+    import numpy as np
+    if n <= 1:
+        return 0.0
+    x, pdf, log_cdf = _normal_grid()
+    dens = n * pdf * np.exp((n - 1) * log_cdf)   # density of the largest of n standard normals
+    return float(np.trapezoid(x * dens, x))
+
+
+def slowest_of(gpus: Any) -> Any:
+    """E[max of n standard normals] for each n of `gpus` (an int or an array; 0 for n <= 1): how many standard
+    deviations of per-GPU speed the slowest of n GPUs lies behind their mean (n = 2: 1 / sqrt(pi) = 0.564)."""
+    import numpy as np
+    a = np.asarray(gpus)
+    if a.ndim == 0:
+        return _slowest_of(int(a))
+    u, inv = np.unique(a.astype("int64"), return_inverse=True)
+    return np.array([_slowest_of(int(n)) for n in u])[inv].reshape(a.shape)
 
 
 def contention_words(kappa: float) -> str:
@@ -87,6 +134,7 @@ class EndToEndTerms:
     power_factor: float = 0.0
     power_form: str = "linear"              # POWER_FORMS: how power_factor acts on tensor-core kernels
     recompute_host_passes: float = 1.0      # host passes a layer's full recomputation adds (predictor.host_floor)
+    speed_spread: float = 0.0               # sigma: relative spread of identical GPUs' sustained speed (slowest_of)
     source: str = ""
     fitted_on: dict[str, int] = field(default_factory=dict)     # source id -> runs
     validation: dict[str, Any] = field(default_factory=dict)    # per source: in-sample and held-out errors
@@ -116,6 +164,7 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     form = d.get("power_form", "linear")
     if form not in POWER_FORMS:
         raise ArtifactError(path, "power_form", f"must be one of {', '.join(POWER_FORMS)}, not {form!r}")
+    spread = float(check_number(path, "speed_spread", d.get("speed_spread", 0.0), ge=0.0, le=MAX_SPEED_SPREAD))
     rpass = float(check_number(path, "recompute_host_passes", d.get("recompute_host_passes", 1.0),
                                ge=MIN_RECOMPUTE_PASSES, le=MAX_RECOMPUTE_PASSES))
     host: dict[str, HostTerm] = {}
@@ -142,7 +191,7 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
         raise ArtifactError(path, "validation", "must be a mapping")
     _check_finite(path, "validation", validation)  # errors and signed gaps: any sign, never NaN / inf
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
-                         power_form=str(form), recompute_host_passes=rpass,
+                         power_form=str(form), recompute_host_passes=rpass, speed_spread=spread,
                          source=str(d.get("source", "")), fitted_on=fitted_on,
                          validation=dict(validation), fitted_at=str(d.get("fitted_at", "")))
 
@@ -175,7 +224,7 @@ def save_terms(terms: EndToEndTerms, models_dir: str | Path | None = None) -> Pa
     power = ("power_factor x FLOPs / MAMF" if terms.power_form == "linear"
              else "tensor-core operators at least (1 + power_factor) x FLOPs / MAMF")
     d["model"] = (f"GPU operator times x compute_factor, {power}; + contention x overlapped "
-                  "communication; host per layer "
+                  "communication; x (1 + speed_spread x E[max of n GPUs' standard normal speeds]); host per layer "
                   "pass blended (T = (G**p + H**p)**(1/p)) plus host_s_per_micro_batch per micro-batch and stage; "
                   "see predictor/terms.py")
     return paths.write_json_atomic(p, d)

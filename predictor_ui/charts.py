@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from predictor.memory import GIB, MEMORY_PART_LABELS, MEMORY_PARTS, MemoryReport, StageMemory, stage_parts_bytes
+from predictor.terms import TERMS_PROVENANCE
 
 
 class _LazyAltair:
@@ -42,7 +43,7 @@ PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured r
                      "transferred": "#1e88e5", "stand-in": "#f9a825", "analytical (calibrated)": "#8d6e63",
                      "analytical": "#9e9e9e", "none": "#e0e0e0",
                      "framework host overhead (end-to-end terms)": "#ab47bc",
-                     "end-to-end terms (power factor, contention)": "#ce93d8"}
+                     TERMS_PROVENANCE: "#ce93d8"}
 PHASE_COLORS = {"fwd": "#4c78a8", "bwd": "#f58518", "recompute": "#b279a2", "step": "#54a24b"}
 KIND_COLORS = {"forward": "#4c78a8", "backward": "#f58518", "busy": "#7f7f7f", "idle (bubble)": "#eeeeee"}
 MEMORY_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]

@@ -239,7 +239,8 @@ def _terms_by_source(models_version: str) -> tuple[pd.DataFrame, dict[str, Any],
     pooled = {k: v for k, v in terms.validation.items() if k != "per_source"}
     return validation_by_source(terms), {**pooled, "fitted_on": terms.fitted_on, "power_form": terms.power_form,
                                          "power_factor": terms.power_factor,
-                                         "contention": terms.contention}, warning
+                                         "contention": terms.contention,
+                                         "speed_spread": terms.speed_spread}, warning
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

@@ -1,6 +1,7 @@
 """How the end-to-end terms' source-held-out errors depend on the fit's fixed choices: prints tables.
 
-    python -m tests.benchmarks.terms_sensitivity [--store PATH] [--only alone floor flagged blend contention power]
+    python -m tests.benchmarks.terms_sensitivity [--store PATH]
+        [--only alone floor flagged blend contention power spread]
 
 Every table refits the terms (predictor.calibrate_framework) leave-one-source-out on the store's measured GPU
 runs, as `calibrate-framework` does, with one choice changed, and prints per source the held-out MAPE, the mean
@@ -13,8 +14,10 @@ signed error and the power factor of the fit that predicted it:
 - blend: the exponent p of the host / GPU blend (shipped 2);
 - contention: kappa held at a few values (shipped: the published measurement, 0.159; the fit does not fit it);
 - power: the power factor's form, 'linear' (seconds added per second of tensor-core work at MAMF) or 'cap'
-  (no tensor-core kernel faster than MAMF / (1 + beta)), each refitted (predictor.terms).
-Runs 1-2 minutes per table on 2 cores (all six: about 11 minutes). Nothing is saved.
+  (no tensor-core kernel faster than MAMF / (1 + beta)), each refitted (predictor.terms);
+- spread: the GPU speed spread sigma (the slowest of a job's n GPUs sets the pace) fitted (shipped) or held at a
+  few values.
+Runs 1-2 minutes per table on 2 cores (all seven: about 14 minutes). Nothing is saved.
 """
 from __future__ import annotations
 
@@ -32,17 +35,17 @@ from predictor.host_floor import HostFloor, host_floor_from_dict, load_host_floo
 from predictor.terms import POWER_FORMS, PUBLISHED_CONTENTION
 
 ROOT = Path(__file__).resolve().parents[2]
-TABLES = ("alone", "floor", "flagged", "blend", "contention", "power")
+TABLES = ("alone", "floor", "flagged", "blend", "contention", "power", "spread")
 
 
 def held_out(runs: cf.RunSet, options: cf.TermsFitOptions) -> dict[str, str]:
-    """source -> 'MAPE (signed) beta' of its runs predicted by terms fitted without it."""
+    """source -> 'MAPE (signed) beta sigma' of its runs predicted by terms fitted without it."""
     held, terms = cf.held_out_predictions(runs, options)
     out = {}
     for s, t in terms.items():
         m = runs.source_ids == s
         e = held[m] / runs.measured_s[m] - 1.0
-        out[s] = f"{np.abs(e).mean():.1%} ({e.mean():+.1%}) b={t.power_factor:.3f}"
+        out[s] = f"{np.abs(e).mean():.1%} ({e.mean():+.1%}) b={t.power_factor:.3f} s={t.speed_spread:.3f}"
     return out
 
 
@@ -100,6 +103,11 @@ def main() -> None:
     if "power" in a.only:
         print(f"\n== The power factor's form (shipped {base.power_form}) ==")
         print(table(runs, [(f, replace(base, power_form=f)) for f in POWER_FORMS]).to_string(index=False))
+    if "spread" in a.only:
+        print("\n== The GPU speed spread sigma: fitted (shipped) or held ==")
+        held = [(f"held at {v:g}", replace(base, fit_speed_spread=False, speed_spread=v))
+                for v in (0.0, 0.01, 0.02, 0.03, 0.04)]
+        print(table(runs, [("fitted", base), *held]).to_string(index=False))
 
 
 if __name__ == "__main__":
