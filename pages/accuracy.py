@@ -67,7 +67,8 @@ SOURCE_COLS_CFG = {
     "held_out_mfu_signed_points": st.column_config.NumberColumn("held-out MFU signed (points)", format="%.1f"),
     "runs_shape_flagged": st.column_config.NumberColumn(
         "runs with unaligned GEMMs", help="GEMM dimensions not in multiples of 8 elements: outside the sampled "
-                                          "shapes; predictions with such shapes warn and widen their error band"),
+                                          "shapes; predictions with such shapes charge those GEMMs at no more than "
+                                          "the FP32 peak, warn and widen their error band"),
     "held_out_mape_unflagged": st.column_config.NumberColumn("held-out MAPE, aligned runs", format="percent"),
     "held_out_mean_signed_unflagged": st.column_config.NumberColumn("held-out signed, aligned runs",
                                                                     format="percent"),
@@ -105,7 +106,8 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
     shape = pooled.get("shape_flagged")
     if isinstance(shape, dict) and shape.get("runs"):
         notes.append(f"{int(shape['runs'])} runs have GEMM dimensions not in multiples of 8 (outside the sampled "
-                     f"shapes): held out they were {fmt.pct(shape['held_out_mape'], 1)} off (signed "
+                     "shapes; those GEMMs are charged at no more than the GPU's FP32 non-tensor-core peak, a "
+                     f"spec-sheet bound): held out they were {fmt.pct(shape['held_out_mape'], 1)} off (signed "
                      f"{shape['held_out_mean_signed']:+.1%}); a prediction with such shapes warns and carries that "
                      "error in its band.")
     bins = [b for b in (pooled.get("by_host_share") or []) if isinstance(b, dict) and b.get("runs")]

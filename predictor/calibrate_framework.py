@@ -11,7 +11,8 @@ ratio predicted / measured, each source weighted by the square root of its run c
 rows do not drown 20 BLOOM rows) plus a weak prior that pulls the host terms towards their floor. The
 host terms are bounded above by what an eager framework can physically spend and below by the host
 floor measured on a CPU (predictor.host_floor; 0 without it): `TermsFitOptions`. Runs whose GEMM
-dimensions are not multiples of 8 (predictor.alignment: outside the sampled shapes) are scored like the
+dimensions are not multiples of 8 (predictor.alignment: outside the sampled shapes; those GEMMs are charged at the
+FP32 peak at best) are scored like the
 others, and apart (`runs_shape_flagged`, `validation.shape_flagged`), but not fitted on: their slowdown is
 the kernels cuBLAS picks for unaligned shapes, which the shared power factor would otherwise absorb and
 carry to every aligned prediction (BLOOM's 20 runs alone want a power factor of 0.30 with its 6 runs of
@@ -527,8 +528,9 @@ def format_table(table: pd.DataFrame) -> str:
                      f"{'-' if g is None else f'{g:.1f}, {gs:+.1f}':>44} {'-' if mc is None else f'{mc:.2f}':>28}")
     flagged = [r for r in table.to_dict(orient="records") if (r.get("runs_shape_flagged") or 0) > 0]
     if flagged:
-        lines += ["", "runs with GEMM dimensions not in multiples of 8 (predictions warn; samples cover aligned "
-                      "shapes only), source held out, MAPE (mean signed):"]
+        lines += ["", "runs with GEMM dimensions not in multiples of 8 (samples cover aligned shapes only; predictions "
+                      "warn and charge those GEMMs at no more than the FP32 peak), source held out, MAPE "
+                      "(mean signed):"]
         for r in flagged:
             lines.append(f"{r['source']:<18} {int(r['runs_shape_flagged']):>3} flagged: "
                          f"{pct(r.get('held_out_mape_flagged'))} ({spct(r.get('held_out_mean_signed_flagged'))}); "

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import features, fp8, paths
+from .alignment import simt_floor_s
 from .compose import ChunkTimes, ComposeOptions, simulate_pipeline
 from .decompose import FUSED, CommCall, OpCall
 from .engine import (
@@ -259,7 +260,8 @@ class Predictor:
             if self.speed is not None and prov == "measured":
                 secs = secs * self.speed.speed_factor
             ideal = self._achievable_floor_s(op, pass_, arrays, base)
-            secs = np.maximum(secs, ideal)
+            # no tensor-core kernel below MAMF; none for unaligned shapes below the FP32 peak (predictor.alignment)
+            secs = np.maximum(np.maximum(secs, ideal), simt_floor_s(op, pass_, arrays, self.platform.device, base))
             if fp8.is_fp8_gemm(op, precision):  # the BF16 GEMM time x the MAMF ratio + the FP8 casts
                 secs, ideal, how = fp8.gemm_times(op, pass_, arrays, secs, self.platform.device,
                                                   self.achievable_flops(base))
