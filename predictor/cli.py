@@ -409,6 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_search_parser(sub)
     from .cli_calibrate import add_calibrate_framework_parser
     add_calibrate_framework_parser(sub, common)
+    from .cli_calibrate import add_check_independent_parser
+    add_check_independent_parser(sub, common)
     return p
 
 

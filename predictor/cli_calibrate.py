@@ -75,3 +75,32 @@ def add_calibrate_framework_parser(sub: Any, common: Any) -> None:
                     help="ignore models_store/host_floor.json: host terms bounded below by 0 (for comparison)")
     common(sp)
     sp.set_defaults(func=cmd_calibrate_framework)
+
+
+def cmd_check_independent(a: argparse.Namespace) -> int:
+    from . import independent_record as IR
+    from .terms import load_terms_checked
+    log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    checks = IR.run_all(a.models_dir, progress=log)
+    terms, _warning = load_terms_checked(a.models_dir)
+    rec = IR.record(checks, terms.fitted_at if terms is not None else "")
+    if a.json:
+        print(json.dumps(rec, indent=2))
+    else:
+        print("independent checks (published runs never fitted to), per GPU and source: "
+              "MAPE (mean signed; below zero the prediction is faster)")
+        for dev, cs in checks.items():
+            for c in cs:
+                print(f"  {dev:<16} {c.source:<32} {c.runs:>4} runs  {c.mape:6.1%} ({c.mean_signed:+.1%})")
+    if a.save:
+        print(f"written: {IR.save(rec, a.models_dir)}", file=sys.stderr)
+    return 0
+
+
+def add_check_independent_parser(sub: Any, common: Any) -> None:
+    sp = sub.add_parser("check-independent",
+                        help="predict the independent published runs (never fitted to) and report the error per GPU "
+                             "and source; --save keeps it for the error band of predictions on those GPUs")
+    sp.add_argument("--save", action="store_true", help="write models_store/independent_checks.json")
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_check_independent)

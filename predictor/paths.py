@@ -47,6 +47,7 @@ VALIDATION_RUNS = "validation_runs.csv"     # predictor.validate: the per-run re
 TRANSFER_VALIDATION = "transfer_validation.json"  # tests/benchmarks/transfer_accuracy.py
 NETWORK_VALIDATION = "network_validation.json"    # tests/benchmarks/collective_accuracy.py
 FRAMEWORK_TERMS = "framework_terms.json"          # predictor.calibrate_framework: end-to-end terms
+INDEPENDENT_CHECKS = "independent_checks.json"    # predictor.independent_record: the never-fitted checks' errors
 
 # Letters, digits and . _ : + - ; starts with a letter or digit; no '..'; at most 128 characters.
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")

@@ -41,6 +41,9 @@ from .engine import (
     unit_key,
     unit_keys,
 )
+from .independent_record import DeviceCheck
+from .independent_record import band_words as independent_band_words
+from .independent_record import load_checked as load_independent_checked
 from .memory import GIB, MemoryOptions, MemoryReport, report_from_arrays
 from .network import analytic_time_s, expected_error, load_network_checked
 from .ops import STAND_INS
@@ -198,6 +201,14 @@ class Predictor:
         else:
             self.terms, warn = load_terms_checked(self.models_dir)
             self._note(warn)
+        self.independent: list[DeviceCheck] = []   # what the independent checks measured on this GPU
+        self._independent_dates = ("", "")
+        if self.platform.device.vendor != "cpu":
+            rec, warn = load_independent_checked(self.models_dir)
+            self._note(warn)
+            if rec is not None:
+                self.independent = rec[0].get(self.platform.device.device_id, [])
+                self._independent_dates = (rec[1], rec[2])
         self.host = None
         if options.host_overhead:
             self.host, warn = load_host_overhead_checked(self.models_dir, self.platform.platform_id)
@@ -689,6 +700,10 @@ class Predictor:
         wide = self.shape_error(*shape) if shape is not None else None
         if wide is not None:
             err, basis = max(err, wide[0]), f"{basis}; {wide[1]}"
+        if self.independent:   # how far off published runs on this GPU were: the band is at least that wide
+            worst, words = independent_band_words(self.independent, self.terms.fitted_at if self.terms else "",
+                                                  *self._independent_dates)
+            err, basis = max(err, worst), f"{basis}; {words}"
         return share, err, basis
 
 
