@@ -316,3 +316,25 @@ def test_old_step_names_still_select_phases():
     assert LP.selected_phases(a) == ["ops-2t", "coll-1t", "train"]
     assert np.isclose(sum(LP.budgets(argparse.Namespace()).values()),
                       sum(s.budget_s for s in LP.SPECS))
+
+
+def test_a_job_whose_steps_change_regime_is_measured_once_more_and_pooled():
+    from bench.e2e import pool_if_unsteady, unsteady
+    gpt_d = [1.146, 1.112, 1.772, 1.734, 1.757, 1.767]     # measured 2026-11-28: 1.15 s, then 1.77 s for the rest
+    assert unsteady(gpt_d)
+    assert not unsteady([0.79, 1.051, 1.586, 0.947, 0.819, 0.824])   # one slow step is not a regime
+    assert not unsteady([1.0, 2.0, 1.0])                    # too few steps to tell
+    said: list[str] = []
+    calls: list[int] = []
+
+    def rerun() -> dict:
+        calls.append(1)
+        return {"name": "gpt-d", "measured_s": 1.30, "steps_s": [1.3, 1.28, 1.31, 1.29, 1.33, 1.3],
+                "discarded_steps": 1}
+    first = {"name": "gpt-d", "measured_s": 1.745, "steps_s": gpt_d, "discarded_steps": 1}
+    r = pool_if_unsteady(first, rerun, said.append)
+    assert calls == [1] and r["jobs"] == 2 and len(r["steps_s"]) == 12
+    assert r["measured_s"] == pytest.approx(float(np.median(gpt_d + [1.3, 1.28, 1.31, 1.29, 1.33, 1.3])))
+    assert r["job_measured_s"] == [1.745, 1.30] and r["discarded_steps"] == 2 and "regime" in said[0]
+    steady = {"name": "a", "measured_s": 1.0, "steps_s": [1.0, 1.01, 0.99, 1.0]}
+    assert pool_if_unsteady(steady, rerun, said.append) == {**steady, "jobs": 1} and calls == [1]
