@@ -94,7 +94,8 @@ def terms_by_source(table: pd.DataFrame, pooled: dict, warning: str | None) -> N
             if pooled.get("power_form") == "cap"
             else f"{beta:.3f} x tensor-core FLOPs / achievable matmul rate added to each kernel")
     contention = contention_words(float(pooled.get("contention") or 0.0))
-    spread = spread_in_words(float(pooled.get("speed_spread") or 0.0))
+    spread = spread_in_words(float(pooled.get("speed_spread") or 0.0),
+                             fitted=bool(pooled.get("speed_spread_fitted", True)))
     st.markdown(f"The end-to-end terms (compute factor; power factor: {form}; {contention}; {spread}; host time per "
                 "framework) "
                 f"were fitted on {runs:,} measured GPU runs of {len(table)} sources (runs with GEMM dimensions not in "

@@ -20,6 +20,13 @@ import numpy as np
 from .specs import Layout, ModelSpec
 
 ALIGN_ELEMENTS = 8
+# the precisions whose GEMMs run on the tensor cores (fp32 GEMMs do not need the alignment)
+TENSOR_CORE_PRECISIONS = ("fp16", "bf16", "fp8")
+
+
+def uses_tensor_cores(precision: str) -> bool:
+    """Whether GEMMs in this precision run on the tensor cores (and so need aligned shapes)."""
+    return precision in TENSOR_CORE_PRECISIONS
 
 
 def unaligned_dims(model: ModelSpec, layout: Layout) -> dict[str, int]:
@@ -37,12 +44,12 @@ def unaligned_dims_at(model: ModelSpec, tp: int) -> dict[str, int]:
 
 def shape_flagged(model: ModelSpec, tp: int, precision: str) -> bool:
     """Whether a layout's GEMM shapes are outside what the samples cover (tensor-core precisions only)."""
-    return precision != "fp32" and bool(unaligned_dims_at(model, tp))
+    return uses_tensor_cores(precision) and bool(unaligned_dims_at(model, tp))
 
 
 def alignment_warning(model: ModelSpec, layout: Layout) -> str | None:
     bad = unaligned_dims(model, layout)
-    if not bad or layout.precision == "fp32":
+    if not bad or not uses_tensor_cores(layout.precision):
         return None
     what = ", ".join(f"{k} {v}" for k, v in bad.items())
     return (f"Tensor cores need GEMM dimensions in multiples of {ALIGN_ELEMENTS}; here {what} is not. The GEMMs "
@@ -51,17 +58,15 @@ def alignment_warning(model: ModelSpec, layout: Layout) -> str | None:
             f"slower than predicted with it). Prefer sizes that are multiples of 64.")
 
 
-TENSOR_CORE_PRECISIONS = ("fp16", "bf16")
-
 
 def simt_floor_s(op: str, pass_: str, arrays: dict[str, Any], device: Any, precision: str) -> np.ndarray | float:
-    """Per shape row: the least time of a GEMM (features.GEMM_OPS / BMM_OPS) whose N or K (the widths of its
+    """Per shape row: the least time of a GEMM (features.TENSOR_CORE_GEMM_OPS) whose N or K (the widths of its
     operands' rows; M, the token count, may be anything) is not a multiple of 8 elements, run without tensor
     cores: its FLOPs at the device's FP32 peak. 0 for aligned rows, other operators, precisions that do not use
     tensor cores (`precision` is the one the regressors run: bf16 under fp8) and devices without a stated FP32
     peak."""
     from . import features
-    if precision not in TENSOR_CORE_PRECISIONS or (op not in features.GEMM_OPS and op not in features.BMM_OPS):
+    if not uses_tensor_cores(precision) or op not in features.TENSOR_CORE_GEMM_OPS:
         return 0.0
     fp32 = float((getattr(device, "peak_tflops", None) or {}).get("fp32") or 0.0) * 1e12
     if fp32 <= 0:

@@ -44,6 +44,7 @@ from .specs import FRAMEWORKS, InfeasibleConfig, Layout, ModelSpec
 from .terms import (
     DEFAULT_HOST,
     PUBLISHED_CONTENTION,
+    SPREAD_SET_WORDS,
     EndToEndTerms,
     HostTerm,
     contention_words,
@@ -344,7 +345,7 @@ def spread_words(options: TermsFitOptions) -> str:
     if options.fit_speed_spread:
         return ("GPU speed spread fitted (the slowest of a job's n GPUs sets the pace: compute x (1 + sigma x "
                 "E[max of n standard normals]))")
-    return f"GPU speed spread held at {options.speed_spread:g} (set, not fitted)"
+    return f"{SPREAD_SET_WORDS} {options.speed_spread:g} (set, not fitted)"
 
 
 def terms_in_words(t: EndToEndTerms) -> str:

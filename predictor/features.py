@@ -67,6 +67,10 @@ OPTIMIZER_FLOPS_PER_PARAM = 12.0
 OPTIMIZER_VARIANTS = {"whole": 0.0, "first": 1.0, "middle": 2.0, "last": 3.0}
 GEMM_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head")
 BMM_OPS = ("attn_scores", "attn_context")
+# GEMMs that run on the tensor cores (the linear layers and the batched attention GEMMs), and with flash attention
+# the operators whose time is set by tensor-core throughput (floored at FLOPs / achievable matmul rate)
+TENSOR_CORE_GEMM_OPS = GEMM_OPS + BMM_OPS
+COMPUTE_BOUND_OPS = TENSOR_CORE_GEMM_OPS + ("flash_attn",)
 
 # bytes moved = passes * element_bytes * elements, (fwd, bwd)
 _ELEMENTWISE_PASSES = {

@@ -72,7 +72,7 @@ FUSED_PROVENANCE = "analytical (fused kernel)"
 # Expected error of an end-to-end composition not validated on this platform.
 UNVALIDATED_COMPOSITION_ERROR = 0.15
 # Operators whose time is floored at their FLOPs over the achievable matmul throughput
-TENSOR_CORE_OPS = frozenset(features.GEMM_OPS + features.BMM_OPS + ("flash_attn",))
+TENSOR_CORE_OPS = frozenset(features.COMPUTE_BOUND_OPS)
 # Below this much GPU work per layer forward, host (framework) time matters (predictor.overhead).
 SHORT_LAYER_PASS_S = 2e-3
 OP_COLUMNS = ["stage", "chunk", "part", "phase", "op", "pass", "category", "count", "seconds_each", "seconds_total",

@@ -99,7 +99,7 @@ SMALL_DATA_ROWS, SMALL_DATA_LEAVES = 1000, 7
 COLLECTIVE_CAPACITY = {"num_leaves": 31, "num_boost_round": 300}
 FILTER_PARAMS: dict[str, Any] = {"objective": "l1", "min_data_in_leaf": 10}
 FILTER_MAX_ROUNDS = 300
-_COMPUTE_BOUND_OPS = (*F.GEMM_OPS, *F.BMM_OPS, "flash_attn")
+_COMPUTE_BOUND_OPS = F.COMPUTE_BOUND_OPS
 
 
 # --------------------------------------------------------------------------- helpers

@@ -66,11 +66,21 @@ MAX_SPEED_SPREAD = 0.2  # relative spread of identical GPUs' sustained speed: no
 TERMS_PROVENANCE = "end-to-end terms (power factor, contention, GPU speed spread)"   # what a prediction rests on
 
 
-def spread_in_words(sigma: float) -> str:
-    """The GPU speed spread of a terms file in words (the Accuracy page)."""
+# how a calibration that held the spread at a set value says so in its source text (calibrate_framework.spread_words)
+SPREAD_SET_WORDS = "GPU speed spread held at"
+
+
+def spread_was_fitted(source: str) -> bool:
+    """Whether a terms file's spread was fitted, from its source text (a held spread is named there as set)."""
+    return SPREAD_SET_WORDS not in source
+
+
+def spread_in_words(sigma: float, fitted: bool = True) -> str:
+    """The GPU speed spread of a terms file in words (the Accuracy page); `fitted`: fitted on the runs, else set."""
     if not sigma:
         return "no GPU speed spread"
-    return (f"GPU speed spread {sigma * 100:.1f} % (fitted): the slowest of a job's n GPUs sets the pace, "
+    how = "fitted" if fitted else "set, not fitted"
+    return (f"GPU speed spread {sigma * 100:.1f} % ({how}): the slowest of a job's n GPUs sets the pace, "
             f"compute x (1 + {sigma:.3f} x E[max of n standard normals]), e.g. +{sigma * _slowest_of(8) * 100:.1f} % "
             f"on 8 GPUs, +{sigma * _slowest_of(1024) * 100:.1f} % on 1,024")
 

@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 LAUNCH_S = F.LAUNCH_LATENCY_S
 TILE = 128.0
 FLASH_OPS = ("flash_attn",)
-TENSOR_CORE_OPS = tuple(F.GEMM_OPS) + tuple(F.BMM_OPS)
+TENSOR_CORE_OPS = F.TENSOR_CORE_GEMM_OPS
 VALIDATION_FILE = "transfer_validation.json"
 
 

@@ -233,14 +233,15 @@ def saved_validation_platforms() -> list[str]:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _terms_by_source(models_version: str) -> tuple[pd.DataFrame, dict[str, Any], str | None]:
-    from predictor.terms import NONE, load_terms_checked, validation_by_source
+    from predictor.terms import NONE, load_terms_checked, spread_was_fitted, validation_by_source
     terms, warning = load_terms_checked(config.models_dir_arg())
     terms = terms or NONE
     pooled = {k: v for k, v in terms.validation.items() if k != "per_source"}
     return validation_by_source(terms), {**pooled, "fitted_on": terms.fitted_on, "power_form": terms.power_form,
                                          "power_factor": terms.power_factor,
                                          "contention": terms.contention,
-                                         "speed_spread": terms.speed_spread}, warning
+                                         "speed_spread": terms.speed_spread,
+                                         "speed_spread_fitted": spread_was_fitted(terms.source)}, warning
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

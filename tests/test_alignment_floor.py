@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from predictor import features
-from predictor.alignment import simt_floor_s
+from predictor.alignment import alignment_warning, shape_flagged, simt_floor_s
 from predictor.platforms import get_platform
 from predictor.predict import Predictor
 from predictor.specs import Layout, ModelSpec
@@ -42,6 +42,17 @@ def test_aligned_shapes_other_operators_and_fp32_pay_nothing():
                                      (8, 1, 2048, 14336, 112, None, None, None, None, None)])
     f = np.asarray(simt_floor_s("attn_scores", "fwd", a, A100, "bf16"))
     assert f[0] > 0 and f[1] == 0.0
+
+
+def test_the_flag_the_warning_and_the_floor_follow_one_tensor_core_rule():
+    """fp16 / bf16 / fp8 GEMMs run on the tensor cores, fp32 ones do not: the three places agree."""
+    m = ModelSpec("c", "gpt", num_layers=4, hidden_size=14400, num_heads=96, vocab_size=250880)
+    for precision, tensor_cores in (("bf16", True), ("fp16", True), ("fp8", True), ("fp32", False)):
+        L = Layout(num_gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, seq_len=2048, precision=precision)
+        assert shape_flagged(m, 8, precision) is tensor_cores
+        assert (alignment_warning(m, L) is not None) is tensor_cores
+        floor = np.asarray(simt_floor_s("attn_scores", "fwd", _arrays(14400, 96), A100, precision))
+        assert bool((floor > 0).any()) is tensor_cores
 
 
 def test_a_prediction_of_an_unaligned_model_charges_its_attention_gemms_no_faster_than_the_fp32_peak():

@@ -24,6 +24,7 @@ from predictor.terms import (
     save_terms,
     slowest_of,
     spread_in_words,
+    spread_was_fitted,
 )
 
 
@@ -124,3 +125,12 @@ def test_the_spread_in_words_names_what_it_does_on_8_and_1024_gpus():
     w = spread_in_words(0.03)
     assert "3.0 %" in w and f"+{0.03 * float(slowest_of(8)) * 100:.1f} % on 8 GPUs" in w and "1,024" in w
     assert spread_in_words(0.0) == "no GPU speed spread"
+
+
+def test_the_spread_in_words_says_whether_the_calibration_fitted_it_or_held_it():
+    fitted_src = cf.spread_words(cf.TermsFitOptions())
+    held_src = cf.spread_words(cf.TermsFitOptions(fit_speed_spread=False, speed_spread=0.02))
+    assert spread_was_fitted(fitted_src) and not spread_was_fitted(held_src)
+    assert "(fitted)" in spread_in_words(0.02, fitted=spread_was_fitted(fitted_src))
+    held = spread_in_words(0.02, fitted=spread_was_fitted(held_src))
+    assert "(set, not fitted)" in held and "(fitted)" not in held
