@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 
+import pandas as pd
+
 from predictor.independent import load_sources, run_check
 
 
@@ -35,6 +37,15 @@ def main(argv: list[str] | None = None) -> None:
     for by in (None, "nodes", "model"):
         print(c.summary(by).to_string(index=False, formatters=fmt))
         print()
+    # where the error lives: short sequences are GEMM-bound, long ones attention-bound; checkpointing re-runs forwards
+    by_seq = c.summary("seq_len")
+    by_seq = by_seq.iloc[pd.to_numeric(by_seq["group"]).argsort()]
+    print("by sequence length:")
+    print(by_seq.to_string(index=False, formatters=fmt))
+    print()
+    print("by activation checkpointing:")
+    print(c.summary("activation_checkpointing").to_string(index=False, formatters=fmt))
+    print()
     print("worst runs:")
     print(d.sort_values("ape", ascending=False).head(8)[
         ["model", "seq_len", "gpus", "micro_batch", "activation_checkpointing", "measured_s", "predicted_s",
