@@ -9,7 +9,8 @@ collectives, host time) and what the step costs once (the intercept: the optimiz
 reduction, the pipeline's fill and drain). Doing the same with the predictions shows which of the two the model
 gets wrong, which a per-run error cannot. Predictions are source-held-out by default (the end-to-end terms
 refitted without the source, as `calibrate-framework` scores it; ~15 s) or, with `--in-sample`, from terms fitted on
-every run.
+every run. It also prints how far the measured step times lie from their layout's straight line: for vTrain
+not at all, to the last digit (its rows are derived from fewer measurements than it has rows).
 """
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def intercepts(d: pd.DataFrame) -> pd.DataFrame:
             continue
         b_m, a_m = np.polyfit(g["micro_batches"], g["measured_s"], 1)
         b_p, a_p = np.polyfit(g["micro_batches"], g["predicted_s"], 1)
-        rows.append({**dict(zip(LAYOUT, key, strict=True)), "step_ms_measured": a_m * 1e3,
+        off = g["measured_s"] - (a_m + b_m * g["micro_batches"])
+        rows.append({**dict(zip(LAYOUT, key, strict=True)), "line_residual_ms": float(off.abs().max()) * 1e3,
+                     "step_ms_measured": a_m * 1e3,
                      "step_ms_predicted": a_p * 1e3, "per_mb_ms_measured": b_m * 1e3, "per_mb_ms_predicted": b_p * 1e3})
     r = pd.DataFrame(rows)
     r["step_ms_over"] = r["step_ms_predicted"] - r["step_ms_measured"]
@@ -70,6 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     e = d["predicted_s"] / d["measured_s"] - 1
     print(f"== {a.source}: {len(d)} runs, {how} MAPE {e.abs().mean():.1%} (mean signed {e.mean():+.1%}); "
           f"{len(r)} layouts measured at >= 3 micro-batch counts ==\n")
+    res = r["line_residual_ms"]
+    print(f"how straight the measured lines are: largest distance of a measured step time from its layout's line "
+          f"{res.max():.4f} ms (median {res.median():.4f} ms); independently timed runs do not fall on a line "
+          f"to the last digit, so an exact one says the source derived its step times from fewer "
+          f"measurements than it has rows.\n")
     pd.set_option("display.width", 200)
     f = {"step_ms_measured": "{:.1f}", "step_ms_predicted": "{:.1f}", "step_ms_over": "{:+.1f}",
          "step_ms_over_per_layer": "{:+.2f}", "per_mb_error": "{:+.1%}"}
