@@ -58,7 +58,6 @@ def alignment_warning(model: ModelSpec, layout: Layout) -> str | None:
             f"slower than predicted with it). Prefer sizes that are multiples of 64.")
 
 
-
 def simt_floor_s(op: str, pass_: str, arrays: dict[str, Any], device: Any, precision: str) -> np.ndarray | float:
     """Per shape row: the least time of a GEMM (features.TENSOR_CORE_GEMM_OPS) whose N or K (the widths of its
     operands' rows; M, the token count, may be anything) is not a multiple of 8 elements, run without tensor

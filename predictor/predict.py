@@ -71,8 +71,6 @@ ANALYTIC_EFFICIENCY = 0.6
 FUSED_PROVENANCE = "analytical (fused kernel)"
 # Expected error of an end-to-end composition not validated on this platform.
 UNVALIDATED_COMPOSITION_ERROR = 0.15
-# Operators whose time is floored at their FLOPs over the achievable matmul throughput
-TENSOR_CORE_OPS = frozenset(features.COMPUTE_BOUND_OPS)
 # Below this much GPU work per layer forward, host (framework) time matters (predictor.overhead).
 SHORT_LAYER_PASS_S = 2e-3
 OP_COLUMNS = ["stage", "chunk", "part", "phase", "op", "pass", "category", "count", "seconds_each", "seconds_total",
@@ -310,7 +308,7 @@ class Predictor:
     def _achievable_floor_s(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
         """A tensor-core operator cannot beat its FLOPs at the achievable matmul throughput: the floor that keeps
         every predicted MFU at or below MAMF / peak (measured, transferred or analytical alike)."""
-        if op not in TENSOR_CORE_OPS:
+        if op not in features.COMPUTE_BOUND_OPS:
             return 0.0
         ach = self.achievable_flops(precision)
         if not ach:

@@ -99,7 +99,6 @@ SMALL_DATA_ROWS, SMALL_DATA_LEAVES = 1000, 7
 COLLECTIVE_CAPACITY = {"num_leaves": 31, "num_boost_round": 300}
 FILTER_PARAMS: dict[str, Any] = {"objective": "l1", "min_data_in_leaf": 10}
 FILTER_MAX_ROUNDS = 300
-_COMPUTE_BOUND_OPS = F.COMPUTE_BOUND_OPS
 
 
 # --------------------------------------------------------------------------- helpers
@@ -847,7 +846,7 @@ class OpRegressor(_LogEfficiencyRegressor):
         super().__init__(params)
         self.op = op
         self.pass_ = pass_
-        auto = PHYSICAL_BOUND_COMPUTE if op in _COMPUTE_BOUND_OPS else PHYSICAL_BOUND_MEMORY
+        auto = PHYSICAL_BOUND_COMPUTE if op in F.COMPUTE_BOUND_OPS else PHYSICAL_BOUND_MEMORY
         # None / 0 disables the physical bound (e.g. to score exactly as the paper did)
         self.physical_bound = auto if physical_bound == "auto" else float(physical_bound or 0.0)
 

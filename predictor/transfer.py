@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 LAUNCH_S = F.LAUNCH_LATENCY_S
 TILE = 128.0
 FLASH_OPS = ("flash_attn",)
-TENSOR_CORE_OPS = F.TENSOR_CORE_GEMM_OPS
 VALIDATION_FILE = "transfer_validation.json"
 
 
@@ -94,7 +93,7 @@ def compute_roof(op: str, device: DeviceSpec, precision: str, source: DeviceSpec
             u = device_kernel_utilization(source, "flash_attn")
         if u is not None:
             return peak * u
-    if op in TENSOR_CORE_OPS or op in FLASH_OPS:
+    if op in F.COMPUTE_BOUND_OPS:
         ach = device.achievable_flops(precision)
         if ach:
             return ach
@@ -124,7 +123,7 @@ def wave_efficiency(op: str, a: dict[str, np.ndarray], device: DeviceSpec) -> np
         d = F._dims(a)
     except AttributeError:
         return np.ones(n)
-    if op in TENSOR_CORE_OPS:
+    if op in F.TENSOR_CORE_GEMM_OPS:
         M, N, _K, B = F.gemm_mnk(op, d)
         return _wave_eff(np.ceil(M / TILE) * np.ceil(N / TILE) * B, device.sm_count)
     if op in FLASH_OPS:
@@ -174,7 +173,7 @@ def plausible(op: str, pass_: str, shapes, durations: np.ndarray, device: Device
               ) -> np.ndarray:
     """Rows that could be a measurement of the op's full work (the regressors' physical bound)."""
     roof = F.roofline_s(op, pass_, shapes, device, precision)
-    compute_bound = op in TENSOR_CORE_OPS or op in FLASH_OPS
+    compute_bound = op in F.COMPUTE_BOUND_OPS
     return np.asarray(durations) >= PHYSICAL_BOUND[compute_bound] * roof
 
 

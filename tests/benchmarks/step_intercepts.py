@@ -67,11 +67,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--source", default="vtrain")
     ap.add_argument("--in-sample", action="store_true", help="terms fitted on every run, the source included")
     a = ap.parse_args(argv)
+    from predictor.calibrate_framework import error_summary
     d = predictions(a.source, a.in_sample)
     r = intercepts(d)
     how = "in-sample" if a.in_sample else "source-held-out"
-    e = d["predicted_s"] / d["measured_s"] - 1
-    print(f"== {a.source}: {len(d)} runs, {how} MAPE {e.abs().mean():.1%} (mean signed {e.mean():+.1%}); "
+    e = error_summary(d["predicted_s"].to_numpy(), d["measured_s"].to_numpy())
+    print(f"== {a.source}: {len(d)} runs, {how} MAPE {e['mape']:.1%} (mean signed {e['mean_signed']:+.1%}); "
           f"{len(r)} layouts measured at >= 3 micro-batch counts ==\n")
     res = r["line_residual_ms"]
     print(f"how straight the measured lines are: largest distance of a measured step time from its layout's line "
