@@ -175,6 +175,43 @@ def independent_source(source_id: str) -> None:
                 "measured_s", "predicted_s", "signed_error", "published_mfu", "predicted_mfu", "memory_gib", "fits"]
         views.table(runs[cols], f"independent_{source_id}_runs", f"ind_runs_{source_id}", height=320,
                     column_config=IND_COLS_CFG)
+    if src.get("reference"):
+        independent_speedups(source_id, src["reference"])
+
+
+SPEEDUP_COLS_CFG = {
+    "measured_speedup": st.column_config.NumberColumn("measured speed-up", format="%.2f x"),
+    "predicted_speedup": st.column_config.NumberColumn("predicted speed-up", format="%.2f x"),
+    "speedup_error": st.column_config.NumberColumn("speed-up error", format="percent"),
+    "reference_signed_error": st.column_config.NumberColumn("reference run, signed", format="percent"),
+    "signed_error": st.column_config.NumberColumn("this run, signed", format="percent"),
+}
+
+
+def independent_speedups(source_id: str, ref: dict) -> None:
+    """How much of the independent error is the transfer: speed-up over the reference GPU, measured vs predicted."""
+    try:
+        pairs, overall, by_seq = data.independent_speedups(source_id)
+    except Exception as e:  # noqa: BLE001 - no store or models: the rest of the page stays up
+        views.failed(e, f"The speed-up check {source_id}", ref["platform"])
+        return
+    if pairs.empty:
+        st.caption(f"No speed-up check: the store holds no {ref['source_id']} runs on {ref['platform']}.")
+        return
+    with st.expander(f"Where the error comes from: speed-up over {ref['platform']} ({len(pairs)} runs)"):
+        o = overall.iloc[0]
+        where = ("the transfer to the unsampled GPU, not what the product gets wrong on the sampled one"
+                 if abs(o["speedup_error"]) > abs(o["reference_signed_error"]) else
+                 "what the product gets wrong on the sampled GPU too, not the transfer")
+        st.markdown(
+            f"Each run beside the run of the same model, sequence length, GPU count, micro-batch and checkpointing "
+            f"on **{ref['platform']}** (store source `{ref['source_id']}`, fitted on). A run's error is the "
+            "reference run's error times the speed-up's: (1 + error) = (1 + reference error) x measured / predicted "
+            f"speed-up. Measured speed-up {o['measured_speedup']:.2f}x, predicted {o['predicted_speedup']:.2f}x "
+            f"({o['speedup_error']:+.1%}); the reference runs' mean signed error is {o['reference_signed_error']:+.1%}"
+            f", so the error here is mostly {where}.")
+        cfg = {**SPEEDUP_COLS_CFG, "group": st.column_config.TextColumn("sequence length")}
+        views.table(by_seq, f"independent_{source_id}_speedups", f"ind_speedup_{source_id}", column_config=cfg)
 
 
 def nemo_check() -> None:

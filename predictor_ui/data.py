@@ -328,6 +328,22 @@ def independent_check(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
     return _independent_check(source_id, config.models_version())
 
 
+@st.cache_data(show_spinner=False, max_entries=8)
+def _independent_speedups(source_id: str, store_version: str, models_version: str
+                          ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    from predictor.independent import reference_runs, run_check, speedup_pairs, speedup_summary
+    c = run_check(source_id, models_dir=config.models_dir_arg())
+    pairs = speedup_pairs(c, reference_runs(c, config.store_path(), config.models_dir_arg()))
+    return pairs, speedup_summary(pairs), speedup_summary(pairs, "seq_len")
+
+
+def independent_speedups(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """predictor.independent.speedup_pairs: each independent run beside the store's run of the same configuration on
+    the source's reference GPU, measured vs predicted speed-up (pairs, overall, by sequence length); empty frames
+    when the source names no reference or the store lacks its runs."""
+    return _independent_speedups(source_id, config.store_version(), config.models_version())
+
+
 @st.cache_data(show_spinner=False, max_entries=4)
 def _nemo_check(models_version: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, int]]:
     from predictor.independent_nemo import run_check

@@ -491,6 +491,23 @@ def test_accuracy_shows_the_independent_check_on_a_gpu_nobody_sampled():
     assert "against the FP8 peak" in text(at)
 
 
+def test_accuracy_splits_the_independent_error_into_the_a100_error_and_the_speedup():
+    """Beside the H100 check: the speed-up over the A100 run of the same configuration, measured vs predicted."""
+    from predictor.independent import reference_runs, run_check, speedup_pairs, speedup_summary
+    c = run_check()
+    pairs = speedup_pairs(c, reference_runs(c))
+    if pairs.empty:
+        pytest.skip("the store holds no reference runs")
+    at = run("pages/accuracy.py")
+    t = text(at)
+    o = speedup_summary(pairs).iloc[0]
+    assert f"Measured speed-up {o['measured_speedup']:.2f}x, predicted {o['predicted_speedup']:.2f}x" in t
+    table = next(d.value for d in at.dataframe if "speedup_error" in d.value)
+    assert table["runs"].sum() == len(pairs)
+    assert table["measured_speedup"].to_numpy() == pytest.approx(
+        speedup_summary(pairs, "seq_len")["measured_speedup"].to_numpy())
+
+
 def test_accuracy_shows_the_nemo_megatron_core_check():
     """NVIDIA's published NeMo / Megatron-Core runs (never fitted): summaries by GPU and MoE / dense, every run."""
     from predictor.independent_nemo import run_check

@@ -52,3 +52,39 @@ def test_no_independent_run_is_in_the_store():
     except Exception as e:  # noqa: BLE001 - no store on this machine
         pytest.skip(f"no sample store: {e}")
     assert not runs["platform"].str.contains("h100", case=False).any()
+
+
+def _store_or_skip():
+    from predictor import store
+    try:
+        return store.read_measured_runs(source_id="llm-foundry")
+    except Exception as e:  # noqa: BLE001 - no store on this machine
+        pytest.skip(f"no sample store: {e}")
+
+
+def test_each_h100_run_is_paired_with_the_a100_run_of_the_same_configuration():
+    """The speed-up table pairs like with like, and splits each H100 error into the A100 error and the speed-up's."""
+    if _store_or_skip().empty:
+        pytest.skip("the store holds no llm-foundry runs")
+    c = ind.run_check()
+    ref = ind.reference_runs(c)
+    assert not ref.empty and set(ref["platform"]) == {"mosaicml-a100-80gb"} and ref["predicted_s"].gt(0).all()
+    p = ind.speedup_pairs(c, ref)
+    assert 0 < len(p) <= len(c.runs)
+    for r in p.itertuples():
+        m = c.source["models"][r.model]
+        same = ref[(ref["layers"] == m["layers"]) & (ref["hidden"] == m["hidden"]) & (ref["seq_len"] == r.seq_len)
+                   & (ref["num_gpus"] == r.gpus) & (ref["micro_batch"] == r.micro_batch)
+                   & ((ref["recompute"] == "full") == r.activation_checkpointing)]
+        assert len(same) >= 1
+    # 1 + error = (1 + A100 error) x measured / predicted speed-up, per pair: the decomposition is exact
+    assert np.allclose(1 + p["signed_error"],
+                       (1 + p["reference_signed_error"]) * p["measured_speedup"] / p["predicted_speedup"])
+    assert (p["measured_speedup"] > 1).all()   # an H100 outruns an A100 on every published configuration
+
+
+def test_a_source_without_a_reference_has_no_speedup_table():
+    c = ind.run_check("llm-foundry-h100-fp8")
+    assert "reference" not in c.source
+    ref = ind.reference_runs(c)
+    assert ref.empty and ind.speedup_pairs(c, ref).empty

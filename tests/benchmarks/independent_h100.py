@@ -11,6 +11,11 @@ as shipped. `--source llm-foundry-h100-fp8` runs the same README's 'H100 80GB FP
 FP8 measurements. No H100 operator was sampled (dgx-h100's operators are transferred from GH200 samples) and no
 H100 run is in the store or in any fit, so this is how far the planner holds on a GPU it has not measured.
 The section does not state the network between nodes: rows on 16-64 GPUs are shown apart.
+
+Where the source names a reference (the same README's A100 80GB table, in the store and fitted on), each run is also
+set beside the A100 run of the same configuration: measured vs predicted speed-up over the A100. A run's error is
+the A100 run's error times the speed-up's, so this table says how much of the H100 error is the transfer to the
+unsampled GPU and how much the product gets wrong on the sampled one too.
 """
 from __future__ import annotations
 
@@ -18,7 +23,14 @@ import argparse
 
 import pandas as pd
 
-from predictor.independent import load_sources, run_check
+from predictor.independent import (
+    SPEEDUP_COLUMNS,
+    load_sources,
+    reference_runs,
+    run_check,
+    speedup_pairs,
+    speedup_summary,
+)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,8 +64,30 @@ def main(argv: list[str] | None = None) -> None:
          "signed_error", "published_mfu", "predicted_mfu", "memory_gib"]].to_string(
         index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"\nrests on (first run): {d['provenance'].iloc[0]}")
+    print_speedups(c)
     if a.csv:
         d.to_csv(a.csv, index=False)
+
+
+def print_speedups(c) -> None:
+    """The speed-up over the reference GPU, measured vs predicted, by sequence length and checkpointing."""
+    p = speedup_pairs(c, reference_runs(c))
+    if p.empty:
+        return
+    ref = c.source["reference"]
+    print(f"\n== the transfer alone: speed-up over {ref['platform']} (store source {ref['source_id']}, fitted on) "
+          f"for the {len(p)} runs with an A100 run of the same model, sequence length, GPUs, micro-batch and "
+          f"checkpointing ==")
+    print("1 + error = (1 + A100 run's error) x measured speed-up / predicted speed-up\n")
+    fmt = {"measured_speedup": "{:.2f}".format, "predicted_speedup": "{:.2f}".format,
+           **dict.fromkeys(SPEEDUP_COLUMNS[2:], "{:+.1%}".format)}
+    for by in ("seq_len", "activation_checkpointing"):
+        print(speedup_summary(p, by).rename(columns={"group": by}).to_string(index=False, formatters=fmt))
+        print()
+    allp = speedup_summary(p).iloc[0]
+    print(f"all {len(p)}: measured speed-up {allp['measured_speedup']:.2f}, predicted {allp['predicted_speedup']:.2f} "
+          f"({allp['speedup_error']:+.1%}); A100 runs' mean signed error {allp['reference_signed_error']:+.1%}; "
+          f"H100 runs' {allp['signed_error']:+.1%}")
 
 
 if __name__ == "__main__":
