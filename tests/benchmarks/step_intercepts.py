@@ -11,6 +11,11 @@ gets wrong, which a per-run error cannot. Predictions are source-held-out by def
 refitted without the source, as `calibrate-framework` scores it; ~15 s) or, with `--in-sample`, from terms fitted on
 every run. It also prints how far the measured step times lie from their layout's straight line: for vTrain
 not at all, to the last digit (its rows are derived from fewer measurements than it has rows).
+
+Last, one step further: per (hidden, tp, micro-batch), a straight line of the per-micro-batch cost against layers per
+stage gives the cost of one layer per micro-batch, measured and predicted, and flags the cells where a layer costs
+less at twice the micro-batch than at the micro-batch before (twice the tokens in less time), with the error of the
+runs in those cells and in the others.
 """
 from __future__ import annotations
 
@@ -62,6 +67,34 @@ def intercepts(d: pd.DataFrame) -> pd.DataFrame:
     return r
 
 
+def per_layer(r: pd.DataFrame) -> pd.DataFrame:
+    """Per (hidden, tp, micro_batch): a straight line of each layout's per-micro-batch cost against its layers per
+    stage, across the layouts that differ only in layers, pp and dp: the cost of one layer per micro-batch (forward,
+    recomputation, backward, TP collectives, host time), measured and predicted, and how much the measured one varies
+    between layouts (pp and dp should not change it)."""
+    r = r.assign(layers_per_stage=r["layers"] / r["pp"])
+    lines = []
+    for key, g in r.groupby(["hidden", "tp", "micro_batch", "pp", "dp"]):
+        if g["layers_per_stage"].nunique() < 3:
+            continue
+        b_m, _ = np.polyfit(g["layers_per_stage"], g["per_mb_ms_measured"], 1)
+        b_p, _ = np.polyfit(g["layers_per_stage"], g["per_mb_ms_predicted"], 1)
+        lines.append({**dict(zip(["hidden", "tp", "micro_batch", "pp", "dp"], key, strict=True)),
+                      "measured": b_m, "predicted": b_p})
+    d = pd.DataFrame(lines)
+    out = d.groupby(["hidden", "tp", "micro_batch"]).agg(
+        lines=("measured", "size"), layer_ms_measured=("measured", "mean"),
+        layer_ms_predicted=("predicted", "mean"),
+        measured_range_ms=("measured", lambda x: float(x.max() - x.min()))).reset_index()
+    out["error"] = out["layer_ms_predicted"] / out["layer_ms_measured"] - 1
+    # twice the tokens in less time: a micro-batch of 2 cannot cost less per layer than a micro-batch of 1
+    one = out.set_index(["hidden", "tp", "micro_batch"])["layer_ms_measured"]
+    out["cheaper_than_half_the_batch"] = [
+        bool(m > 1 and (h, t, m // 2) in one.index and v < one[(h, t, m // 2)])
+        for h, t, m, v in out[["hidden", "tp", "micro_batch", "layer_ms_measured"]].itertuples(index=False)]
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--source", default="vtrain")
@@ -91,6 +124,25 @@ def main(argv: list[str] | None = None) -> None:
         print()
     print("step_ms_over: predicted minus measured seconds per step that do not grow with the micro-batches "
           "(optimizer, gradient reduction, pipeline fill); per_mb_error: the signed error of each micro-batch's cost.")
+    pl = per_layer(r)
+    if pl.empty:
+        return
+    print("\nper layer and micro-batch (slope of the per-micro-batch cost against layers per stage, mean over the "
+          "pp x dp layouts of each cell; measured_range_ms: how much the measured slope differs between them):")
+    print(pl.to_string(index=False, formatters={"layer_ms_measured": "{:.2f}".format,
+                                                "layer_ms_predicted": "{:.2f}".format,
+                                                "measured_range_ms": "{:.3f}".format, "error": "{:+.1%}".format}))
+    bad = pl[pl["cheaper_than_half_the_batch"]]
+    if not bad.empty:
+        cells = {(h, t) for h, t in bad[["hidden", "tp"]].itertuples(index=False)}
+        inside = np.array([(h, t) in cells for h, t in d[["hidden", "tp"]].itertuples(index=False)])
+        e_in = error_summary(d.loc[inside, "predicted_s"].to_numpy(), d.loc[inside, "measured_s"].to_numpy())
+        e_out = error_summary(d.loc[~inside, "predicted_s"].to_numpy(), d.loc[~inside, "measured_s"].to_numpy())
+        print(f"\n{len(bad)} cells where a layer costs less per micro-batch at twice the micro-batch (twice the "
+              f"tokens in less time; not a physical cost, so no model term can follow it): (hidden, tp) "
+              f"{', '.join(f'({h}, {t})' for h, t in sorted(cells))}. The {int(inside.sum())} runs of those "
+              f"hidden x tp cells: {how} MAPE {e_in['mape']:.1%} ({e_in['mean_signed']:+.1%}); the other "
+              f"{int((~inside).sum())}: {e_out['mape']:.1%} ({e_out['mean_signed']:+.1%}).")
 
 
 if __name__ == "__main__":
