@@ -131,11 +131,6 @@ def run_check(source_id: str = "llm-foundry-h100", *, platform: str | None = Non
 
 
 # --------------------------------------------------------------------------- the transfer alone: speed-up over the A100
-REFERENCE_COLUMNS = ("platform", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len",
-                     "num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute",
-                     "sequence_parallel", "zero_stage", "precision", "attention", "framework")
-
-
 def _reference_key(layers: int, hidden: int, seq_len: int, gpus: int, micro_batch: int, recompute: str
                    ) -> tuple[int, int, int, int, int, str]:
     return int(layers), int(hidden), int(seq_len), int(gpus), int(micro_batch), str(recompute)
@@ -144,20 +139,18 @@ def _reference_key(layers: int, hidden: int, seq_len: int, gpus: int, micro_batc
 def reference_runs(check: IndependentCheck, store_path: str | Path | None = None,
                    models_dir: str | None = None) -> pd.DataFrame:
     """The store's measured runs of the check's `reference` (source and platform), each predicted with the
-    product as shipped (`predicted_s`); empty when the source names no reference or the store lacks it."""
-    from .batch import predict_records
+    product as shipped (`validate.validate_runs`: `predicted_s`, `measured_s`, `signed_error`); empty when the source
+    names no reference or the store lacks it."""
     from .store import read_measured_runs
+    from .validate import validate_runs
     ref = check.source.get("reference")
     if not ref:
         return pd.DataFrame()
     runs = read_measured_runs(ref["platform"], source_id=ref["source_id"], store_path=store_path)
     if runs.empty:
         return runs
-    records = [{k: str(v) for k, v in zip(REFERENCE_COLUMNS, r, strict=True)}
-               for r in runs[list(REFERENCE_COLUMNS)].itertuples(index=False)]
-    out = pd.DataFrame(predict_records(records, models_dir, allow_oom=True))
-    runs = runs.assign(predicted_s=pd.to_numeric(out["step_time_s"], errors="coerce").to_numpy())
-    return runs[runs["predicted_s"].notna()].reset_index(drop=True)
+    res = validate_runs(runs=runs, models_dir=models_dir)
+    return res[res["predicted_s"].notna()].reset_index(drop=True)
 
 
 def speedup_pairs(check: IndependentCheck, reference: pd.DataFrame) -> pd.DataFrame:
@@ -184,12 +177,12 @@ def speedup_pairs(check: IndependentCheck, reference: pd.DataFrame) -> pd.DataFr
             continue
         tokens_ref = float(ref.global_batch) * float(ref.seq_len) / float(ref.num_gpus)
         tokens = float(r.global_batch) * float(r.seq_len) / float(r.gpus)
-        measured_speedup = (tokens / float(r.measured_s)) / (tokens_ref / float(ref.step_time_s))
+        measured_speedup = (tokens / float(r.measured_s)) / (tokens_ref / float(ref.measured_s))
         predicted_speedup = (tokens / float(r.predicted_s)) / (tokens_ref / float(ref.predicted_s))
         rows.append({"model": r.model, "seq_len": r.seq_len, "gpus": r.gpus, "micro_batch": r.micro_batch,
                      "activation_checkpointing": r.activation_checkpointing, "measured_speedup": measured_speedup,
                      "predicted_speedup": predicted_speedup, "speedup_error": predicted_speedup / measured_speedup - 1,
-                     "reference_signed_error": float(ref.predicted_s) / float(ref.step_time_s) - 1,
+                     "reference_signed_error": float(ref.signed_error),
                      "signed_error": r.signed_error})
     return pd.DataFrame(rows, columns=cols)
 
@@ -199,10 +192,8 @@ SPEEDUP_COLUMNS = ("measured_speedup", "predicted_speedup", "speedup_error", "re
 
 def speedup_summary(pairs: pd.DataFrame, by: str | None = None) -> pd.DataFrame:
     """Mean measured and predicted speed-up and the three signed errors of `speedup_pairs`, overall (`by` None) or
-    per value of column `by` (sorted), with the number of pairs."""
+    per value of column `by` (in its sorted order), with the number of pairs."""
+    ordered = pairs if by is None else pairs.sort_values(by, kind="stable")
     rows = [{"group": name, "runs": len(g), **g[list(SPEEDUP_COLUMNS)].mean().to_dict()}
-            for name, g in summary_groups(pairs, by)]
-    out = pd.DataFrame(rows, columns=["group", "runs", *SPEEDUP_COLUMNS])
-    if by is not None and not out.empty:
-        out = out.iloc[np.argsort(pairs.groupby(by, sort=False).size().index.to_numpy(), kind="stable")]
-    return out.reset_index(drop=True)
+            for name, g in summary_groups(ordered, by)]
+    return pd.DataFrame(rows, columns=["group", "runs", *SPEEDUP_COLUMNS])

@@ -331,8 +331,9 @@ def independent_check(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
 @st.cache_data(show_spinner=False, max_entries=8)
 def _independent_speedups(source_id: str, store_version: str, models_version: str
                           ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    from predictor.independent import reference_runs, run_check, speedup_pairs, speedup_summary
-    c = run_check(source_id, models_dir=config.models_dir_arg())
+    from predictor.independent import IndependentCheck, reference_runs, speedup_pairs, speedup_summary
+    runs, _overall, _by_nodes, src = _independent_check(source_id, models_version)   # the check's cached predictions
+    c = IndependentCheck(source_id, src, runs, src["dropped"])
     pairs = speedup_pairs(c, reference_runs(c, config.store_path(), config.models_dir_arg()))
     return pairs, speedup_summary(pairs), speedup_summary(pairs, "seq_len")
 

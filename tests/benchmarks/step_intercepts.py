@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 LAYOUT = ["hidden", "layers", "tp", "pp", "dp", "micro_batch"]
+LINE = ["hidden", "tp", "micro_batch", "pp", "dp"]   # layouts that differ only in layers: one line against layers
 
 
 def predictions(source: str, in_sample: bool) -> pd.DataFrame:
@@ -74,12 +75,12 @@ def per_layer(r: pd.DataFrame) -> pd.DataFrame:
     between layouts (pp and dp should not change it)."""
     r = r.assign(layers_per_stage=r["layers"] / r["pp"])
     lines = []
-    for key, g in r.groupby(["hidden", "tp", "micro_batch", "pp", "dp"]):
+    for key, g in r.groupby(LINE):
         if g["layers_per_stage"].nunique() < 3:
             continue
         b_m, _ = np.polyfit(g["layers_per_stage"], g["per_mb_ms_measured"], 1)
         b_p, _ = np.polyfit(g["layers_per_stage"], g["per_mb_ms_predicted"], 1)
-        lines.append({**dict(zip(["hidden", "tp", "micro_batch", "pp", "dp"], key, strict=True)),
+        lines.append({**dict(zip(LINE, key, strict=True)),
                       "measured": b_m, "predicted": b_p})
     d = pd.DataFrame(lines)
     out = d.groupby(["hidden", "tp", "micro_batch"]).agg(
