@@ -38,7 +38,7 @@ attention block is not the dense BF16 kernel of the same shape.
 Samples are written as Parquet shards plus a `manifest.json` in the project's own sample schema
 (`docs/architecture.md`), so `python -m predictor ingest DIR` loads them; an interrupted run keeps
 every finished shard and a rerun skips the shapes already measured, on the same machine only: the
-manifest records the machine's fingerprint (predictor.machine), another machine's set is never
+manifest records the machine's fingerprint (predictor.hardware.machine), another machine's set is never
 resumed, and without --out a machine whose default folder holds another machine's samples samples
 into bench/samples/machine-<id>/<platform>.
 """

@@ -1,7 +1,7 @@
 """`python -m bench ...`: info, device, ops, collectives, grouped-gemm, ring, context, curve, fit-network,
 cpu-platform, speed-check, sampled-on, host-floor.
 
-Sample sets belong to one machine (predictor.machine): without --out a platform's set is
+Sample sets belong to one machine (predictor.hardware.machine): without --out a platform's set is
 bench/samples/<platform> when that folder is free or this machine's, else
 bench/samples/machine-<id>/<platform>; an --out holding another machine's samples is refused."""
 from __future__ import annotations
@@ -9,77 +9,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from . import design as D
+from bench.cpu.cpu_clusters import fit_network
+from bench.launch import REPO, quiet_check, relaunch
+from bench.launch import log as _log
+from bench.sampling import design as D
 
-REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "bench" / "samples"
-
-
-def _log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-QUIET_ENV = "BENCH_QUIET_INFO"  # the quiet-machine check a parent process made, passed to its torchrun ranks
-
-
-def _quiet(a) -> dict | None:
-    from .env import wait_quiet
-    if getattr(a, "no_wait", False):
-        from .env import loadavg
-        parent = os.environ.get(QUIET_ENV)
-        if parent:
-            return {**json.loads(parent), "loadavg_at_rank_start": list(loadavg())}
-        return {"quiet": None, "waited_s": 0, "loadavg_end": list(loadavg()), "note": "--no-wait"}
-    return wait_quiet(a.quiet_load, a.max_wait_s, log=_log)
-
-
-def _gate(a, first: bool) -> dict:
-    """The check before a sampling phase of `cpu-platform`. The first phase waits for a quiet machine
-    (1-min load average below --quiet-load). Later phases follow our own work, which holds the load
-    average up for minutes (it decays with a 1-minute time constant), so they instead wait until
-    other processes use under OTHERS_MAX_SHARE of a core (/proc/stat, bench.env.wait_calm)."""
-    from .env import OTHERS_MAX_SHARE, loadavg, wait_calm
-    if first or getattr(a, "no_wait", False):
-        return _quiet(a)
-    w = wait_calm(a.max_wait_s, log=_log)
-    return {"quiet": "calm", "waited_s": round(w, 1), "loadavg_end": list(loadavg()),
-            "note": f"follows this run's own previous phase: other processes used < {OTHERS_MAX_SHARE} core "
-                    f"for 3 s (/proc/stat) before it started"}
-
-
-def _torchrun(nproc: int, args: list[str], timeout: float | None = None, quiet: dict | None = None) -> int:
-    """Run `python -m bench <args>` under torchrun (torch.distributed.run) on this machine."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "bench", *args]
-    _log("launch: torchrun " + " ".join(cmd[3:]))
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    if quiet:
-        env[QUIET_ENV] = json.dumps(quiet, default=str)
-    return subprocess.run(cmd, cwd=REPO, env=env, timeout=timeout, check=False).returncode
-
-
-def _relaunch(a, flag: str, nproc: int, wait_quiet: bool = True) -> int:
-    """Run this same command again under torchrun with `nproc` ranks, `flag N` removed from its
-    arguments. With `wait_quiet` the launcher waits for a quiet machine once (unless --no-wait) and
-    the ranks skip their own wait."""
-    args = list(a._argv)
-    i = args.index(flag)
-    del args[i:i + 2]
-    if not wait_quiet:
-        return _torchrun(nproc, args)
-    q = None if a.no_wait else _quiet(a)
-    return _torchrun(nproc, args + ([] if "--no-wait" in args else ["--no-wait"]), quiet=q)
 
 
 # --------------------------------------------------------------------------- commands
 def cmd_info(a) -> int:
-    from .env import facts
+    from bench.env import facts
     if a.threads:
         import torch
         torch.set_num_threads(a.threads)
@@ -88,8 +31,8 @@ def cmd_info(a) -> int:
 
 
 def cmd_device(a) -> int:
-    from .device import CATALOG, cpu_device_entry, measure, upsert_catalog_entry
-    q = _quiet(a)
+    from bench.sampling.device import CATALOG, cpu_device_entry, measure, upsert_catalog_entry
+    q = quiet_check(a)
     m = measure(a.device, a.threads, a.dtype)
     m["quiet"] = q
     entry = cpu_device_entry(m) if a.device == "cpu" else None
@@ -102,9 +45,9 @@ def cmd_device(a) -> int:
 
 def sample_dir(a, platform: str, folder: str | None = None) -> Path | None:
     """The sample set of `platform` for this command: --out (refused when it holds another machine's
-    samples: None, after saying why), else this machine's default (bench.store_io.sample_set_dir) named
+    samples: None, after saying why), else this machine's default (bench.sampling.store_io.sample_set_dir) named
     `folder` (default the platform: sets kept apart from the platform's own, e.g. FP8, get their own name)."""
-    from .env import this_machine
+    from bench.env import this_machine
     here = this_machine()
     platform = folder or platform
     default = store_io_mod().sample_set_dir(SAMPLES, platform, here)
@@ -122,15 +65,15 @@ def sample_dir(a, platform: str, folder: str | None = None) -> Path | None:
 
 
 def store_io_mod():
-    from . import store_io
+    from bench.sampling import store_io
     return store_io
 
 
 def cmd_ops(a) -> int:
-    from .sampler import run_ops
+    from bench.sampling.sampler import run_ops
     ws = int(os.environ.get("WORLD_SIZE", "1"))
     if a.dtype == "fp8":  # FP8 GEMMs: a CUDA device with FP8 tensor cores, or a clear refusal
-        from .opbench import fp8_supported
+        from bench.kernels.opbench import fp8_supported
         ok, why = fp8_supported(a.device)
         if not ok:
             print(f"bench ops --dtype fp8: {why}; nothing sampled", file=sys.stderr)
@@ -141,12 +84,12 @@ def cmd_ops(a) -> int:
     if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun, every rank on the same set
         if not a.out:
             a._argv = [*a._argv, "--out", str(out)]
-        return _relaunch(a, "--ranks", a.ranks)
-    q = _quiet(a) if int(os.environ.get("RANK", "0")) == 0 else None
+        return relaunch(a, "--ranks", a.ranks)
+    q = quiet_check(a) if int(os.environ.get("RANK", "0")) == 0 else None
     if a.ops:
         ops = tuple(a.ops)
     elif a.dtype == "fp8":
-        from .gpu_ops import FP8_OPS
+        from bench.sampling.gpu_ops import FP8_OPS
         ops = FP8_OPS
     else:
         ops = D.DEFAULT_OPS + (D.UNFUSED_ATTENTION_OPS if a.unfused else ())
@@ -168,7 +111,7 @@ def _end_process_group() -> None:
 
 
 def cmd_collectives(a) -> int:
-    from .collectives import run_collectives
+    from bench.sampling.collectives import run_collectives
     if "RANK" not in os.environ:
         if not a.launch_local:
             print("run under torchrun (e.g. torchrun --standalone --nproc_per_node 2 -m bench collectives ...) "
@@ -179,11 +122,11 @@ def cmd_collectives(a) -> int:
             return 2
         if not a.out:
             a._argv = [*a._argv, "--out", str(out)]
-        return _relaunch(a, "--launch-local", a.launch_local)
+        return relaunch(a, "--launch-local", a.launch_local)
     out = sample_dir(a, a.platform)
     if out is None:
         return 2
-    q = _quiet(a) if os.environ.get("RANK") == "0" else None
+    q = quiet_check(a) if os.environ.get("RANK") == "0" else None
     run_collectives(a.platform, out, device=a.device, dtype=a.dtype,
                     collectives=tuple(a.collectives), n_sizes=a.sizes, min_bytes=a.min_bytes,
                     max_bytes=a.max_bytes, budget_s=a.budget_s, threads=a.threads, quiet_info=q,
@@ -195,8 +138,8 @@ def cmd_collectives(a) -> int:
 
 
 def cmd_grouped_gemm(a) -> int:
-    """Grouped expert GEMMs (mlp_up / mlp_down of E experts in one call) on a GPU: bench/gpu_ops.py."""
-    from .gpu_ops import run_grouped
+    """Grouped expert GEMMs (mlp_up / mlp_down of E experts in one call) on a GPU: bench/sampling/gpu_ops.py."""
+    from bench.sampling.gpu_ops import run_grouped
     out = sample_dir(a, a.platform, f"{a.platform}-grouped-gemm")
     if out is None:
         return 2
@@ -212,8 +155,9 @@ def cmd_grouped_gemm(a) -> int:
 
 
 def cmd_ring(a) -> int:
-    """One ring-attention step (context parallelism) over the job's ranks: bench/ring.py (run under torchrun)."""
-    from .ring import run_ring
+    """One ring-attention step (context parallelism) over the job's ranks: bench/sampling/ring.py (run under
+    torchrun)."""
+    from bench.sampling.ring import run_ring
     if "RANK" not in os.environ:
         if not a.launch_local:
             print("run under torchrun (e.g. torchrun --standalone --nproc_per_node 8 -m bench ring ...) "
@@ -224,7 +168,7 @@ def cmd_ring(a) -> int:
             return 2
         if not a.out:
             a._argv = [*a._argv, "--out", str(out)]
-        return _relaunch(a, "--launch-local", a.launch_local, wait_quiet=False)
+        return relaunch(a, "--launch-local", a.launch_local, wait_quiet=False)
     out = sample_dir(a, a.platform, f"{a.platform}-ring")
     if out is None:
         return 2
@@ -238,17 +182,16 @@ def cmd_speed_check(a) -> int:
     """Re-time a few of the platform's sampled shapes; print (and with --save store) the speed factor."""
     from dataclasses import asdict
 
-    from predictor.predict import default_models_dir
-    from predictor.speed import save_speed_check
-
-    from .speed import run_speed_check
+    from bench.sampling.speed import run_speed_check
+    from predictor.hardware.speed import save_speed_check
+    from predictor.plan.predict import default_models_dir
     ws = int(os.environ.get("WORLD_SIZE", "1"))
     if a.ranks and a.ranks > 1 and ws == 1:  # launch ourselves under torchrun
-        return _relaunch(a, "--ranks", a.ranks, wait_quiet=False)
+        return relaunch(a, "--ranks", a.ranks, wait_quiet=False)
     try:
         samples = Path(a.samples) if a.samples else speed_check_samples(a.platform, a.models_dir)
-        from .env import this_machine
-        from .store_io import check_same_machine
+        from bench.env import this_machine
+        from bench.sampling.store_io import check_same_machine
         check_same_machine(samples, this_machine(), hint="The speed check compares this machine with its own "
                            "samples: sample it first (`python -m bench cpu-platform`).")
         sc = run_speed_check(a.platform, samples, threads=a.threads, per_op=a.per_op, log=_log)
@@ -273,11 +216,10 @@ def cmd_speed_check(a) -> int:
 def speed_check_samples(platform: str, models_dir: str | None) -> Path:
     """The sample set the platform's models were trained on (their sampled_on.json), else this machine's
     default set of the platform."""
-    from predictor.machine import read_sampled_on
+    from bench.env import this_machine
+    from bench.sampling.store_io import sample_set_dir
+    from predictor.hardware.machine import read_sampled_on
     from predictor.paths import models_dir as mdir
-
-    from .env import this_machine
-    from .store_io import sample_set_dir
     try:
         rec = read_sampled_on(platform, models_dir or mdir())
     except ValueError:
@@ -291,7 +233,7 @@ def speed_check_samples(platform: str, models_dir: str | None) -> Path:
 
 
 def cmd_context(a) -> int:
-    from .context import run_context
+    from bench.cpu.context import run_context
     ws = int(os.environ.get("WORLD_SIZE", "1"))
     out = sample_dir(a, a.platform)
     if out is None:
@@ -299,9 +241,9 @@ def cmd_context(a) -> int:
     if a.ranks and a.ranks > 1 and ws == 1:
         if not a.out:
             a._argv = [*a._argv, "--out", str(out)]
-        return _relaunch(a, "--ranks", a.ranks)
+        return relaunch(a, "--ranks", a.ranks)
     if int(os.environ.get("RANK", "0")) == 0 and not a.no_wait:
-        _quiet(a)
+        quiet_check(a)
     run_context(a.platform, out, threads=a.threads or (1 if ws > 1 else None), budget_s=a.budget_s, log=_log)
     return 0
 
@@ -309,9 +251,8 @@ def cmd_context(a) -> int:
 def cmd_sampled_on(a) -> int:
     """Record which machine (and sample set) a platform's models come from, after a manual
     `python -m predictor train`: models_store/<platform>/sampled_on.json."""
+    from bench.cpu.loop import record_sampled_on
     from predictor.paths import models_dir as mdir
-
-    from .loop import record_sampled_on
     samples = Path(a.samples) if a.samples else SAMPLES / a.platform
     try:
         path = record_sampled_on(a.platform, samples, a.models_dir or mdir(), "python -m bench sampled-on")
@@ -325,11 +266,10 @@ def cmd_sampled_on(a) -> int:
 def cmd_host_floor(a) -> int:
     """Measure the host floor per layer pass on this CPU; print it; with --save write models_store/host_floor.json
     unless the saved floor of another machine is the tighter (higher) lower bound (--replace: write anyway)."""
-    from predictor.host_floor import save_tighter_floor
-
-    from .host_floor import measure_host_floor
+    from bench.sampling.host_floor import measure_host_floor
+    from predictor.step.host_floor import save_tighter_floor
     if not a.no_wait:
-        _quiet(a)
+        quiet_check(a)
     rec = measure_host_floor(rounds=a.rounds, iters=a.iters, log=_log)
     print(json.dumps({k: rec[k] for k in ("host_s_per_layer_pass", "fwd_bwd_s_per_layer_iqr",
                                           "kernels_per_layer_pass", "measured_at")}, indent=2))
@@ -341,33 +281,18 @@ def cmd_host_floor(a) -> int:
 
 
 def cmd_curve(a) -> int:
-    from .curve import print_curve
+    from bench.sampling.curve import print_curve
     for s in a.samples or [speed_check_samples(p, None) for p in ("cpu-2t", "cpu-1t")]:
         print_curve(s, a.platform)
     return 0
-
-
-def fit_network(samples_dir: Path, platform: str):
-    """Calibrate the loopback 'link' of a platform from its collective samples (predictor.network)."""
-    import pandas as pd
-
-    from predictor.network import calibrate
-    from predictor.platforms import get_platform
-
-    from .store_io import read_shards
-    df = read_shards(samples_dir, "coll")
-    if df.empty:
-        raise FileNotFoundError(f"no coll-*.parquet under {samples_dir}")
-    df = df[df["collective"].isin(["allreduce", "allgather", "reducescatter"])]
-    return calibrate(get_platform(platform), pd.DataFrame(df))
 
 
 def cmd_fit_network(a) -> int:
     net = fit_network(Path(a.samples), a.platform)
     print(net.to_json())
     if a.write:
-        from predictor.network import save_network
-        from predictor.regressors import MODELS_DIR
+        from predictor.hardware.network import save_network
+        from predictor.regress.regressors import MODELS_DIR
         path = Path(a.models_dir or MODELS_DIR) / a.platform / "network.json"
         save_network(net, path)
         _log(f"wrote {path}")
@@ -376,49 +301,17 @@ def cmd_fit_network(a) -> int:
 
 def cmd_cpu_platform(a) -> int:
     """Everything for this machine's CPU, phase by phase with budgets, resumable on the same machine
-    (bench/loop.py): device facts, samples for cpu-2t and cpu-1t, collectives, per-op and in-context
+    (bench/cpu/loop.py): device facts, samples for cpu-2t and cpu-1t, collectives, per-op and in-context
     timings, ingest + training, the end-to-end calibration and a speed check."""
-    from .loop import run
+    from bench.cpu.loop import run
     return run(a, log=_log)
 
 
 def drop_platform_samples(platform: str, store: str | None) -> int:
     """Delete a platform's op / collective samples (and the batches left without rows) from the store,
     so that re-sampled directories replace, rather than add to, earlier measurements."""
-    from .store_io import drop_platform_rows
+    from bench.sampling.store_io import drop_platform_rows
     return drop_platform_rows(platform, store)
-
-
-def cluster_entry_2t() -> dict:
-    return {"description": "This machine's CPU as one training process with 2 threads (torch CPU, fp32); "
-                           "no collectives (one process)",
-            "device": "cpu-host", "gpus_per_node": 1,
-            "intra_node": {"kind": "none", "bandwidth_gbps": 0, "latency_us": 0},
-            "inter_node": {"kind": "none", "bandwidth_gbps": 0, "latency_us": 0},
-            "op_models": "cpu-2t", "collective_models": None,
-            "sources": ["bench/samples/cpu-2t (bench/ ops sampler, 2 threads)",
-                        "host allocator: glibc malloc keeping freed memory (bench/allocator.py), for samples and "
-                        "for the training runs it predicts"]}
-
-
-def cluster_entry_1t(net) -> dict:
-    bw = round(net.intra.bandwidth_gbps, 3) if net else 1.0
-    lat = round(net.intra.latency_us, 1) if net else 50.0
-    src = (f"intra_node fitted by predictor.network.calibrate on bench/samples/cpu-1t gloo all-reduce / "
-           f"all-gather / reduce-scatter samples ({net.intra.n_samples} sizes, fit MAPE "
-           f"{(net.intra.fit_mape or 0):.1%})" if net else "placeholder until the collectives are sampled")
-    return {"description": "This machine's CPU as 2 data-parallel ranks on one node, one process of 1 thread "
-                           "each, gloo collectives over loopback (torch CPU, fp32)",
-            "device": "cpu-host", "gpus_per_node": 2,
-            "intra_node": {"kind": "loopback-gloo", "bandwidth_gbps": bw, "latency_us": lat},
-            "inter_node": {"kind": "none", "bandwidth_gbps": bw, "latency_us": lat},
-            "op_models": "cpu-1t", "collective_models": "cpu-1t",
-            # every core runs a rank's compute, so gloo's reduction cannot hide behind the backward
-            "overlaps_comm_with_compute": False,
-            "sources": ["bench/samples/cpu-1t (bench/ ops sampler, 2 concurrent ranks x 1 thread; "
-                        "bench/ collective sampler, gloo)", src,
-                        "host allocator: glibc malloc keeping freed memory (bench/allocator.py), for samples and "
-                        "for the training runs it predicts"]}
 
 
 # --------------------------------------------------------------------------- parser
@@ -472,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out")
     sp.add_argument("--device", default="cpu")
     sp.add_argument("--dtype", default="fp32", choices=["fp32", "fp16", "bf16"])
-    from .collectives import COLLECTIVES
+    from bench.sampling.collectives import COLLECTIVES
     sp.add_argument("--collectives", nargs="+", default=list(COLLECTIVES), choices=list(COLLECTIVES))
     sp.add_argument("--sizes", type=int, default=24, help="message sizes per collective")
     sp.add_argument("--min-bytes", type=int, default=1024)
@@ -541,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_speed_check)
 
     sp = sub.add_parser("context",
-                        help="per-op framework cost and whole HF layers vs their operators (bench/context.py)")
+                        help="per-op framework cost and whole HF layers vs their operators (bench/cpu/context.py)")
     sp.add_argument("--platform", required=True)
     sp.add_argument("--out", help="sample set to add context.json to (default: this machine's set of the platform)")
     sp.add_argument("--threads", type=int)
@@ -559,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("host-floor", help="host time an eager framework needs per transformer layer pass, measured "
                                            "on this CPU (a lower bound for calibrate-framework's host term)")
-    from .host_floor import DEFAULT_ROUNDS
+    from bench.sampling.host_floor import DEFAULT_ROUNDS
     sp.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                     help=f"rounds of the short and long stacks (default {DEFAULT_ROUNDS}); the floor is their median")
     sp.add_argument("--iters", type=int, default=40, help="forward + backward steps per stack and round")
@@ -571,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(sp)
     sp.set_defaults(fn=cmd_host_floor)
 
-    from .loop import DEFAULT_PHASES, OLD_NAMES, PHASES
+    from bench.cpu.loop import DEFAULT_PHASES, OLD_NAMES, PHASES
     sp = sub.add_parser("cpu-platform", help="the whole loop for this machine's CPU (cpu-2t, cpu-1t): sample, train, "
                                              "calibrate end to end, speed check; --plan shows it without measuring")
     sp.add_argument("--plan", "--dry-run", action="store_true", dest="plan",
@@ -595,7 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--coll-sizes", type=int, default=20)
     sp.add_argument("--n-per-op", type=int, default=96)
     sp.add_argument("--profile", default="cpu", choices=["cpu", "cpu-wide"],
-                    help="operator shape domain (bench/design.py); cpu-wide also samples 4096-token heads, "
+                    help="operator shape domain (bench/sampling/design.py); cpu-wide also samples 4096-token heads, "
                          "hidden-1024 MLPs and large optimizers instead of extrapolating to them (slower points)")
     _common(sp)
     sp.set_defaults(fn=cmd_cpu_platform)
@@ -605,7 +498,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(argv)
-    from .allocator import use_caching_malloc
+    from bench.allocator import use_caching_malloc
     use_caching_malloc()  # every sampler, every torchrun rank (each runs main); see bench/allocator.py
     a._argv = argv
     return int(a.fn(a) or 0)

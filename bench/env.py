@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from predictor.machine import cpu_caches
+from predictor.hardware.machine import cpu_caches
 
 QUIET_LOAD = 0.5
 MAX_WAIT_S = 1200.0
@@ -98,10 +98,9 @@ def _git_commit() -> str | None:
 
 
 def this_machine(threads: int | None = None):
-    """This machine's fingerprint (predictor.machine) with the sampler's settings recorded beside it."""
-    from predictor.machine import current
-
-    from .allocator import describe
+    """This machine's fingerprint (predictor.hardware.machine) with the sampler's settings recorded beside it."""
+    from bench.allocator import describe
+    from predictor.hardware.machine import current
     m = current()
     m.threads = threads
     m.allocator = describe()["allocator"]
@@ -120,9 +119,9 @@ def facts(device: str = "cpu") -> dict[str, Any]:
         "loadavg": list(loadavg()), "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "repo_commit": _git_commit(),
     }
-    from .allocator import describe
+    from bench.allocator import describe
     f["host_allocator"] = describe()["allocator"]
-    f["machine"] = this_machine(f["torch_threads"]).to_dict()  # predictor.machine: the CPU's fingerprint
+    f["machine"] = this_machine(f["torch_threads"]).to_dict()  # predictor.hardware.machine: the CPU's fingerprint
     f["machine_id"] = f["machine"]["id"]
     try:
         import numpy

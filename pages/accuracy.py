@@ -4,10 +4,10 @@ import io
 import pandas as pd
 import streamlit as st
 
-from predictor.layout_io import BATCH_COLUMNS
+from predictor.checks.validate import mark_unmodelled_host, save_validation, summarize_validation
+from predictor.model.layout_io import BATCH_COLUMNS
 from predictor.paths import ArtifactError
-from predictor.terms import contention_words, spread_in_words
-from predictor.validate import mark_unmodelled_host, save_validation, summarize_validation
+from predictor.step.terms import contention_words, spread_in_words
 from predictor_ui import charts, config, data, fmt, views
 
 views.page_setup()
@@ -262,7 +262,7 @@ def memory_check() -> None:
                     "allocator's reserve + NCCL buffers + CUDA context; *reserved*; *allocated*): mean |error| "
                     f"{e.abs().mean():.1%}, mean signed {e.mean():+.1%}, worst {e.abs().max():.1%}. Never fitted "
                     "to; the overhead terms come from other documents (NCCL's buffer sizes, published Megatron "
-                    "logs' reserved / allocated ratios), cited in `predictor/memory.py`.")
+                    "logs' reserved / allocated ratios), cited in `predictor/step/memory.py`.")
     cols = ["id", "platform", "precision", "measures", "published_gib", "ours_gib", "error", "note"]
     d = pd.concat([ok, d[d["ours_gib"].isna()]])   # the compared figures first, then those that cannot be
     views.table(d[cols], "memory_published", "mem_published",
@@ -469,7 +469,7 @@ def network_tab() -> None:
                      "there (`../shared/datasets` next to the checkout) or point `PREDICTOR_SHARED_DATASETS` at them.")
         else:
             where = (f"`{chk.shared}` holds no sweeps of a platform with a saved calibration under "
-                     f"`{config.models_dir()}` (`python -m predictor.calibrate_network` writes them).")
+                     f"`{config.models_dir()}` (`python -m predictor.hardware.network_fit` writes them).")
         st.info(f"The network calibrations (`<models>/<platform>/network.json`) are fitted on measured NCCL "
                 f"sweeps: {SWEEPS}. {where}", icon=":material/lan:")
         return
@@ -496,7 +496,7 @@ def network_tab() -> None:
                "NCCL's fastest algorithm/protocol unless the sweep forced one, over each group's measured message "
                "sizes. Colour: collective and nodes x GPUs per node. Bus bandwidth as nccl-tests reports it "
                "(p2p: bytes / time).")
-    from predictor.network_check import fabric_note
+    from predictor.checks.network_check import fabric_note
     note = fabric_note(chk, data.resolve_platform(plat))
     if note:
         st.markdown(f":material/lightbulb: {note}")

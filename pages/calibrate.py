@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from predictor.ingest_formats import preview_path
-from predictor.lgb_import import import_lightgbm
-from predictor.platforms import load_devices, load_platforms, save_cluster
-from predictor.specs import InfeasibleConfig
+from predictor.hardware.platforms import load_devices, load_platforms, save_cluster
+from predictor.model.errors import InfeasibleConfig
+from predictor.regress.lgb_import import import_lightgbm
+from predictor.samples.formats.files import preview_path
 from predictor_ui import config, data, views
 from predictor_ui.clusters import DASHBOARD_SOURCE, custom_platform
 
@@ -78,7 +78,7 @@ if st.button("Ingest into the store", type="primary", key="cal_ingest", icon=":m
     def prog(done: int, total: int, msg: str) -> None:
         bar.progress(min(1.0, done / max(total, 1)), text=msg)
     try:
-        from predictor.store import ingest_path
+        from predictor.samples.store import ingest_path
         rep = ingest_path(updir, platform=platform_override.strip() or None, progress=prog)
     except Exception as e:  # noqa: BLE001 - the store's own message (locked, unreadable) is the answer
         st.error(f"Ingest failed: {e}", icon=":material/error:")
@@ -132,7 +132,7 @@ if st.button(f"Retrain {', '.join(known)}", type="primary", key="cal_train", ico
             _bar.progress(min(1.0, done / max(total, 1)), text=msg)
         try:
             import_lightgbm()
-            from predictor.training import train_platform
+            from predictor.calibrate.training import train_platform
             rep = train_platform(pid, models_dir=config.models_dir_arg(), progress=prog, cv_folds=int(folds))
         except (InfeasibleConfig, ValueError) as e:
             hint = ""

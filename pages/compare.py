@@ -2,9 +2,9 @@
 import pandas as pd
 import streamlit as st
 
-from predictor.costing import training_estimate
-from predictor.memory import GIB
-from predictor.specs import InfeasibleConfig
+from predictor.model.errors import InfeasibleConfig
+from predictor.plan.costing import training_estimate
+from predictor.step.memory import GIB
 from predictor_ui import charts, data, fmt, inputs, views
 
 views.page_setup()

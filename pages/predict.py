@@ -1,9 +1,9 @@
 """Predict: one model on one platform under one layout."""
 import streamlit as st
 
-from predictor.costing import training_estimate
-from predictor.memory import GIB
-from predictor.specs import InfeasibleConfig
+from predictor.model.errors import InfeasibleConfig
+from predictor.plan.costing import training_estimate
+from predictor.step.memory import GIB
 from predictor_ui import data, fmt, inputs, views
 
 views.page_setup()

@@ -2,8 +2,8 @@
 import pandas as pd
 import streamlit as st
 
-from predictor.ops import COLLECTIVES, OPS, SHAPE_COLUMNS
-from predictor.platforms import load_platforms
+from predictor.hardware.platforms import load_platforms
+from predictor.model.ops import COLLECTIVES, OPS, SHAPE_COLUMNS
 from predictor_ui import charts, config, data, fmt, views
 from predictor_ui.curves import regressor_over_samples
 

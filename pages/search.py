@@ -1,9 +1,10 @@
 """Search: the ranked layouts for a model, platform, GPU count and batch."""
 import streamlit as st
 
-from predictor.layout_io import model_from_fields
-from predictor.search import SearchSpace
-from predictor.specs import PRECISIONS, InfeasibleConfig
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import model_from_fields
+from predictor.model.specs import PRECISIONS
+from predictor.plan.search import SearchSpace
 from predictor_ui import charts, data, fmt, inputs, views
 from predictor_ui.search_view import OBJECTIVE_LABELS
 

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .specs import InfeasibleConfig
+from predictor.model.errors import InfeasibleConfig
 
 ENV_MODELS_DIR = "PREDICTOR_MODELS_DIR"
 ENV_STORE = "PREDICTOR_STORE"
@@ -36,18 +36,20 @@ ENV_CLUSTERS = "PREDICTOR_CLUSTERS"
 REPO_DIR = Path(__file__).resolve().parent.parent
 PACKAGED_MODELS_DIR = REPO_DIR / "models_store"
 DEFAULT_STORE = REPO_DIR / "data" / "samples.duckdb"
+CATALOG_DIR = REPO_DIR / "predictor" / "catalog"      # the shipped facts: devices, clusters, published runs
+SHARED_DATASETS = REPO_DIR.parent / "shared" / "datasets"
 
 # Per-platform artifacts (in <models_dir>/<platform>/)
-HOST_OVERHEAD = "host_overhead.json"        # predictor.overhead: fitted host (framework) overhead
-NETWORK = "network.json"                    # predictor.calibrate_network: calibrated collectives
-SPEED_CHECK = "speed_check.json"            # predictor.speed: this machine's speed today (git-ignored)
-VALIDATION = "validation.json"              # predictor.validate: end-to-end error of the platform
-VALIDATION_RUNS = "validation_runs.csv"     # predictor.validate: the per-run results behind it
+HOST_OVERHEAD = "host_overhead.json"        # predictor.step.overhead: fitted host (framework) overhead
+NETWORK = "network.json"                    # predictor.hardware.network_fit: calibrated collectives
+SPEED_CHECK = "speed_check.json"            # predictor.hardware.speed: this machine's speed today (git-ignored)
+VALIDATION = "validation.json"              # predictor.checks.validate: end-to-end error of the platform
+VALIDATION_RUNS = "validation_runs.csv"     # predictor.checks.validate: the per-run results behind it
 # Whole-folder artifacts (in <models_dir>/)
 TRANSFER_VALIDATION = "transfer_validation.json"  # tests/benchmarks/transfer_accuracy.py
 NETWORK_VALIDATION = "network_validation.json"    # tests/benchmarks/collective_accuracy.py
-FRAMEWORK_TERMS = "framework_terms.json"          # predictor.calibrate_framework: end-to-end terms
-INDEPENDENT_CHECKS = "independent_checks.json"    # predictor.independent_record: the never-fitted checks' errors
+FRAMEWORK_TERMS = "framework_terms.json"          # predictor.calibrate.framework: end-to-end terms
+INDEPENDENT_CHECKS = "independent_checks.json"    # predictor.plan.accuracy_record: the never-fitted checks' errors
 
 # Letters, digits and . _ : + - ; starts with a letter or digit; no '..'; at most 128 characters.
 SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}$")
@@ -336,7 +338,7 @@ def load_checked(path: str | os.PathLike[str], parse) -> tuple[Any, str | None]:
 
 def load_platform_validation_checked(platform_id: str, models: str | os.PathLike[str] | None = None
                                      ) -> tuple[dict[str, Any] | None, str | None]:
-    """<models_dir>/<platform>/validation.json (the end-to-end error record of predictor.validate)
+    """<models_dir>/<platform>/validation.json (the end-to-end error record of predictor.checks.validate)
     with its values checked (every error / count finite and >= 0): (record, None), (None, None)
     without the file, (None, warning) when it is unusable."""
     path = artifact(platform_id, VALIDATION, models)

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from predictor.memory import GIB, MEMORY_PART_LABELS, MEMORY_PARTS, MemoryReport, StageMemory, stage_parts_bytes
-from predictor.terms import TERMS_PROVENANCE
+from predictor.step.memory import GIB, MEMORY_PART_LABELS, MEMORY_PARTS, MemoryReport, StageMemory, stage_parts_bytes
+from predictor.step.terms import TERMS_PROVENANCE
 
 
 class _LazyAltair:
@@ -584,7 +584,7 @@ def network_fit_chart(points: pd.DataFrame, curves: pd.DataFrame, y: str = "busb
     ('allreduce 4x8': nodes x GPUs per node, with the algorithm when the sweep forced one), against the
     message size, both axes log (inter-node groups run 10-100x below the NVLink ones). `y`: "busbw"
     (nccl-tests bus bandwidth, GB/s) or "time" (seconds). `points` / `curves` as
-    predictor.network_check.network_check returns them (one platform)."""
+    predictor.checks.network_check.network_check returns them (one platform)."""
     _, pred, title = NETWORK_Y[y]
     dots = network_points_frame(points, y, max_points)
     line = curves[["group", "message_bytes", pred, "chosen"]].rename(columns={pred: "predicted"})

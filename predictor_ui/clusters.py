@@ -1,6 +1,6 @@
 """The custom-cluster form (Predict's "custom" platform, Calibrate's unknown platforms) -> a Platform.
 
-Saving one to the user's clusters file is `predictor.platforms.save_cluster` (the CLI reads that file
+Saving one to the user's clusters file is `predictor.hardware.platforms.save_cluster` (the CLI reads that file
 with `--clusters`).
 """
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from predictor.platforms import Platform, load_devices, make_cluster
-from predictor.specs import InfeasibleConfig
+from predictor.hardware.platforms import Platform, load_devices, make_cluster
+from predictor.model.errors import InfeasibleConfig
 
 # The form's fields, in the order the URL / cache key lists them.
 CUSTOM_FIELDS = ("c_name", "c_device", "c_gpn", "c_intra_bw", "c_intra_lat", "c_inter_bw", "c_inter_lat", "c_models")

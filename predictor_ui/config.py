@@ -27,13 +27,13 @@ ENV_SHARED = "PREDICTOR_SHARED_DATASETS"
 def store_path() -> Path:
     """The store the predictor will open ($PREDICTOR_STORE, else <repo>/data/samples.duckdb): predictor.paths'
     rule, which pages that only need the path (every page: the user clusters file sits next to the store) read
-    without importing predictor.store and duckdb. tests/test_charts.py checks it against the store's."""
+    without importing predictor.samples.store and duckdb. tests/test_charts.py checks it against the store's."""
     from predictor.paths import store_path as path
     return path()
 
 
 def shared_datasets() -> Path:
-    """The published datasets folder: $PREDICTOR_SHARED_DATASETS, else predictor.calibrate_network.SHARED's
+    """The published datasets folder: $PREDICTOR_SHARED_DATASETS, else predictor.hardware.network_fit.SHARED's
     rule (<checkout>/../shared/datasets), here so that the path is known without importing the predictor.
     tests/test_charts.py checks that the two rules agree."""
     env = os.environ.get(ENV_SHARED)

@@ -1,5 +1,5 @@
 """The Samples page's regressor curves: a platform's trained regressor along one shape column, and its
-prediction for every measured sample (a ModelBank from predictor.regressors.load_bank)."""
+prediction for every measured sample (a ModelBank from predictor.regress.regressors.load_bank)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from predictor.ops import COLLECTIVES, SHAPE_COLUMNS
-from predictor.platforms import DeviceSpec, Platform
+from predictor.hardware.platforms import DeviceSpec, Platform
+from predictor.model.ops import COLLECTIVES, SHAPE_COLUMNS
 
 if TYPE_CHECKING:  # the bank itself comes from data.bank (load_bank imports lightgbm)
-    from predictor.regressors import ModelBank
+    from predictor.regress.regressors import ModelBank
 
 
 def op_curve(bank: ModelBank, op: str, pass_: str, shapes: pd.DataFrame, device: DeviceSpec,

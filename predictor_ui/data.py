@@ -13,10 +13,11 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
-from predictor.layout_io import layout_from_fields, model_from_fields
-from predictor.lgb_import import import_lightgbm
-from predictor.platforms import Platform, load_platforms
-from predictor.specs import InfeasibleConfig, Layout, ModelSpec
+from predictor.hardware.platforms import Platform, load_platforms
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import layout_from_fields, model_from_fields
+from predictor.model.specs import Layout, ModelSpec
+from predictor.regress.lgb_import import import_lightgbm
 
 from . import config, inputs
 from .clusters import custom_platform
@@ -40,8 +41,8 @@ _LAST_MODELS: dict[str, str] = {}
 def _refresh_model_caches(models_version: str) -> None:
     """The predictor keeps lru caches of loaded regressors; drop them when the files changed."""
     if _LAST_MODELS.get("v") not in (None, models_version):
-        from predictor import predict as P
-        from predictor import regressors as R
+        from predictor.plan import predict as P
+        from predictor.regress import regressors as R
         for f in (R._cached_bank, P.get_predictor):
             f.cache_clear()
     _LAST_MODELS["v"] = models_version
@@ -51,7 +52,7 @@ def _refresh_model_caches(models_version: str) -> None:
 def _predictor(key: str, models_version: str, clusters_version: str):
     _refresh_model_caches(models_version)
     import_lightgbm()
-    from predictor.predict import Predictor
+    from predictor.plan.predict import Predictor
     return Predictor(resolve_platform(key), config.models_dir_arg())
 
 
@@ -61,7 +62,7 @@ def predictor(key: str):
 
 def backing(key: str) -> dict[str, str]:
     """What backs a platform's numbers, in words (as `python -m predictor platforms` says it)."""
-    from predictor.backing import describe_backing
+    from predictor.plan.backing import describe_backing
     d = describe_backing(predictor(key)).to_dict()
     d.pop("kind")
     return d
@@ -105,7 +106,7 @@ def predict(key: str, model: ModelSpec, layout: Layout, timeline: bool = True):
 def _search(key: str, mj: str, num_gpus: int, global_batch: int, seq_len: int, space_json: str,
             tokens: float | None, price: float | None, objective: str, models_version: str,
             clusters_version: str) -> SearchView:
-    from predictor.search import SearchSpace, search
+    from predictor.plan.search import SearchSpace, search
     model = ModelSpec(**json.loads(mj))
     space = SearchSpace(**{k: tuple(v) if isinstance(v, list) else v for k, v in json.loads(space_json).items()})
     pr = predictor(key)
@@ -116,7 +117,7 @@ def _search(key: str, mj: str, num_gpus: int, global_batch: int, seq_len: int, s
 
 def search(key: str, model: ModelSpec, space: Any, *, num_gpus: int, global_batch: int, seq_len: int,
            tokens: float | None = None, price: float | None = None, objective: str = "time") -> SearchView:
-    """predictor.search.search over `space` (a SearchSpace), cached per inputs (raises InfeasibleConfig)."""
+    """predictor.plan.search.search over `space` (a SearchSpace), cached per inputs (raises InfeasibleConfig)."""
     return _search(key, json.dumps(asdict(model), sort_keys=True), num_gpus, global_batch, seq_len,
                    json.dumps(asdict(space), sort_keys=True), tokens, price, objective, config.models_version(),
                    config.clusters_version())
@@ -128,7 +129,7 @@ class StoreMissing(RuntimeError):
 
 
 def _store_call(fn, *args, **kwargs):
-    from predictor.store import StoreError
+    from predictor.samples.store import StoreError
     try:
         return fn(*args, **kwargs)
     except StoreError as e:
@@ -147,7 +148,7 @@ def store_status() -> tuple[bool, str]:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _summary(version: str) -> pd.DataFrame:
-    from predictor.store import summarize
+    from predictor.samples.store import summarize
     return _store_call(summarize)
 
 
@@ -157,7 +158,7 @@ def store_summary() -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=64)
 def _op_samples(platform: str, op: str, pass_: str, version: str) -> pd.DataFrame:
-    from predictor.store import read_op_samples
+    from predictor.samples.store import read_op_samples
     return _store_call(read_op_samples, platform=platform, op=op, pass_=pass_)
 
 
@@ -167,7 +168,7 @@ def op_samples(platform: str, op: str, pass_: str) -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=32)
 def _collective_samples(platform: str, collective: str, version: str) -> pd.DataFrame:
-    from predictor.store import read_collective_samples
+    from predictor.samples.store import read_collective_samples
     return _store_call(read_collective_samples, platform=platform, collective=collective)
 
 
@@ -177,7 +178,7 @@ def collective_samples(platform: str, collective: str) -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _measured_runs(version: str) -> pd.DataFrame:
-    from predictor.store import read_measured_runs
+    from predictor.samples.store import read_measured_runs
     return _store_call(read_measured_runs)
 
 
@@ -208,32 +209,32 @@ def validation(platform: str, progress=None, recompute: bool = False) -> pd.Data
 
 
 def validate_runs(runs: pd.DataFrame, progress=None) -> pd.DataFrame:
-    """predictor.validate.validate_runs on these runs with the dashboard's models."""
+    """predictor.checks.validate.validate_runs on these runs with the dashboard's models."""
     import_lightgbm()
-    from predictor.validate import validate_runs as validate
+    from predictor.checks.validate import validate_runs as validate
     return validate(runs=runs, models_dir=config.models_dir_arg(), progress=progress)
 
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _saved_validation(platform: str, models_version: str):
-    from predictor.validate import read_saved_validation
+    from predictor.checks.validate import read_saved_validation
     return read_saved_validation(config.models_dir_arg(), platform)
 
 
 def saved_validation(platform: str):
-    """The platform's saved end-to-end validation (predictor.validate.SavedValidation: models_store/<platform>/
+    """The platform's saved end-to-end validation (predictor.checks.validate.SavedValidation: models_store/<platform>/
     validation_runs.csv + validation.json), or None. Raises predictor.paths.ArtifactError when unreadable."""
     return _saved_validation(platform, config.models_version())
 
 
 def saved_validation_platforms() -> list[str]:
-    from predictor.validate import saved_validation_platforms as platforms
+    from predictor.checks.validate import saved_validation_platforms as platforms
     return platforms(config.models_dir_arg())
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _terms_by_source(models_version: str) -> tuple[pd.DataFrame, dict[str, Any], str | None]:
-    from predictor.terms import NONE, load_terms_checked, spread_was_fitted, validation_by_source
+    from predictor.step.terms import NONE, load_terms_checked, spread_was_fitted, validation_by_source
     terms, warning = load_terms_checked(config.models_dir_arg())
     terms = terms or NONE
     pooled = {k: v for k, v in terms.validation.items() if k != "per_source"}
@@ -246,7 +247,7 @@ def _terms_by_source(models_version: str) -> tuple[pd.DataFrame, dict[str, Any],
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _host_floor_words(models_version: str) -> tuple[str | None, str | None]:
-    from predictor.host_floor import load_host_floor
+    from predictor.step.host_floor import load_host_floor
     floor, warning = load_host_floor(config.models_dir_arg())
     return (floor.in_words() if floor is not None else None), warning
 
@@ -258,7 +259,7 @@ def host_floor_words() -> tuple[str | None, str | None]:
 
 
 def terms_by_source() -> tuple[pd.DataFrame, dict[str, Any], str | None]:
-    """The end-to-end terms' leave-one-source-out validation (predictor.terms.validation_by_source), the
+    """The end-to-end terms' leave-one-source-out validation (predictor.step.terms.validation_by_source), the
     pooled figures of framework_terms.json (held-out MAPE, scheme, the runs per source) and a warning when
     the file is unusable."""
     return _terms_by_source(config.models_version())
@@ -266,7 +267,7 @@ def terms_by_source() -> tuple[pd.DataFrame, dict[str, Any], str | None]:
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _models_summary(models_version: str) -> pd.DataFrame:
-    from predictor.training import models_summary
+    from predictor.calibrate.training import models_summary
     return models_summary(config.models_dir_arg())
 
 
@@ -276,7 +277,7 @@ def models_summary() -> pd.DataFrame:
 
 @st.cache_data(show_spinner=False, max_entries=16)
 def _model_metadata(platform: str, models_version: str) -> dict:
-    from predictor.training import model_metadata
+    from predictor.calibrate.training import model_metadata
     return model_metadata(platform, config.models_dir_arg())
 
 
@@ -287,43 +288,43 @@ def model_metadata(platform: str) -> dict:
 @st.cache_data(show_spinner=False, max_entries=64)
 def _extrapolation(platform: str, op: str, version: str) -> pd.DataFrame:
     import_lightgbm()
-    from predictor.extrapolation import extrapolation_table
+    from predictor.checks.extrapolation import extrapolation_table
     return extrapolation_table(platform, config.store_path(), {op})
 
 
 def extrapolation(platform: str, op: str) -> pd.DataFrame:
-    """predictor.extrapolation.extrapolation_table for one operator of a platform (refits: seconds)."""
+    """predictor.checks.extrapolation.extrapolation_table for one operator of a platform (refits: seconds)."""
     return _extrapolation(platform, op, config.store_version())
 
 
 @st.cache_data(show_spinner=False, max_entries=4)
 def _network_check(shared: str, shared_version: str, models_version: str):
-    from predictor.network_check import network_check as check
+    from predictor.checks.network_check import network_check as check
     return check(shared, config.models_dir_arg())
 
 
 def network_check():
-    """predictor.network_check.network_check: the saved network calibrations against the measured NCCL
+    """predictor.checks.network_check.network_check: the saved network calibrations against the measured NCCL
     sweeps of config.shared_datasets(); refreshed when the datasets folder or the models change."""
     return _network_check(str(config.shared_datasets()), config.shared_version(), config.models_version())
 
 
 def independent_sources() -> list[str]:
     """The source ids of predictor/catalog/independent_runs.json, in file order."""
-    from predictor.independent import load_sources
+    from predictor.checks.independent import load_sources
     return list(load_sources())
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def _independent_check(source_id: str, models_version: str
                        ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    from predictor.independent import run_check
+    from predictor.checks.independent import run_check
     c = run_check(source_id, models_dir=config.models_dir_arg())
     return c.runs, c.summary(), c.summary("nodes"), {**c.source, "dropped": c.dropped}
 
 
 def independent_check(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, dict[str, Any]]:
-    """predictor.independent.run_check: published runs never fitted to, predicted with the current models
+    """predictor.checks.independent.run_check: published runs never fitted to, predicted with the current models
     (per run, overall, by node count, and the source's description)."""
     return _independent_check(source_id, config.models_version())
 
@@ -331,7 +332,7 @@ def independent_check(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.Da
 @st.cache_data(show_spinner=False, max_entries=8)
 def _independent_speedups(source_id: str, store_version: str, models_version: str
                           ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    from predictor.independent import IndependentCheck, reference_runs, speedup_pairs, speedup_summary
+    from predictor.checks.independent import IndependentCheck, reference_runs, speedup_pairs, speedup_summary
     runs, _overall, _by_nodes, src = _independent_check(source_id, models_version)   # the check's cached predictions
     c = IndependentCheck(source_id, src, runs, src["dropped"])
     pairs = speedup_pairs(c, reference_runs(c, config.store_path(), config.models_dir_arg()))
@@ -339,7 +340,8 @@ def _independent_speedups(source_id: str, store_version: str, models_version: st
 
 
 def independent_speedups(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """predictor.independent.speedup_pairs: each independent run beside the store's run of the same configuration on
+    """predictor.checks.independent.speedup_pairs: each independent run beside the store's run of the same
+    configuration on
     the source's reference GPU, measured vs predicted speed-up (pairs, overall, by sequence length); empty frames
     when the source names no reference or the store lacks its runs."""
     return _independent_speedups(source_id, config.store_version(), config.models_version())
@@ -347,7 +349,7 @@ def independent_speedups(source_id: str) -> tuple[pd.DataFrame, pd.DataFrame, pd
 
 @st.cache_data(show_spinner=False, max_entries=4)
 def _nemo_check(models_version: str) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, int]]:
-    from predictor.independent_nemo import run_check
+    from predictor.checks.independent_nemo import run_check
     c = run_check(models_dir=config.models_dir_arg())
     groups = {"all runs": c.summary(), "GPU": c.summary("platform"), "MoE / dense": c.summary("kind"),
               "source": c.summary("source")}
@@ -355,16 +357,17 @@ def _nemo_check(models_version: str) -> tuple[pd.DataFrame, dict[str, pd.DataFra
 
 
 def nemo_check() -> tuple[pd.DataFrame, dict[str, pd.DataFrame], dict[str, int]]:
-    """predictor.independent_nemo.run_check: NVIDIA's published NeMo / Megatron-Core runs (H100, B200, GB200; MoE,
+    """predictor.checks.independent_nemo.run_check: NVIDIA's published NeMo / Megatron-Core runs (H100, B200, GB200;
+    MoE,
     FP8, CP), never fitted to, predicted with the current models (per run, summaries by group, rows dropped)."""
     return _nemo_check(config.models_version())
 
 
 @st.cache_data(show_spinner=False)
 def memory_check() -> pd.DataFrame:
-    """predictor.published_memory.compare: published per-GPU memory of Megatron-Core runs against the memory
+    """predictor.checks.published_memory.compare: published per-GPU memory of Megatron-Core runs against the memory
     model, one row per figure (ours for the quantity it counts, or why it is not comparable)."""
-    from predictor.published_memory import compare
+    from predictor.checks.published_memory import compare
     return compare()
 
 
@@ -372,7 +375,7 @@ def bank(platform: str):
     """The ModelBank behind a platform's own regressors (None when untrained)."""
     _refresh_model_caches(config.models_version())
     import_lightgbm()
-    from predictor.regressors import load_bank
+    from predictor.regress.regressors import load_bank
     return load_bank(platform, config.models_dir_arg())
 
 

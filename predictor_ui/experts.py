@@ -7,10 +7,11 @@ from typing import Any
 
 import streamlit as st
 
-from predictor.layout_io import MOE_FIELDS, model_from_fields
-from predictor.model_summary import param_summary, routing_summary
-from predictor.presets import get_preset
-from predictor.specs import InfeasibleConfig, ModelSpec
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import MOE_FIELDS, model_from_fields
+from predictor.model.model_summary import param_summary, routing_summary
+from predictor.model.presets import get_preset
+from predictor.model.specs import ModelSpec
 
 BIND = "query-params"
 CUSTOM_MOE_DEFAULT: dict[str, Any] = {"num_experts": 8, "top_k": 2, "moe_ffn_hidden": None, "shared_experts": 0,

@@ -11,11 +11,12 @@ from typing import Any
 
 import streamlit as st
 
-from predictor.frameworks import get_framework
-from predictor.layout_io import llama_ffn, model_from_fields
-from predictor.platforms import load_devices, load_platforms, save_cluster
-from predictor.presets import get_preset, list_presets
-from predictor.specs import DEFAULT_FRAMEWORK, FRAMEWORKS, PRECISIONS, RECOMPUTES, SCHEDULES, InfeasibleConfig
+from predictor.hardware.platforms import load_devices, load_platforms, save_cluster
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
+from predictor.model.layout_io import llama_ffn, model_from_fields
+from predictor.model.presets import get_preset, list_presets
+from predictor.model.specs import PRECISIONS, RECOMPUTES, SCHEDULES
 
 from . import config, experts, fmt
 from .clusters import CUSTOM_FIELDS, DASHBOARD_SOURCE, custom_platform

@@ -1,4 +1,4 @@
-"""What the Search page shows of a `predictor.search.SearchReport`: the ranked table (with the refined
+"""What the Search page shows of a `predictor.plan.search.SearchReport`: the ranked table (with the refined
 top rows' warnings), the rejections, and a row turned into the Predict page's query parameters."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from predictor.search import SearchReport, layout_of
+from predictor.plan.search import SearchReport, layout_of
 
-# predictor.search.OBJECTIVES in words (tests/test_charts.py checks that the keys agree).
+# predictor.plan.search.OBJECTIVES in words (tests/test_charts.py checks that the keys agree).
 OBJECTIVE_LABELS = {"time": "step time", "tokens": "tokens / s", "mfu": "MFU", "cost": "GPU-hours per token"}
 
 

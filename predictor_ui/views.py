@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from predictor.specs import InfeasibleConfig
+from predictor.model.errors import InfeasibleConfig
 
 from . import fmt
 from .search_view import predict_query

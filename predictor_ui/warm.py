@@ -28,7 +28,7 @@ def _log(msg: str) -> None:
 
 
 def _default_prediction() -> None:
-    from predictor.lgb_import import import_lightgbm
+    from predictor.regress.lgb_import import import_lightgbm
 
     from . import data, inputs
     import_lightgbm()

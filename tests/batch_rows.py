@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from predictor.layout_io import BATCH_COLUMNS
+from predictor.model.layout_io import BATCH_COLUMNS
 
 
 def batch_row(defaults: Mapping[str, Any] | None = None, **cells: Any) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""GEMMs with a dimension not in multiples of 8 elements run without tensor cores (predictor.alignment): charged at
+"""GEMMs with a dimension not in multiples of 8 elements run without tensor cores (predictor.step.alignment): charged at
 least their FLOPs at the device's FP32 peak, a spec-sheet bound; aligned shapes, fp32 and non-GEMM operators are
 untouched."""
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from predictor import features
-from predictor.alignment import alignment_warning, shape_flagged, simt_floor_s
-from predictor.platforms import get_platform
-from predictor.predict import Predictor
-from predictor.specs import Layout, ModelSpec
+from predictor.hardware.platforms import get_platform
+from predictor.model.specs import Layout, ModelSpec
+from predictor.plan.predict import Predictor
+from predictor.regress import features
+from predictor.step.alignment import alignment_warning, shape_flagged, simt_floor_s
 
 A100 = get_platform("dgx-a100-80gb").device
 

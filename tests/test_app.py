@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from predictor import features
-from predictor.platforms import get_platform
+from predictor.hardware.platforms import get_platform
+from predictor.regress import features
 from predictor_ui import views
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,8 +62,8 @@ def runs_frame() -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A store with a few samples and measured runs, and regressors trained from it."""
-    from predictor.store import ingest_path
-    from predictor.training import train_platform
+    from predictor.calibrate.training import train_platform
+    from predictor.samples.store import ingest_path
     d = tmp_path_factory.mktemp("tiny")
     src = d / "src"
     src.mkdir()
@@ -307,7 +307,7 @@ def test_search_page_ranks_layouts():
     at = run("pages/search.py", {"sr_model": "llama2-7b", "sr_num_gpus": 16, "sr_global_batch": 32,
                                  "sr_seq_len": 2048})
     if any("not installed in this build" in i.value for i in at.info):
-        pytest.skip("predictor.search is not available")
+        pytest.skip("predictor.plan.search is not available")
     assert STEP_RE.match(metric(at, "Best step time"))
     assert "layouts enumerated" in text(at)
     df = at.dataframe[0].value
@@ -321,7 +321,7 @@ def test_search_page_ranks_layouts():
 def test_search_infeasible_job_explains():
     at = run("pages/search.py", {"sr_model": "llama3-405b", "sr_num_gpus": 4, "sr_global_batch": 4})
     if any("not installed in this build" in i.value for i in at.info):
-        pytest.skip("predictor.search is not available")
+        pytest.skip("predictor.plan.search is not available")
     assert any("How to fix" in w.value for w in at.warning)
 
 
@@ -343,7 +343,7 @@ def test_samples_with_store_and_regressor(tiny_env):
 # --------------------------------------------------------------------------- accuracy
 def test_accuracy_shows_the_memory_check():
     """The published per-GPU memory figures against the memory model: the compared ones first, with the summary."""
-    from predictor.published_memory import compare
+    from predictor.checks.published_memory import compare
     at = run("pages/accuracy.py")
     t = text(at)
     assert "Memory: published per-GPU figures against the memory model" in [h.value for h in at.subheader]
@@ -356,8 +356,8 @@ def test_accuracy_shows_the_memory_check():
 
 def test_accuracy_names_the_measured_host_floor_and_the_unaligned_runs():
     """The per-source table's notes: runs with GEMM dimensions not in multiples of 8, and the host floor."""
-    from predictor.host_floor import load_host_floor
-    from predictor.terms import load_terms_checked
+    from predictor.step.host_floor import load_host_floor
+    from predictor.step.terms import load_terms_checked
     at = run("pages/accuracy.py")
     t = text(at)
     floor, _ = load_host_floor()
@@ -416,7 +416,7 @@ def saved_validation_env(tiny, tmp_path, monkeypatch):
     """The tiny store and a copy of its models with a saved end-to-end validation."""
     import shutil
 
-    from predictor.validate import save_validation, validate_runs
+    from predictor.checks.validate import save_validation, validate_runs
     models = tmp_path / "models"
     shutil.copytree(tiny["models"], models)
     res = validate_runs(platform=PLATFORM, store_path=tiny["store"], models_dir=models)
@@ -442,14 +442,14 @@ def test_accuracy_reads_the_saved_validation_and_recomputes(saved_validation_env
     # saving makes it the platform's validation
     at.button(key="acc_save").click().run()
     assert not at.exception
-    from predictor.validate import read_saved_validation
+    from predictor.checks.validate import read_saved_validation
     assert read_saved_validation(saved_validation_env, PLATFORM).runs["ape"].max() < 9.5
 
 
 def test_accuracy_end_to_end_per_source_in_sample_vs_held_out():
     """The end-to-end terms' leave-one-source-out validation (models_store/framework_terms.json), one row
     per source, in-sample beside source-held-out."""
-    from predictor.terms import load_terms_checked
+    from predictor.step.terms import load_terms_checked
     terms, warning = load_terms_checked()
     assert terms is not None and warning is None
     sources = sorted(terms.validation["per_source"])
@@ -474,7 +474,7 @@ def test_accuracy_end_to_end_per_source_in_sample_vs_held_out():
 
 def test_accuracy_shows_the_independent_check_on_a_gpu_nobody_sampled():
     """The published H100 runs (never fitted): overall and per node count, signed error beside MAPE."""
-    from predictor.independent import run_check
+    from predictor.checks.independent import run_check
     c = run_check()
     at = run("pages/accuracy.py")
     assert any(s.value == "Independent check: published runs on a GPU nobody sampled" for s in at.subheader)
@@ -485,7 +485,7 @@ def test_accuracy_shows_the_independent_check_on_a_gpu_nobody_sampled():
     runs = next(d.value for d in at.dataframe if "signed_error" in d.value and "gpus" in d.value)
     assert len(runs) == len(c.runs)
     # every source of the catalog gets its table (BF16 and FP8 today), the FP8 one says its MFU basis
-    from predictor.independent import load_sources
+    from predictor.checks.independent import load_sources
     summaries = [d.value for d in at.dataframe if "published_mfu" in d.value and "group" in d.value]
     assert len(summaries) == len(load_sources()) >= 2
     assert "against the FP8 peak" in text(at)
@@ -493,7 +493,7 @@ def test_accuracy_shows_the_independent_check_on_a_gpu_nobody_sampled():
 
 def test_accuracy_splits_the_independent_error_into_the_a100_error_and_the_speedup():
     """Beside the H100 check: the speed-up over the A100 run of the same configuration, measured vs predicted."""
-    from predictor.independent import reference_runs, run_check, speedup_pairs, speedup_summary
+    from predictor.checks.independent import reference_runs, run_check, speedup_pairs, speedup_summary
     c = run_check()
     pairs = speedup_pairs(c, reference_runs(c))
     if pairs.empty:
@@ -510,7 +510,7 @@ def test_accuracy_splits_the_independent_error_into_the_a100_error_and_the_speed
 
 def test_accuracy_shows_the_nemo_megatron_core_check():
     """NVIDIA's published NeMo / Megatron-Core runs (never fitted): summaries by GPU and MoE / dense, every run."""
-    from predictor.independent_nemo import run_check
+    from predictor.checks.independent_nemo import run_check
     c = run_check()
     at = run("pages/accuracy.py")
     assert any(s.value == "Independent check: NVIDIA NeMo / Megatron-Core published runs" for s in at.subheader)
@@ -524,7 +524,7 @@ def test_accuracy_shows_the_nemo_megatron_core_check():
 
 def test_accuracy_opens_on_the_platform_with_the_most_measured_runs():
     """Not on the alphabetically first platform (cpu-1t, 8 runs) for everyone; the address bar still wins."""
-    from predictor import store
+    from predictor.samples import store
     counts = store.read_measured_runs().groupby("platform").size()
     if len(counts) < 2:
         pytest.skip("needs measured runs of two platforms in the store (scripts/setup.sh with ../shared)")
@@ -544,7 +544,7 @@ def test_accuracy_network_fits_against_the_sweeps(monkeypatch):
     NCCL sweeps (chart and per-dataset table); another platform from the selector; time instead of bus bw."""
     monkeypatch.delenv("PREDICTOR_SHARED_DATASETS", raising=False)
     monkeypatch.delenv("PREDICTOR_MODELS_DIR", raising=False)
-    from predictor.network_check import network_check
+    from predictor.checks.network_check import network_check
     chk = network_check(SHARED)
     at = run("pages/accuracy.py", {"acc_view": "Network"})
     assert at.selectbox(key="acc_net_platform").value == chk.platform_ids()[0]

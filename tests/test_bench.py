@@ -16,11 +16,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from bench import design as D
-from bench import opbench, store_io
-from bench.sampler import run_ops
-from predictor import ops as P
-from predictor.store import connect, ingest_path
+from bench.kernels import opbench
+from bench.sampling import design as D
+from bench.sampling import store_io
+from bench.sampling.sampler import run_ops
+from predictor.model import ops as P
+from predictor.samples.store import connect, ingest_path
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dataclasses.replace(D.PROFILES["cpu"], name="tiny", batch=(1, 2), seq=(16, 64), hidden=(32, 128),
@@ -124,7 +125,7 @@ def test_time_budget_stops_the_sampler_and_keeps_what_it_measured(tmp_path, monk
     machine: a point (fwd + bwd) costs 0.2 s, points 1-3 end at 0.6 s, and point 4 is not started
     because 0.6 s >= the 0.5 s budget. (With the wall clock, a fast machine finished the whole plan
     within the budget and the test failed.)"""
-    import bench.sampler as S
+    import bench.sampling.sampler as S
     now = [0.0]
     real = S.time_on_every_rank
 
@@ -208,7 +209,7 @@ def test_interference_meter_sees_other_processes():
 
 
 def test_catalog_upsert_is_a_small_valid_edit(tmp_path):
-    from bench.device import upsert_catalog_entry
+    from bench.sampling.device import upsert_catalog_entry
     src = REPO / "predictor" / "catalog" / "clusters.json"
     f = tmp_path / "clusters.json"
     f.write_text(src.read_text())
@@ -224,9 +225,9 @@ def test_catalog_upsert_is_a_small_valid_edit(tmp_path):
 
 def test_error_curve_falls_with_samples(tmp_path):
     """Synthetic samples with a smooth efficiency: the curve must improve from 8 to all points."""
-    from bench.curve import error_curve
-    from predictor import features as F
-    from predictor.platforms import get_platform
+    from bench.sampling.curve import error_curve
+    from predictor.hardware.platforms import get_platform
+    from predictor.regress import features as F
     dev = get_platform("perlmutter-a100").device
     pts = D.op_design("mlp_down", 96, "cpu")
     shapes = pd.DataFrame([p.shape for p in pts])
@@ -266,7 +267,7 @@ def test_collective_sampler_runs_under_torchrun_with_two_gloo_ranks(tmp_path):
 
 # --------------------------------------------------------------------------- a sample set belongs to one machine
 def _machines():
-    from predictor.machine import Machine
+    from predictor.hardware.machine import Machine
     amd = Machine(vendor="AuthenticAMD", model_name="AMD EPYC", family="25", model="17", stepping="1", cores=2,
                   arch="x86_64", l2="1024K", l3="32768K", isa=["avx2", "avx512f", "fma"], torch="2.13.0")
     intel = Machine(vendor="GenuineIntel", model_name="Intel(R) Xeon(R) Platinum 8375C", family="6", model="106",
@@ -310,7 +311,7 @@ def test_a_sample_set_of_another_machine_is_never_resumed(tmp_path):
 
 
 def test_older_sets_are_judged_by_the_facts_they_recorded(tmp_path):
-    from predictor.machine import Machine
+    from predictor.hardware.machine import Machine
     shipped = REPO / "bench" / "samples" / "cpu-2t"
     legacy = tmp_path / "cpu-2t"
     legacy.mkdir()
@@ -333,7 +334,7 @@ def test_older_sets_are_judged_by_the_facts_they_recorded(tmp_path):
 
 def test_cli_refuses_another_machines_out_and_defaults_to_this_machines_folder(tmp_path, monkeypatch, capsys):
     import bench.cli as C
-    from predictor.machine import current
+    from predictor.hardware.machine import current
     root = tmp_path / "samples"
     here = current()
     run_ops("test-cpu", root / "test-cpu", ops=["res_add"], n_per_op=1, profile=TINY, threads=1, show_progress=False,

@@ -1,8 +1,8 @@
-"""`python -m bench cpu-platform` (bench/loop.py) and its pieces, without measuring anything for real:
+"""`python -m bench cpu-platform` (bench/cpu/loop.py) and its pieces, without measuring anything for real:
 the plan, the phase order and record, resuming on the same machine only, --fresh, the machine folder
 for another machine's sets; the train phase ingesting only this machine's sets; the end-to-end
-calibration (bench/e2e.py) fitting the host term on given step times; the in-context sampler
-(bench/context.py) on one tiny layer; one tiny real HF training job per runner."""
+calibration (bench/cpu/e2e.py) fitting the host term on given step times; the in-context sampler
+(bench/cpu/context.py) on one tiny layer; one tiny real HF training job per runner."""
 from __future__ import annotations
 
 import importlib.util
@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 
 import bench.cli as C
-import bench.loop as LP
-from bench import design as D
-from bench import store_io
+import bench.cpu.loop as LP
+from bench.sampling import design as D
+from bench.sampling import store_io
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,7 +125,7 @@ def test_a_finished_loop_is_not_extended_and_fresh_starts_over(tmp_path, fake_ph
 
 
 def test_another_machines_sets_send_this_machine_to_its_own_folder(tmp_path, fake_phases, capsys):
-    from predictor.machine import Machine
+    from predictor.hardware.machine import Machine
     calls, _ = fake_phases
     other = Machine(vendor="GenuineIntel", model_name="Intel Xeon", family="6", model="143", stepping="8", cores=2,
                     arch="x86_64", l2="2048K", l3="107520K", isa=["amx_tile", "avx512f"], torch="2.13.0")
@@ -165,8 +165,8 @@ def _synthetic_set(out: Path, platform: str, machine, scale: float, ops=("res_ad
 
 def test_train_phase_ingests_and_trains_only_this_machines_sets(tmp_path):
     from bench.env import this_machine
-    from predictor.machine import Machine, mismatch_warning
-    from predictor.store import connect, ingest_path
+    from predictor.hardware.machine import Machine, mismatch_warning
+    from predictor.samples.store import connect, ingest_path
     here = this_machine()
     other = Machine(vendor="GenuineIntel", model_name="Intel Xeon", family="6", model="143", stepping="8", cores=2,
                     arch="x86_64", l2="2048K", l3="107520K", isa=["avx512f"], torch="2.13.0")
@@ -201,8 +201,8 @@ def _copy_models(tmp_path: Path) -> Path:
 def test_calibration_fits_the_host_term_on_fresh_steps_and_writes_the_validation_record(tmp_path):
     """With step times made as 'kernel prediction + 3 ms per layer pass', the fit finds that host term
     and the cross-validated error is small; files land where predict reads them."""
-    from bench import e2e
-    from predictor.overhead import load_host_overhead
+    from bench.cpu import e2e
+    from predictor.step.overhead import load_host_overhead
     models = _copy_models(tmp_path)
     h_true = 0.003
 
@@ -229,7 +229,7 @@ def test_calibration_fits_the_host_term_on_fresh_steps_and_writes_the_validation
         runs = pd.read_csv(out / f"{p}-runs.csv")
         assert len(runs) == len(t["runs"]) and (runs["platform"] == p).all()
         assert (models / p / "validation_runs.csv").exists()
-    from predictor.store import read_measured_runs
+    from predictor.samples.store import read_measured_runs
     st = read_measured_runs(platform="cpu-2t", store_path=tmp_path / "st.duckdb")
     assert len(st) == len(e2e.calibration_configs("cpu-2t"))
     # the same loop again: what it measured is kept, nothing is measured twice
@@ -241,7 +241,7 @@ def test_calibration_fits_the_host_term_on_fresh_steps_and_writes_the_validation
 
 
 def test_calibration_budget_leaves_configs_out_and_says_which(tmp_path):
-    from bench import e2e
+    from bench.cpu import e2e
     models = _copy_models(tmp_path)
 
     def slow(configs, deadline):
@@ -261,8 +261,8 @@ def test_calibration_budget_leaves_configs_out_and_says_which(tmp_path):
 
 def test_context_times_a_layer_against_its_operators(tmp_path):
     pytest.importorskip("transformers")
-    from bench.context import run_context
-    from predictor.machine import Machine
+    from bench.cpu.context import run_context
+    from predictor.hardware.machine import Machine
     calls = []
 
     def const(fn, setup):
@@ -296,7 +296,7 @@ TINY_CFG = {"name": "t", "arch": "gpt", "layers": 1, "hidden": 32, "heads": 2, "
 
 def test_a_real_tiny_training_job_runs_in_a_fresh_process():
     pytest.importorskip("transformers")
-    from bench.e2e import run_single
+    from bench.cpu.e2e import run_single
     (r,) = run_single([TINY_CFG], steps=2, warmup=1, threads=1, log=lambda m: None)
     assert r["name"] == "t" and r["measured_s"] > 0 and len(r["steps_s"]) >= 2
     assert "keeping freed memory" in r["allocator"] and r["measured_at"]
@@ -305,7 +305,7 @@ def test_a_real_tiny_training_job_runs_in_a_fresh_process():
 @pytest.mark.skipif(importlib.util.find_spec("torch.distributed.run") is None, reason="torchrun is not available")
 def test_a_real_tiny_ddp_job_runs_under_torchrun():
     pytest.importorskip("transformers")
-    from bench.e2e import run_ddp
+    from bench.cpu.e2e import run_ddp
     (r,) = run_ddp([{**TINY_CFG, "arch": "llama", "kv_heads": 1, "ffn": 64}], steps=2, warmup=1, log=lambda m: None)
     assert r["measured_s"] > 0 and r["job_attempts"] >= 1
 
@@ -319,7 +319,7 @@ def test_old_step_names_still_select_phases():
 
 
 def test_a_job_whose_steps_change_regime_is_measured_once_more_and_pooled():
-    from bench.e2e import pool_if_unsteady, unsteady
+    from bench.cpu.e2e import pool_if_unsteady, unsteady
     gpt_d = [1.146, 1.112, 1.772, 1.734, 1.757, 1.767]     # measured 2026-11-28: 1.15 s, then 1.77 s for the rest
     assert unsteady(gpt_d)
     assert not unsteady([0.79, 1.051, 1.586, 0.947, 0.819, 0.824])   # one slow step is not a regime

@@ -17,11 +17,12 @@ import pandas as pd
 import pytest
 import torch
 
-from bench import design as D
-from bench import gpu_ops, moe, opbench, store_io
-from bench.sampler import run_ops
-from predictor import ops as P
-from predictor.store import ingest_path
+from bench.kernels import moe, opbench
+from bench.sampling import design as D
+from bench.sampling import gpu_ops, store_io
+from bench.sampling.sampler import run_ops
+from predictor.model import ops as P
+from predictor.samples.store import ingest_path
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dataclasses.replace(D.PROFILES["cpu"], name="tiny", batch=(1, 2), seq=(16, 64), hidden=(32, 128),
@@ -117,7 +118,7 @@ def test_grouped_design_records_one_experts_gemm_and_the_call():
 
 # --------------------------------------------------------------------------- samplers -> store -> training
 def test_moe_samples_are_ingested_and_train_regressors(tmp_path):
-    from predictor.training import train_platform
+    from predictor.calibrate.training import train_platform
     out = tmp_path / "s"
     run = _quiet_run("cpu-2t", out_dir=out, ops=list(D.MOE_OPS), n_per_op=24, profile=TINY)
     assert run["rows_written"] == 3 * 24 * 2

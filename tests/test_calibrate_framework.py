@@ -1,4 +1,4 @@
-"""The end-to-end terms fit (predictor.calibrate_framework): recovers terms it generated, bounds the host
+"""The end-to-end terms fit (predictor.calibrate.framework): recovers terms it generated, bounds the host
 terms, scores each source with terms fitted without it, and what predictions then say."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import calibrate_framework as cf
-from predictor.predict import Predictor
-from predictor.presets import get_preset
-from predictor.specs import Layout
-from predictor.terms import PUBLISHED_CONTENTION, EndToEndTerms, HostTerm, load_terms_checked, save_terms
+from predictor.calibrate import framework as cf
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import Predictor
+from predictor.step.terms import PUBLISHED_CONTENTION, EndToEndTerms, HostTerm, load_terms_checked, save_terms
 
 PLATFORM = "dgx-a100-80gb"
 
@@ -152,8 +152,8 @@ def test_a_corrupt_terms_file_is_named_and_ignored(tmp_path):
 
 
 def test_calibration_needs_two_sources(tmp_path):
-    from predictor.specs import InfeasibleConfig
-    from predictor.store import ingest_path
+    from predictor.model.errors import InfeasibleConfig
+    from predictor.samples.store import ingest_path
     f = tmp_path / "runs.csv"
     pd.DataFrame(_runs("only", "megatron", 512, 4, 3)).drop(columns=["run_id", "source_id"]).assign(
         case_id=lambda d: [f"c{i}" for i in range(len(d))]).to_csv(f, index=False)
@@ -174,8 +174,8 @@ def test_a_run_that_makes_no_valid_layout_is_skipped_and_counted():
 def test_validate_by_source_reports_each_source_and_its_ingest_skips(tmp_path, capsys):
     from pathlib import Path
 
-    from predictor.cli import main
-    from predictor.store import ingest_path
+    from predictor.cli.main import main
+    from predictor.samples.store import ingest_path
     published = Path(__file__).resolve().parents[1].parent / "shared" / "datasets" / "published-runs"
     if not published.is_dir():
         pytest.skip("../shared/datasets/published-runs is not present")
@@ -193,7 +193,7 @@ def test_validate_by_source_reports_each_source_and_its_ingest_skips(tmp_path, c
 
 
 def test_unaligned_gemm_dimensions_are_named_in_the_warnings():
-    from predictor.specs import ModelSpec
+    from predictor.model.specs import ModelSpec
     bloom_like = ModelSpec("c", "gpt", num_layers=4, hidden_size=14400, num_heads=96, vocab_size=250880)
     L = Layout(num_gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, seq_len=2048, precision="bf16")
     p = Predictor("dgx-a100-80gb").predict(bloom_like, L, timeline=False)
@@ -205,7 +205,7 @@ def test_unaligned_gemm_dimensions_are_named_in_the_warnings():
 
 
 def test_validation_by_source_reads_the_per_source_record():
-    from predictor.terms import NONE, SOURCE_VALIDATION_COLUMNS, EndToEndTerms, validation_by_source
+    from predictor.step.terms import NONE, SOURCE_VALIDATION_COLUMNS, EndToEndTerms, validation_by_source
     rec = {"framework": "fsdp", "runs": 10, "skipped": 2, "in_sample_mape": 0.05, "held_out_mape": 0.08,
            "in_sample_mean_signed": -0.01, "held_out_mean_signed": 0.04,
            "skipped_at_ingest": {"skipped: precision not stated": 3, "skipped: dp not stated": 1}}
@@ -308,7 +308,7 @@ def test_the_held_out_error_is_kept_by_host_share_and_sets_the_band_of_host_boun
     assert bins[0]["held_out_mape"] == pytest.approx((0.1 + 0.03) / 2)        # a: 10 %; b: 2 % and 4 %
     assert bins[2]["held_out_mean_signed"] == pytest.approx((-0.5 + (-0.3 - 0.4) / 2) / 2)
     assert "host 20%-100%" in cf.format_host_share({"by_host_share": bins})
-    from predictor.terms import host_share_bin
+    from predictor.step.terms import host_share_bin
     assert host_share_bin(bins, 1.0) is bins[2] and host_share_bin(bins, 0.05) is bins[1]
     assert host_share_bin(None, 0.5) is None and host_share_bin([{"from": 0.0, "to": 1.0}], 0.5) is None
     # edges that end below 1: the writer closes its last bin and the reader honours that, not "to == 1"
@@ -338,7 +338,7 @@ def test_the_held_out_error_is_kept_by_host_share_and_sets_the_band_of_host_boun
 @pytest.mark.parametrize("bad, says", [("abc", "takes a number"), ("-1", "must lie in [0, 2]"),
                                        ("nan", "must lie in [0, 2]"), ("3", "must lie in [0, 2]")])
 def test_calibrate_framework_refuses_a_contention_that_is_not_a_kappa(bad, says, capsys):
-    from predictor.cli import main
+    from predictor.cli.main import main
     with pytest.raises(SystemExit) as e:
         main(["calibrate-framework", "--dry-run", "--contention", bad])
     assert e.value.code == 2

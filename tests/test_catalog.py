@@ -8,11 +8,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from predictor import platforms as P
-from predictor.specs import InfeasibleConfig
+from predictor import paths
+from predictor.hardware import platforms as P
+from predictor.model.errors import InfeasibleConfig
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
-CATALOG = Path(P.__file__).resolve().parent / "catalog"
+CATALOG = paths.CATALOG_DIR
 GPUS = ["a100-sxm4-40gb", "a100-sxm4-80gb", "a100-pcie-40gb", "a100-pcie-80gb", "h100-sxm5-80gb", "h100-pcie-80gb",
         "h200-sxm-141gb", "gh200-96gb", "b200-sxm-180gb", "gb200", "l40s", "l4", "v100-sxm2-32gb", "mi250x", "mi300x",
         "mi325x"]

@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.specs import Layout
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import get_predictor
 from predictor_ui import charts, fmt
 
 
@@ -170,7 +170,7 @@ def test_op_error_chart():
 
 
 def network_frames(n_small: int = 30):
-    """Points and curves as predictor.network_check returns them: a 1x8 and a 4x8 all-reduce sweep."""
+    """Points and curves as predictor.checks.network_check returns them: a 1x8 and a 4x8 all-reduce sweep."""
     rows, curves = [], []
     for group, nodes, bw in (("allreduce 1x8", 1, 800.0), ("allreduce 4x8", 4, 380.0)):
         n = nodes * 8
@@ -218,7 +218,7 @@ def test_network_fit_chart():
 
 
 def test_shared_datasets_follow_the_predictor(monkeypatch, tmp_path):
-    from predictor.calibrate_network import SHARED
+    from predictor.hardware.network_fit import SHARED
     from predictor_ui import config
     monkeypatch.delenv(config.ENV_SHARED, raising=False)
     assert config.shared_datasets() == SHARED
@@ -247,8 +247,8 @@ def test_fmt():
 
 
 def test_training_estimate_matches_arithmetic(pred):
-    """What Predict and Compare show as time and money: predictor.costing.training_estimate."""
-    from predictor.costing import training_estimate
+    """What Predict and Compare show as time and money: predictor.plan.costing.training_estimate."""
+    from predictor.plan.costing import training_estimate
     L = pred.layout
     c = training_estimate(pred.step_time_s, L.num_gpus, L.tokens_per_step, 1e9, 2.0).scalar()
     steps = int(np.ceil(1e9 / L.tokens_per_step))
@@ -262,7 +262,7 @@ def test_training_estimate_matches_arithmetic(pred):
 
 def test_memory_frames_of_the_prediction(pred):
     """The prediction's MemoryReport (the engine's) as the per-stage chart frame and the per-part bar."""
-    from predictor.memory import GIB, estimate_memory
+    from predictor.step.memory import GIB, estimate_memory
     plat = get_predictor("perlmutter-a100").platform
     m = pred.memory
     assert m is not None and m.capacity_bytes / GIB == pytest.approx(plat.device.hbm_gib)
@@ -279,8 +279,8 @@ def test_memory_frames_of_the_prediction(pred):
 
 
 def test_search_view_and_predict_query(bare_models):
-    from predictor.layout_io import layout_from_fields
-    from predictor.search import OBJECTIVES, SearchSpace, search
+    from predictor.model.layout_io import layout_from_fields
+    from predictor.plan.search import OBJECTIVES, SearchSpace, search
     from predictor_ui.search_view import OBJECTIVE_LABELS, search_view
     assert set(OBJECTIVE_LABELS) == set(OBJECTIVES)
     pr = get_predictor("perlmutter-a100", str(bare_models))
@@ -312,8 +312,8 @@ def test_search_view_and_predict_query(bare_models):
 
 
 def test_custom_platform_and_saved_cluster(tmp_path):
-    from predictor.platforms import cluster_entry, load_platforms, save_cluster
-    from predictor.specs import InfeasibleConfig
+    from predictor.hardware.platforms import cluster_entry, load_platforms, save_cluster
+    from predictor.model.errors import InfeasibleConfig
     from predictor_ui.clusters import DASHBOARD_SOURCE, custom_platform
     p = custom_platform({"c_name": "mine", "c_device": "a100-sxm4-80gb", "c_gpn": 8, "c_intra_bw": 300,
                          "c_inter_bw": 50, "c_models": "none"})
@@ -344,9 +344,9 @@ def test_custom_platform_and_saved_cluster(tmp_path):
 
 def test_regressor_curves_over_samples(tmp_path):
     """The Samples page's curve: a bank trained on a few synthetic samples, drawn along seq."""
-    from predictor.lgb_import import import_lightgbm
+    from predictor.regress.lgb_import import import_lightgbm
     import_lightgbm()
-    from predictor.regressors import load_bank
+    from predictor.regress.regressors import load_bank
     from predictor_ui.curves import regressor_over_samples
     bank = load_bank("perlmutter-a100")
     plat = get_predictor("perlmutter-a100").platform
@@ -388,7 +388,7 @@ def test_breakdown_table_and_visible_breakdown_host(pred):
 
 
 def test_host_overhead_on_a_fitted_platform():
-    from predictor.engine import TERMS_HOST_PROVENANCE as HOST_PROVENANCE
+    from predictor.step.engine import TERMS_HOST_PROVENANCE as HOST_PROVENANCE
     p = get_predictor("dgx-a100-80gb")
     assert p.host_modelled
     layout = Layout(num_gpus=8, tp=2, pp=2, dp=2, micro_batch=1, global_batch=16, seq_len=2048)
@@ -397,7 +397,7 @@ def test_host_overhead_on_a_fitted_platform():
     assert HOST_PROVENANCE in pr.provenance_share
     assert charts.provenance_color(HOST_PROVENANCE) == charts.PROVENANCE_COLORS[HOST_PROVENANCE]
     assert charts.CATEGORY_LABELS["host_overhead"] in charts.breakdown_html(pr.breakdown_s)
-    from predictor.backing import describe_backing
+    from predictor.plan.backing import describe_backing
     assert "fitted" in describe_backing(p).host_overhead
     assert "not modelled" in describe_backing(get_predictor("perlmutter-a100")).host_overhead
 
@@ -414,7 +414,7 @@ def test_provenance_colours_by_kind():
 
 
 def test_saved_validation_round_trip(tmp_path):
-    from predictor.validate import (
+    from predictor.checks.validate import (
         VALIDATION_RUNS_FILE,
         mark_unmodelled_host,
         read_saved_validation,
@@ -459,12 +459,12 @@ def test_import_lightgbm_skips_sklearn_until_needed():
     import sys
     from pathlib import Path
     code = ("import sys\n"
-            "from predictor.lgb_import import import_lightgbm\n"
+            "from predictor.regress.lgb_import import import_lightgbm\n"
             "import_lightgbm()\n"
             "assert 'lightgbm' in sys.modules and 'sklearn' not in sys.modules\n"
-            "from predictor.predict import get_predictor\n"
-            "from predictor.presets import get_preset\n"
-            "from predictor.specs import Layout\n"
+            "from predictor.plan.predict import get_predictor\n"
+            "from predictor.model.presets import get_preset\n"
+            "from predictor.model.specs import Layout\n"
             "L = Layout(num_gpus=8, tp=2, pp=2, dp=2, micro_batch=1, global_batch=16, seq_len=2048)\n"
             "assert get_predictor('perlmutter-a100').predict(get_preset('llama2-7b'), L).step_time_s > 0\n"
             "assert 'sklearn' not in sys.modules\n"
@@ -477,7 +477,7 @@ def test_import_lightgbm_skips_sklearn_until_needed():
 
 
 def test_store_path_follows_the_predictor(monkeypatch, tmp_path):
-    from predictor.store import default_store_path
+    from predictor.samples.store import default_store_path
     from predictor_ui import config
     monkeypatch.delenv("PREDICTOR_STORE", raising=False)
     assert config.store_path() == default_store_path()

@@ -3,9 +3,9 @@ import json
 import pandas as pd
 import pytest
 
-from predictor.cli import main
-from predictor.compose import CATEGORIES
-from predictor.layout_io import BATCH_COLUMNS
+from predictor.cli.main import main
+from predictor.model.layout_io import BATCH_COLUMNS
+from predictor.step.compose import CATEGORIES
 from tests.batch_rows import batch_row
 
 
@@ -121,8 +121,8 @@ def test_validate_reads_measured_runs_from_the_store(tmp_path, capsys):
 
 def test_train_without_platform_trains_every_platform_in_the_store(monkeypatch, tmp_path):
     """`train` with no --platform takes the store's platform ids (list_platforms returns a list of ids)."""
-    import predictor.store as store
-    import predictor.training as training
+    import predictor.calibrate.training as training
+    import predictor.samples.store as store
     seen = []
     monkeypatch.setattr(store, "list_platforms", lambda **kw: ["p1", "p2"])
     monkeypatch.setattr(training, "train_platform", lambda pid, **kw: seen.append(pid) or pd.DataFrame())

@@ -2,7 +2,7 @@ import itertools
 
 import pytest
 
-from predictor.compose import (
+from predictor.step.compose import (
     ChunkTimes,
     ComposeOptions,
     StageTail,
@@ -68,9 +68,9 @@ def test_platform_whose_collectives_share_the_cores_exposes_the_whole_grad_sync(
     backward; the same platform with overlap allowed hides all but the last bucket."""
     from dataclasses import replace
 
-    from predictor.platforms import get_platform
-    from predictor.predict import Predictor, platform_options
-    from predictor.specs import Layout, ModelSpec
+    from predictor.hardware.platforms import get_platform
+    from predictor.model.specs import Layout, ModelSpec
+    from predictor.plan.predict import Predictor, platform_options
 
     cpu = get_platform("cpu-1t")
     assert cpu.overlaps_comm_with_compute is False

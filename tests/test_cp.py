@@ -6,18 +6,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import decompose as D
-from predictor import features
-from predictor.cli import main
-from predictor.compose import CATEGORIES
-from predictor.layout_io import BATCH_COLUMNS
-from predictor.memory import estimate_memory
-from predictor.ops import SHAPE_COLUMNS
-from predictor.platforms import get_platform
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.search import SearchSpace, layout_of, search
-from predictor.specs import InfeasibleConfig, Layout
+from predictor.cli.main import main
+from predictor.hardware.platforms import get_platform
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import BATCH_COLUMNS
+from predictor.model.ops import SHAPE_COLUMNS
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import get_predictor
+from predictor.plan.search import SearchSpace, layout_of, search
+from predictor.regress import features
+from predictor.step import decompose as D
+from predictor.step.compose import CATEGORIES
+from predictor.step.memory import estimate_memory
 from tests.batch_rows import batch_row
 
 BASE = dict(tp=8, pp=4, micro_batch=1, global_batch=32, seq_len=8192, sequence_parallel=True,

@@ -1,12 +1,13 @@
 import pytest
 
-from predictor import features
-from predictor.decompose import decompose, group_topology, split_layers
-from predictor.ops import SHAPE_COLUMNS
-from predictor.platforms import get_platform
-from predictor.predict import model_flops_per_step
-from predictor.presets import get_preset
-from predictor.specs import Layout
+from predictor.hardware.platforms import get_platform
+from predictor.model.ops import SHAPE_COLUMNS
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.model.stages import split_layers
+from predictor.plan.predict import model_flops_per_step
+from predictor.regress import features
+from predictor.step.decompose import decompose, group_topology
 
 GEMMS = {"qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "flash_attn", "attn_scores", "attn_context"}
 DGX = get_platform("dgx-a100-80gb")

@@ -5,14 +5,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor.compose import CATEGORIES
-from predictor.frameworks import FRAMEWORK_SPECS
-from predictor.memory import estimate_memory
-from predictor.platforms import get_platform
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.search import SearchSpace, layout_of, search
-from predictor.specs import FRAMEWORKS, InfeasibleConfig, Layout
+from predictor.hardware.platforms import get_platform
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.frameworks import FRAMEWORK_SPECS, FRAMEWORKS
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import get_predictor
+from predictor.plan.search import SearchSpace, layout_of, search
+from predictor.step.compose import CATEGORIES
+from predictor.step.memory import estimate_memory
 
 # (model, platform, GPUs, global batch, sequence, framework): different shapes, fabrics, data behind them
 SEARCHES = [
@@ -141,8 +142,8 @@ def test_framework_decides_when_the_gradients_are_reduced():
 
 
 def test_predict_batch_framework_column(tmp_path):
-    from predictor.cli import main
-    from predictor.layout_io import BATCH_COLUMNS
+    from predictor.cli.main import main
+    from predictor.model.layout_io import BATCH_COLUMNS
     row = dict.fromkeys(BATCH_COLUMNS, "")
     row.update(case_id="a", platform="dgx-a100-80gb", arch="llama", layers=32, hidden=4096, heads=32, kv_heads=8,
                ffn_hidden=14336, vocab=128256, seq_len=4096, num_gpus=64, tp=1, pp=1, dp=64, micro_batch=2,
@@ -161,8 +162,8 @@ def test_predict_batch_framework_column(tmp_path):
 def test_megatron_core_runs_fused_memory_bound_kernels():
     """Megatron-Core (framework megatron) times norms, RoPE, SwiGLU and residual adds as one fused pass at the HBM
     bandwidth (FUSED_BANDWIDTH_EFFICIENCY); Megatron-DeepSpeed keeps the sampled kernels; a CPU platform never fuses."""
-    from predictor import features
-    from predictor.decompose import FUSABLE_OPS
+    from predictor.regress import features
+    from predictor.step.decompose import FUSABLE_OPS
     P = get_predictor("dgx-h100")
     m = get_preset("llama3-8b")
     L = Layout(num_gpus=8, dp=8, micro_batch=1, global_batch=16, seq_len=4096, zero_stage=1)
@@ -186,7 +187,7 @@ def test_gradient_accumulation_pass_by_framework():
     """Every micro-batch after the first adds its gradients into the earlier ones': a memory-bound pass over the
     gradients the rank holds (3 x gradient bytes per parameter, timed as the sampled elementwise add), except under
     Megatron, whose weight-gradient GEMM accumulates itself. FSDP / ZeRO-3 accumulate only their shard."""
-    from predictor.params import chunk_params
+    from predictor.model.params import chunk_params
     P = get_predictor("dgx-a100-80gb")
     m = get_preset("llama3-8b")
     base = dict(num_gpus=8, tp=2, pp=1, dp=4, micro_batch=1, seq_len=2048)
@@ -205,8 +206,8 @@ def test_gradient_accumulation_pass_by_framework():
     per_mb = float(acc["seconds_total"].sum())   # the table is per micro-batch: 7/8 of a pass each
     acc_s = 8 * per_mb
     # the pass's time is on the critical path: compute grows by it beyond 8 x one micro-batch's (slowed, like every
-    # GPU operator, by the slowest of the job's 8 GPUs: predictor.terms.slowest_of)
-    from predictor.terms import slowest_of
+    # GPU operator, by the slowest of the job's 8 GPUs: predictor.step.terms.slowest_of)
+    from predictor.step.terms import slowest_of
     slow = 1.0 + (P.terms.speed_spread if P.terms is not None else 0.0) * float(slowest_of(8))
     assert ds8.breakdown_s["compute"] - 8 * ds1.breakdown_s["compute"] == pytest.approx(acc_s * slow, rel=1e-6)
     # 7 passes over this GPU's gradients (fp32 for bf16: 12 bytes per parameter) at no more than the HBM bandwidth

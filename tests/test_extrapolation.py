@@ -1,19 +1,19 @@
-"""predictor.extrapolation: the regressors trained on small shapes, scored on larger ones (the Accuracy
+"""predictor.checks.extrapolation: the regressors trained on small shapes, scored on larger ones (the Accuracy
 page's check and table (b) of tests/benchmarks/op_accuracy.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
-from predictor import features
-from predictor.extrapolation import extrapolation_table
-from predictor.platforms import get_platform
+from predictor.checks.extrapolation import extrapolation_table
+from predictor.hardware.platforms import get_platform
+from predictor.regress import features
 
 PLATFORM = "perlmutter-a100"
 
 
 def _store(tmp_path, hiddens):
-    from predictor.store import ingest_path
+    from predictor.samples.store import ingest_path
     rng = np.random.default_rng(0)
     rows = [{"platform": PLATFORM, "op": "mlp_up", "pass": "fwd", "tp": tp, "batch": b, "seq": s, "hidden": h,
              "heads": h // 128, "ffn_hidden": 4 * h, "dtype": "fp16"}

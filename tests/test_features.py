@@ -5,10 +5,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import features as F
-from predictor import ops
-from predictor.platforms import get_platform
-from predictor.specs import padded_vocab
+from predictor.hardware.platforms import get_platform
+from predictor.model import ops
+from predictor.model.specs import padded_vocab
+from predictor.regress import features as F
 
 A100 = get_platform("perlmutter-a100").device
 

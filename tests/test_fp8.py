@@ -1,4 +1,4 @@
-"""FP8 training precision (predictor.fp8): accepted where the device has FP8 tensor cores, refused elsewhere
+"""FP8 training precision (predictor.step.fp8): accepted where the device has FP8 tensor cores, refused elsewhere
 naming the field; FP8 GEMMs faster than their BF16 twins by less than the MAMF ratio; everything else unchanged."""
 from __future__ import annotations
 
@@ -7,16 +7,17 @@ import json
 import numpy as np
 import pytest
 
-from predictor import fp8
-from predictor import independent as ind
-from predictor.batch import predict_records
-from predictor.cli import main
-from predictor.decompose import layer_unit
-from predictor.memory import estimate_memory
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.search import SearchSpace, search
-from predictor.specs import InfeasibleConfig, Layout
+from predictor.checks import independent as ind
+from predictor.cli.main import main
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.batch import predict_records
+from predictor.plan.predict import get_predictor
+from predictor.plan.search import SearchSpace, search
+from predictor.step import fp8
+from predictor.step.decompose import layer_unit
+from predictor.step.memory import estimate_memory
 
 LAYOUT = dict(num_gpus=64, tp=8, pp=4, dp=2, micro_batch=1, global_batch=64, seq_len=4096, sequence_parallel=True,
               zero_stage=1)
@@ -47,7 +48,7 @@ def test_fp8_is_refused_on_devices_without_fp8_tensor_cores_never_a_silent_bf16_
         with pytest.raises(InfeasibleConfig) as e:
             P.predict(get_preset("llama3-8b"), Layout(num_gpus=8, tp=8, global_batch=8, precision="fp8"))
         assert e.value.field == "precision" and "bf16" in e.value.fix
-    from predictor.platforms import get_platform
+    from predictor.hardware.platforms import get_platform
     for pid in ("cpu-1t",):
         with pytest.raises(InfeasibleConfig):
             get_platform(pid).device.check_precision("fp8")
@@ -105,7 +106,7 @@ def test_fp8_memory_has_fp8_weight_and_transpose_copies_and_smaller_activations(
         kw = {**LAYOUT, "recompute": rc}
         b = estimate_memory(m, Layout(**kw, precision="bf16")).peak
         f = estimate_memory(m, Layout(**kw, precision="fp8")).peak
-        from predictor.params import layer_matmul_params
+        from predictor.model.params import layer_matmul_params
         # an FP8 weight and its FP8 transpose (TE on Hopper) per GEMM parameter: 2 bytes, tp 8
         extra = 2 * layer_matmul_params(m) / 8 * f.layers
         assert f.weights_bytes == pytest.approx(b.weights_bytes + extra)
@@ -129,7 +130,7 @@ def test_the_fp8_independent_source_checks_and_predicts_every_row():
 
 
 def test_fp8_gemm_sampler_refuses_on_cpu():
-    from bench import opbench
+    from bench.kernels import opbench
     ok, why = opbench.fp8_supported("cpu")
     assert not ok and "8.9" in why
     with pytest.raises(opbench.Fp8Unsupported, match="compute capability"):

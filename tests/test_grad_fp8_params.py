@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from predictor import decompose as D
-from predictor import fp8, params
-from predictor.layout_io import layout_from_fields
-from predictor.memory import estimate_memory
-from predictor.platforms import get_platform
-from predictor.presets import get_preset
-from predictor.specs import InfeasibleConfig, Layout
+from predictor.hardware.platforms import get_platform
+from predictor.model import params
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import layout_from_fields
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.step import decompose as D
+from predictor.step import fp8
+from predictor.step.memory import estimate_memory
 
 BASE = dict(num_gpus=8, tp=2, dp=4, global_batch=64, seq_len=4096, sequence_parallel=True, zero_stage=1)
 
@@ -74,8 +76,8 @@ def test_data_parallel_traffic_follows_the_gradient_and_weight_bytes():
 
 
 def test_the_engine_and_every_input_path_carry_them():
-    from predictor.engine import layout_of_row, rows_for, structure_of
-    from predictor.predict import get_predictor
+    from predictor.plan.predict import get_predictor
+    from predictor.step.engine import layout_of_row, rows_for, structure_of
     m = get_preset("llama3-8b")
     L = Layout(**BASE, precision="fp8", grad_reduce_in_fp32=False, fp8_param_gather=True)
     rows, _ = rows_for(m, [L])
@@ -96,7 +98,7 @@ def test_the_engine_and_every_input_path_carry_them():
 def test_cli_flags(capsys):
     import json
 
-    from predictor.cli import main
+    from predictor.cli.main import main
     args = ["predict", "--platform", "dgx-h100", "--model", "llama3-8b", "--num-gpus", "8", "--tp", "2",
             "--global-batch", "64", "--seq-len", "4096", "--sequence-parallel", "--zero-stage", "1", "--precision",
             "fp8", "--json"]
@@ -112,8 +114,8 @@ def test_cli_flags(capsys):
 
 
 def test_search_applies_them_to_every_layout_and_refuses_a_bad_one():
-    from predictor.predict import get_predictor
-    from predictor.search import SearchSpace, layout_of, search
+    from predictor.plan.predict import get_predictor
+    from predictor.plan.search import SearchSpace, layout_of, search
     m, P = get_preset("llama3-8b"), get_predictor("dgx-h100")
     with pytest.raises(InfeasibleConfig) as e:
         search(m, P, 8, 64, 4096, space=SearchSpace(fp8_param_gather=True))

@@ -8,16 +8,18 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from predictor import features, params
-from predictor.cli import main
-from predictor.decompose import decompose
-from predictor.layout_io import model_from_fields
-from predictor.memory import activation_terms
-from predictor.ops import OP_SHAPE_COLUMNS
-from predictor.platforms import get_platform
-from predictor.predict import get_predictor, model_flops_per_step
-from predictor.presets import get_preset
-from predictor.specs import InfeasibleConfig, Layout, ModelSpec
+from predictor.cli.main import main
+from predictor.hardware.platforms import get_platform
+from predictor.model import params
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import model_from_fields
+from predictor.model.ops import OP_SHAPE_COLUMNS
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout, ModelSpec
+from predictor.plan.predict import get_predictor, model_flops_per_step
+from predictor.regress import features
+from predictor.step.decompose import decompose
+from predictor.step.memory import activation_terms
 
 LAYOUTS = [Layout(num_gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=32, seq_len=2048),
            Layout(num_gpus=8, tp=8, pp=1, dp=1, micro_batch=2, global_batch=8, seq_len=4096,
@@ -47,7 +49,7 @@ def test_head_dim_none_equals_explicit_hidden_over_heads(name, models_without_te
 
 
 def test_qwen3_32b_parameter_count_matches_the_published_size():
-    # Qwen/Qwen3-32B model card: 32.8B parameters (see the source notes in predictor/presets.py)
+    # Qwen/Qwen3-32B model card: 32.8B parameters (see the source notes in predictor/model/presets.py)
     m = get_preset("qwen3-32b")
     assert m.head_dim == 128 and m.attn_width == 8192 != m.hidden_size
     assert abs(m.total_params() / 32.8e9 - 1) < 0.01
@@ -119,7 +121,7 @@ def test_fields_and_cli_take_head_dim(capsys, models_without_terms):
 
 
 def test_predict_batch_takes_an_optional_head_dim_column(tmp_path):
-    from predictor.layout_io import BATCH_COLUMNS
+    from predictor.model.layout_io import BATCH_COLUMNS
     row = {"case_id": "q", "platform": "perlmutter-a100", "arch": "llama", "layers": "8", "hidden": "5120",
            "heads": "64", "kv_heads": "8", "ffn_hidden": "25600", "vocab": "151936", "seq_len": "2048",
            "num_gpus": "8", "tp": "8", "pp": "1", "dp": "1", "micro_batch": "1", "global_batch": "1", "vpp": "1",

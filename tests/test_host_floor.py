@@ -1,4 +1,4 @@
-"""The measured host floor (predictor.host_floor, bench/host_floor.py): what `bench host-floor` measures,
+"""The measured host floor (predictor.step.host_floor, bench/sampling/host_floor.py): what `bench host-floor` measures,
 how the file is checked, and that the end-to-end fit keeps each framework's host term at or above it."""
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import calibrate_framework as cf
-from predictor.host_floor import (
+from predictor.calibrate import framework as cf
+from predictor.paths import ArtifactError
+from predictor.step.host_floor import (
     HOST_FLOOR_FILE,
     host_floor_from_dict,
     load_host_floor,
     save_host_floor,
     save_tighter_floor,
 )
-from predictor.paths import ArtifactError
-from predictor.terms import EndToEndTerms, HostTerm
+from predictor.step.terms import EndToEndTerms, HostTerm
 from tests.test_calibrate_framework import _runs
 
 GOOD = {"host_s_per_layer_pass": 3e-4, "applies_to": ["megatron-deepspeed", "fsdp"], "kernels_per_layer_pass": 26.5,
@@ -95,7 +95,7 @@ def test_the_fit_keeps_the_host_term_at_or_above_the_measured_floor(fsdp_runs):
 
 
 def test_calibrate_framework_uses_the_floor_file_and_says_so(tmp_path):
-    from predictor.store import ingest_path
+    from predictor.samples.store import ingest_path
     f = tmp_path / "runs.csv"
     rows = [{**r, "step_time_s": 2.0 + 0.1 * i} for i, r in
             enumerate(_runs("x", "fsdp", 512, 4, 3) + _runs("y", "megatron-deepspeed", 512, 4, 3))]
@@ -116,14 +116,14 @@ def test_calibrate_framework_uses_the_floor_file_and_says_so(tmp_path):
                                  options=cf.TermsFitOptions(max_evaluations=8))
     assert "no measured host floor" in off.terms.source and off.terms.recompute_host_passes == 1.0
     (models / HOST_FLOOR_FILE).write_text("{not json")
-    from predictor.specs import InfeasibleConfig
+    from predictor.model.errors import InfeasibleConfig
     with pytest.raises(InfeasibleConfig, match="host_floor"):
         cf.calibrate_framework(store_path=db, models_dir=models, save=False)
 
 
 def test_bench_host_floor_measures_a_positive_time_and_counts_kernels():
     pytest.importorskip("torch")
-    from bench.host_floor import measure_host_floor
+    from bench.sampling.host_floor import measure_host_floor
     rec = measure_host_floor(rounds=3, iters=10, warmup=2)
     assert 0 < rec["host_s_per_layer_pass"] < 2e-3
     # full recomputation adds a no-grad forward, the checkpoint machinery and a forward with autograd: more
@@ -136,11 +136,11 @@ def test_bench_host_floor_measures_a_positive_time_and_counts_kernels():
 
 
 def test_recomputation_carries_the_measured_host_passes(tmp_path):
-    from predictor.engine import rows_for
-    from predictor.predict import Predictor
-    from predictor.presets import get_preset
-    from predictor.specs import Layout
-    from predictor.terms import save_terms
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
+    from predictor.plan.predict import Predictor
+    from predictor.step.engine import rows_for
+    from predictor.step.terms import save_terms
     m = get_preset("llama2-7b")
     pr = Predictor("dgx-a100-80gb", tmp_path / "none")
     lays = [Layout(num_gpus=8, tp=8, pp=1, dp=1, micro_batch=1, global_batch=8, seq_len=1024, recompute=rc,
@@ -156,6 +156,6 @@ def test_recomputation_carries_the_measured_host_passes(tmp_path):
     save_terms(EndToEndTerms(recompute_host_passes=1.6), tmp_path)
     assert json.loads((tmp_path / "framework_terms.json").read_text())["recompute_host_passes"] == 1.6
     (tmp_path / "framework_terms.json").write_text(json.dumps({"recompute_host_passes": 40}))
-    from predictor.terms import load_terms_checked
+    from predictor.step.terms import load_terms_checked
     terms, warn = load_terms_checked(tmp_path)
     assert terms is None and "recompute_host_passes" in warn

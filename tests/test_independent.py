@@ -1,4 +1,4 @@
-"""predictor.independent: published runs on GPUs never sampled, checked, predicted, never fitted to."""
+"""predictor.checks.independent: published runs on GPUs never sampled, checked, predicted, never fitted to."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from predictor import independent as ind
+from predictor.checks import independent as ind
 
 
 def test_every_transcribed_row_passes_both_checks():
@@ -46,7 +46,7 @@ def test_the_check_predicts_every_run_on_a_platform_without_h100_measurements():
 
 def test_no_independent_run_is_in_the_store():
     """Never fitted to: the store (what every fit reads) holds no run on the check's GPU."""
-    from predictor import store
+    from predictor.samples import store
     try:
         runs = store.read_measured_runs()
     except Exception as e:  # noqa: BLE001 - no store on this machine
@@ -55,7 +55,7 @@ def test_no_independent_run_is_in_the_store():
 
 
 def _store_or_skip():
-    from predictor import store
+    from predictor.samples import store
     try:
         return store.read_measured_runs(source_id="llm-foundry")
     except Exception as e:  # noqa: BLE001 - no store on this machine

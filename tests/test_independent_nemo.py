@@ -1,5 +1,5 @@
-"""predictor.independent_nemo: published NeMo / Megatron-Bridge runs, checked, never fitted to (fast: no prediction
-except one dense run)."""
+"""predictor.checks.independent_nemo: published NeMo / Megatron-Bridge runs, checked, never fitted to (fast: no
+prediction except one dense run)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from predictor import independent_nemo as nemo
+from predictor.checks import independent_nemo as nemo
 
 DOC = nemo.load()
 
@@ -125,7 +125,7 @@ def test_rows_carry_the_recipes_memory_settings_where_their_scripts_state_them()
     current-scaling FP8 (not NeMo's MXFP8, not stated for 24.07); the model cards' runs keep the defaults."""
     import pandas as pd
 
-    from predictor.independent_nemo import memory_settings
+    from predictor.checks.independent_nemo import memory_settings
     row = lambda src, prec, pred: pd.Series({"source": src, "precision": prec, "pred_precision": pred})  # noqa: E731
     assert memory_settings(row("megatron-bridge", "fp8-mx", "fp8")) == (False, True)
     assert memory_settings(row("megatron-bridge", "bf16", "bf16")) == (False, False)

@@ -1,4 +1,4 @@
-"""The independent checks' errors kept for the error band (predictor.independent_record): summarised per GPU and
+"""The independent checks' errors kept for the error band (predictor.plan.accuracy_record): summarised per GPU and
 source, written and read back checked, and said (and widened to) by every prediction on a GPU they cover."""
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from predictor import independent_record as IR
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
 from predictor.paths import shared_artifact
-from predictor.predict import Predictor
-from predictor.presets import get_preset
-from predictor.specs import Layout
-from predictor.terms import load_terms_checked
+from predictor.plan import accuracy_record as IR
+from predictor.plan.predict import Predictor
+from predictor.step.terms import load_terms_checked
 
 
 def test_runs_are_summarised_per_gpu_and_source_worst_first():
@@ -88,7 +88,7 @@ def test_the_shipped_record_was_measured_with_the_shipped_terms_and_covers_the_h
 
 
 def test_check_independent_prints_the_record_per_gpu_and_source(capsys):
-    from predictor.cli import main
+    from predictor.cli.main import main
     assert main(["check-independent", "--json", "--quiet"]) == 0
     rec = json.loads(capsys.readouterr().out)
     assert rec["terms_fitted_at"] and "h100-sxm5-80gb" in rec["devices"]

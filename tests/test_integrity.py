@@ -14,25 +14,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import features as F
-from predictor import network as N
-from predictor import paths, training
-from predictor import regressors as R
-from predictor import transfer as T
-from predictor.overhead import (
-    HostOverhead,
-    load_host_overhead,
-    load_host_overhead_checked,
-    save_host_overhead,
-)
+from predictor import paths
+from predictor.calibrate import training
+from predictor.hardware import network as N
+from predictor.hardware.platforms import get_platform
+from predictor.hardware.speed import SPEED_CHECK_FILE, SpeedCheck, load_speed_check, load_speed_check_checked
 from predictor.paths import ArtifactError
-from predictor.platforms import get_platform
-from predictor.speed import (
-    SPEED_CHECK_FILE,
-    SpeedCheck,
-    load_speed_check,
-    load_speed_check_checked,
-)
+from predictor.regress import features as F
+from predictor.regress import regressors as R
+from predictor.regress import transfer as T
+from predictor.step.overhead import HostOverhead, load_host_overhead, load_host_overhead_checked, save_host_overhead
 
 MODELS = R.MODELS_DIR
 PLATFORM = "perlmutter-a100"
@@ -192,9 +183,9 @@ def test_model_replaced_after_the_bank_was_built_is_verified_again(plat):
 
 
 def test_predictor_falls_back_for_a_failed_model(tmp_path, plat):
-    from predictor.predict import Predictor
-    from predictor.presets import get_preset
-    from predictor.specs import Layout
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
+    from predictor.plan.predict import Predictor
     model = get_preset("gpt3-1.3b")
     lay = Layout(num_gpus=8, tp=2, pp=1, dp=4, micro_batch=2, global_batch=16, seq_len=1024)
     before = Predictor(PLATFORM, tmp_path).predict(model, lay, timeline=False)
@@ -311,7 +302,7 @@ def test_interrupted_train_leaves_each_model_old_or_new(tmp_path, monkeypatch, w
 
 
 def test_cli_train_verifies_what_it_wrote(tmp_path, monkeypatch, capsys):
-    from predictor.cli import main
+    from predictor.cli.main import main
     _fake_store(monkeypatch, 1.5)
     monkeypatch.setattr(training, "train_platform",
                         lambda pid, **k: _real_train(pid, **{**k, "cv_folds": 0, "write_readme": False}))
@@ -458,8 +449,8 @@ def test_host_overhead_good_file_and_save_round_trip(tmp_path):
 
 
 def test_predictor_runs_without_the_bad_host_overhead(tmp_path):
-    from predictor.predict import Predictor
-    from predictor.specs import Layout, ModelSpec
+    from predictor.model.specs import Layout, ModelSpec
+    from predictor.plan.predict import Predictor
     shutil.copytree(MODELS / "cpu-2t", tmp_path / "cpu-2t", ignore=shutil.ignore_patterns(SPEED_CHECK_FILE))
     model = ModelSpec(name="t", arch="gpt", num_layers=2, hidden_size=256, num_heads=4, ffn_hidden_size=1024,
                       vocab_size=1000)

@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from predictor.decompose import chunk_layer_counts, interleaved_split
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.search import SearchSpace, layout_of, search
-from predictor.specs import InfeasibleConfig, Layout
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.model.stages import chunk_layer_counts, interleaved_split
+from predictor.plan.predict import get_predictor
+from predictor.plan.search import SearchSpace, layout_of, search
 
 
 def test_even_split_and_the_embedding_loss_split():

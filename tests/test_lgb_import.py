@@ -1,4 +1,4 @@
-"""predictor.lgb_import: lightgbm without scikit-learn, pandas and (until needed) scipy, and still correct."""
+"""predictor.regress.lgb_import: lightgbm without scikit-learn, pandas and (until needed) scipy, and still correct."""
 from __future__ import annotations
 
 import subprocess
@@ -19,7 +19,7 @@ def run_child(code: str) -> str:
 def test_import_leaves_sklearn_pandas_and_scipy_unloaded_and_boosters_work():
     out = run_child(
         "import sys\n"
-        "from predictor.lgb_import import import_lightgbm\n"
+        "from predictor.regress.lgb_import import import_lightgbm\n"
         "lgb = import_lightgbm()\n"
         "print(sorted(m for m in ('sklearn', 'pandas', 'scipy', 'scipy.sparse') if m in sys.modules))\n"
         "import numpy as np\n"
@@ -45,9 +45,10 @@ def test_import_leaves_sklearn_pandas_and_scipy_unloaded_and_boosters_work():
 @pytest.mark.parametrize("case", ["scipy already loaded", "lightgbm needs more scipy at import"])
 def test_plain_import_when_stand_ins_cannot_be_used(case):
     pre = ("import scipy.sparse\n" if case == "scipy already loaded"
-           else "import predictor.lgb_import as li\nli._SPARSE_CLASSES = ()\n")  # the stand-in lacks what basic needs
+           # the stand-in lacks what basic needs
+           else "import predictor.regress.lgb_import as li\nli._SPARSE_CLASSES = ()\n")
     out = run_child(
-        pre + "import sys\nfrom predictor.lgb_import import import_lightgbm\nlgb = import_lightgbm()\n"
+        pre + "import sys\nfrom predictor.regress.lgb_import import import_lightgbm\nlgb = import_lightgbm()\n"
         "import lightgbm.basic as lb\n"
         "print(getattr(lb.scipy, '_planner_stand_in', False), 'scipy.sparse' in sys.modules)\n"
         "import numpy as np\n"

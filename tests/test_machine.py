@@ -1,4 +1,4 @@
-"""predictor.machine: the CPU fingerprint, its id, the comparison in words, sampled_on.json and the
+"""predictor.hardware.machine: the CPU fingerprint, its id, the comparison in words, sampled_on.json and the
 mismatch warning a prediction on another CPU gets. Pure: fake /proc text, no torch import."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from predictor import machine as M
+from predictor.hardware import machine as M
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def test_mismatch_warning_names_both_machines_and_the_command(tmp_path):
 
 
 def test_override_env_and_no_torch_import(tmp_path):
-    code = ("import json, sys; from predictor import machine as M; m = M.current(); "
+    code = ("import json, sys; from predictor.hardware import machine as M; m = M.current(); "
             "print(json.dumps([m.model_name, m.cores, 'torch' in sys.modules]))")
     env = {"PYTHONPATH": str(REPO), "PREDICTOR_MACHINE_OVERRIDE": json.dumps({"model_name": "Fake CPU", "cores": 64}),
            "PATH": "/usr/bin:/bin"}

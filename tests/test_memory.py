@@ -3,11 +3,12 @@ from dataclasses import replace
 
 import pytest
 
-from predictor import memory as mem
-from predictor.decompose import decompose
-from predictor.platforms import get_platform
-from predictor.presets import get_preset
-from predictor.specs import InfeasibleConfig, Layout
+from predictor.hardware.platforms import get_platform
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.step import memory as mem
+from predictor.step.decompose import decompose
 from tests.benchmarks import memory_accuracy as bench
 
 DGX = get_platform("dgx-a100-80gb")

@@ -1,4 +1,4 @@
-"""The parts of device memory outside the allocated tensors (predictor.memory): the caching allocator's reserve,
+"""The parts of device memory outside the allocated tensors (predictor.step.memory): the caching allocator's reserve,
 NCCL communicator buffers and the CUDA context, so that the total is what nvidia-smi shows."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from predictor import memory as mem
-from predictor.memory import GIB, DeviceComm, MemoryOptions, estimate_memory, nccl_buffer_arrays
-from predictor.platforms import get_platform
-from predictor.presets import get_preset
-from predictor.specs import Layout
+from predictor.hardware.platforms import get_platform
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.step import memory as mem
+from predictor.step.memory import GIB, DeviceComm, MemoryOptions, estimate_memory, nccl_buffer_arrays
 
 LAYOUT = dict(num_gpus=8, tp=2, dp=4, micro_batch=1, global_batch=64, seq_len=4096, sequence_parallel=True,
               zero_stage=1, recompute="selective")
@@ -94,7 +94,7 @@ def test_communicators_counted_follow_the_layout():
 
 
 def test_predict_reports_the_device_total_and_judges_fit_by_it():
-    from predictor.predict import get_predictor
+    from predictor.plan.predict import get_predictor
     m, lay, plat = get_preset("llama3-8b"), Layout(**LAYOUT), get_platform("dgx-h100")
     pred = get_predictor("dgx-h100").predict(m, lay, timeline=False)
     ref = estimate_memory(m, lay, plat).peak
@@ -109,7 +109,7 @@ def test_predict_reports_the_device_total_and_judges_fit_by_it():
 def test_cli_memory_model_flags(capsys, tmp_path):
     import json
 
-    from predictor.cli import main
+    from predictor.cli.main import main
     args = ["predict", "--platform", "dgx-h100", "--model", "llama3-8b", "--num-gpus", "8", "--tp", "2",
             "--global-batch", "64", "--seq-len", "4096", "--sequence-parallel", "--zero-stage", "1", "--json"]
     assert main(args) == 0
@@ -124,7 +124,7 @@ def test_cli_memory_model_flags(capsys, tmp_path):
         assert main(args + bad) == 2
         assert capsys.readouterr().err.startswith(f"error: {field}:")
     csv = tmp_path / "in.csv"
-    from predictor.layout_io import BATCH_COLUMNS
+    from predictor.model.layout_io import BATCH_COLUMNS
     row = {"case_id": "a", "platform": "dgx-h100", "arch": "llama", "layers": "32", "hidden": "4096", "heads": "32",
            "kv_heads": "8", "ffn_hidden": "14336", "vocab": "128256", "seq_len": "4096", "num_gpus": "8", "tp": "2",
            "pp": "1", "dp": "4", "micro_batch": "1", "global_batch": "64", "vpp": "1", "schedule": "1f1b",
@@ -160,8 +160,8 @@ def test_fit_is_judged_with_the_least_allocator_reserve_and_tight_said_between()
 
 
 def test_predict_and_search_say_tight():
-    from predictor.predict import get_predictor
-    from predictor.search import SearchSpace, search
+    from predictor.plan.predict import get_predictor
+    from predictor.plan.search import SearchSpace, search
     P = get_predictor("dgx-h100")
     m = get_preset("llama3-8b")
     space = SearchSpace(tp=(1, 2), pp=(1,), zero_stage=(1,), recompute=("none",), sequence_parallel=(False, True))
@@ -174,7 +174,7 @@ def test_predict_and_search_say_tight():
     assert (t.loc[t["fits"] & ~t["memory_tight"], "peak_mem_gib"] <= usable).all()
     tight = t[t["memory_tight"]]
     if len(tight):
-        from predictor.search import layout_of
+        from predictor.plan.search import layout_of
         pred = P.predict(m, layout_of(tight.iloc[0]), timeline=False)
         assert pred.fits_memory and pred.memory_tight
         assert any(w.startswith("Memory is tight") for w in pred.warnings)

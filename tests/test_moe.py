@@ -7,15 +7,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from predictor import moe, params
-from predictor.compose import CATEGORIES
-from predictor.decompose import decompose
-from predictor.memory import estimate_memory
-from predictor.platforms import get_platform
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.search import SearchSpace, layout_of, search
-from predictor.specs import InfeasibleConfig, Layout, ModelSpec
+from predictor.hardware.platforms import get_platform
+from predictor.model import moe, params
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout, ModelSpec
+from predictor.plan.predict import get_predictor
+from predictor.plan.search import SearchSpace, layout_of, search
+from predictor.step.compose import CATEGORIES
+from predictor.step.decompose import decompose
+from predictor.step.memory import estimate_memory
 
 # A small MoE model with everything a MoE can have: leading dense layers and a shared expert
 SMALL = ModelSpec("moe-small", "llama", 8, 1024, 16, 4, 4096, 32000, tied_embeddings=False, num_experts=16, top_k=4,
@@ -171,9 +172,9 @@ def test_bad_ep_names_the_field(kw, field):
 def test_the_routing_note_says_experts_are_not_split_over_tp():
     """With tp > 1 a MoE prediction says that its experts are whole on each rank (expert TP 1), not Megatron-Core's
     unset default of expert TP = TP; with tp 1 there is nothing to say."""
-    from predictor.moe import routing_note
-    from predictor.presets import get_preset
-    from predictor.specs import Layout
+    from predictor.model.moe import routing_note
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
     m = get_preset("mixtral-8x7b")
     two = routing_note(m, Layout(num_gpus=16, tp=2, dp=8, ep=8, global_batch=16, seq_len=4096,
                                  sequence_parallel=True))

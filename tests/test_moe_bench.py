@@ -1,4 +1,4 @@
-"""The HF MoE harness (bench/e2e_moe.py, tests/benchmarks/cpu_moe_end_to_end.py) without measuring anything:
+"""The HF MoE harness (bench/cpu/e2e_moe.py, tests/benchmarks/cpu_moe_end_to_end.py) without measuring anything:
 each family's model is what its config dict says, the router hook counts every routed token, and the
 predict-batch rows carry the predictor's MoE columns with values the predictor's specs accept."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from bench.e2e_moe import (
+from bench.cpu.e2e_moe import (
     MOE_COLUMNS,
     RoutingRecorder,
     build_moe_model,
@@ -16,8 +16,8 @@ from bench.e2e_moe import (
     moe_row,
     routing_summary,
 )
-from predictor.layout_io import BATCH_COLUMNS, OPTIONAL_BATCH_COLUMNS, layout_from_fields, model_from_fields
-from predictor.specs import Layout, ModelSpec
+from predictor.model.layout_io import BATCH_COLUMNS, OPTIONAL_BATCH_COLUMNS, layout_from_fields, model_from_fields
+from predictor.model.specs import Layout, ModelSpec
 from tests.benchmarks import cpu_moe_end_to_end as bm
 
 TINY = dict(layers=3, hidden=64, heads=4, kv_heads=2, ffn=96, seq=16, batch=2, vocab=256)
@@ -124,15 +124,15 @@ def test_benchmark_spans_what_it_should():
 def test_rescore_prints_refusals_per_row(monkeypatch, capsys):
     """A row the predictor refuses prints its message; one it reads as dense is not scored; a scored one shows
     its signed error in the per-platform / per-family summary."""
-    import predictor.batch
+    import predictor.plan.batch
     runs = [{**bm.by_name()[n], "measured_s": 1.0, "steps_s": [1.0], "load": 0.1, "discarded_steps": 0,
              "routing": {"imbalance": 1.5}} for n in ("mix-a", "q3-a", "q2-a")]
 
     def fake(rows, models_dir=None):
         return [{"step_time_s": None, "error": "num_experts: MoE is not modelled yet"},
                 {"step_time_s": 1.2, "error": ""}, {"step_time_s": 0.5, "error": ""}]
-    monkeypatch.setattr(predictor.batch, "predict_records", fake)
-    monkeypatch.setattr("predictor.layout_io.model_from_fields",  # q3-a read as MoE, the others as dense
+    monkeypatch.setattr(predictor.plan.batch, "predict_records", fake)
+    monkeypatch.setattr("predictor.model.layout_io.model_from_fields",  # q3-a read as MoE, the others as dense
                         lambda row: ModelSpec("x", "llama", 2, 64, 4, num_experts=4 if row["name"] == "q3-a" else 0,
                                               top_k=1 if row["name"] == "q3-a" else None))
     rows = bm.score_rows(runs, "cpu-2t")

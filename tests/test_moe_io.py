@@ -1,6 +1,6 @@
 """Mixture-of-Experts inputs through every input surface: CLI flags (predict, search, models), predict-batch
 columns (read, validated, carried back in the output), and the refusals that name the field and the fix. The
-step-time engine's MoE numbers are not asserted here (tests of predictor.moe do that): only input handling."""
+step-time engine's MoE numbers are not asserted here (tests of predictor.model.moe do that): only input handling."""
 from __future__ import annotations
 
 import json
@@ -8,9 +8,9 @@ import json
 import pandas as pd
 import pytest
 
-from predictor.cli import main
-from predictor.layout_io import BATCH_COLUMNS, MOE_ECHO_COLUMNS, layout_from_fields, model_from_fields
-from predictor.specs import InfeasibleConfig
+from predictor.cli.main import main
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import BATCH_COLUMNS, MOE_ECHO_COLUMNS, layout_from_fields, model_from_fields
 from tests.batch_rows import batch_row
 
 MIX = ["--model", "mixtral-8x7b", "--num-gpus", "64", "--tp", "2", "--pp", "4", "--sequence-parallel",
@@ -254,7 +254,7 @@ def test_a_misspelt_moe_column_is_refused_by_name(tmp_path, capsys, bad):
 
 
 def test_predict_rows_dataframe_api_carries_the_moe_columns():
-    from predictor.batch import predict_rows
+    from predictor.plan.batch import predict_rows
     df = pd.DataFrame([batch_row(ROW, case_id="m", model="mixtral-8x7b", ep="2")])
     out = predict_rows(df, allow_oom=True)
     assert list(out.columns[:len(df.columns)]) == list(df.columns)
@@ -348,7 +348,7 @@ def test_dashboard_compare_shows_cp_and_ep_per_setup():
 
 
 def test_a_search_row_opens_in_predict_with_its_ep():
-    from predictor.specs import Layout
+    from predictor.model.specs import Layout
     from predictor_ui.search_view import predict_query
     L = Layout(num_gpus=64, tp=2, pp=4, dp=8, global_batch=64, sequence_parallel=True, ep=4)
     q = predict_query({**{f: getattr(L, f) for f in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch",
@@ -371,7 +371,7 @@ def test_dashboard_search_takes_a_moe_model_and_ranks_ep():
 
 
 def test_a_search_row_opens_in_predict_with_its_framework_and_overlaps():
-    from predictor.specs import Layout
+    from predictor.model.specs import Layout
     from predictor_ui.search_view import predict_query
     L = Layout(num_gpus=16, tp=2, dp=8, global_batch=16, sequence_parallel=True, zero_stage=1,
                framework="megatron-deepspeed", overlap_grad_reduce=True, overlap_tp_comm=True)

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import network as N
-from predictor.platforms import get_platform, make_cluster
+from predictor.hardware import network as N
+from predictor.hardware.platforms import get_platform, make_cluster
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 GiB = 2**30
@@ -135,7 +135,7 @@ def test_load_network_own_borrowed_and_spec(tmp_path):
 
 @pytest.mark.skipif(not (SHARED / "ml-engineering").exists(), reason="shared datasets absent")
 def test_sweeps_load_in_full_buffer_convention():
-    from predictor import calibrate_network as C
+    from predictor.hardware import network_fit as C
     ml = C.load_ml_engineering()
     a100 = ml[ml["dataset"] == "ml-eng A100 8-GPU nccl-tests"]
     assert len(a100) == 20 and a100["duration_s"].min() > 0
@@ -149,7 +149,7 @@ def test_sweeps_load_in_full_buffer_convention():
 
 @pytest.mark.skipif(not (SHARED / "ml-engineering").exists(), reason="shared datasets absent")
 def test_calibrated_h200_and_b200_curves_within_15_percent():
-    from predictor import calibrate_network as C
+    from predictor.hardware import network_fit as C
     data = C.measured_sweeps()
     for pid, ds in (("dgx-h200", "ml-eng H200 8-GPU all_reduce_bench"),
                     ("dgx-b200", "ml-eng B200 all_reduce_bench 4 nodes")):
@@ -163,8 +163,8 @@ def test_calibrated_h200_and_b200_curves_within_15_percent():
 def test_allgather_regressor_gets_the_per_rank_input():
     """decompose passes an all-gather's full output buffer; the sample store and the regressors keep
     the paper's per-rank input convention, so the predictor divides by the group size."""
-    from predictor.decompose import CommCall
-    from predictor.predict import Predictor
+    from predictor.plan.predict import Predictor
+    from predictor.step.decompose import CommCall
     pr = Predictor("perlmutter-a100")
     cb = pr.coll_bank
     full = 64 * 2 ** 20

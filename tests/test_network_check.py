@@ -1,4 +1,4 @@
-"""predictor.network_check: the saved network calibrations against the measured NCCL sweeps (what the
+"""predictor.checks.network_check: the saved network calibrations against the measured NCCL sweeps (what the
 Accuracy page's Network tab shows). The real-data checks skip without ../shared/datasets."""
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import calibrate_network as C
-from predictor import network as N
-from predictor import network_check as NC
-from predictor.platforms import get_platform
+from predictor.checks import network_check as NC
+from predictor.hardware import network as N
+from predictor.hardware import network_fit as C
+from predictor.hardware.platforms import get_platform
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 MODELS = Path(__file__).resolve().parents[1] / "models_store"

@@ -5,14 +5,14 @@ import shutil
 import numpy as np
 import pytest
 
-from predictor.calibrate_host import make_evaluator
-from predictor.compose import ComposeOptions
-from predictor.decompose import decompose
-from predictor.overhead import HostOverhead, blend, fit_host_overhead, load_host_overhead
-from predictor.platforms import get_platform
-from predictor.predict import MODELS_DIR, Predictor
-from predictor.presets import get_preset
-from predictor.specs import Layout
+from predictor.calibrate.host import make_evaluator
+from predictor.hardware.platforms import get_platform
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import MODELS_DIR, Predictor
+from predictor.step.compose import ComposeOptions
+from predictor.step.decompose import decompose
+from predictor.step.overhead import HostOverhead, blend, fit_host_overhead, load_host_overhead
 
 
 def test_blend_limits():

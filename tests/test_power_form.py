@@ -1,4 +1,4 @@
-"""The power factor's two forms (predictor.terms): 'linear' adds beta x FLOPs / MAMF to every tensor-core kernel;
+"""The power factor's two forms (predictor.step.terms): 'linear' adds beta x FLOPs / MAMF to every tensor-core kernel;
 'cap' runs none faster than MAMF / (1 + beta). The curve the engine keeps per unit, the engine's use of it, the
 ceiling it implies, the terms file and the fit."""
 from __future__ import annotations
@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from predictor.predict import Predictor
-from predictor.presets import get_preset
-from predictor.search import SearchSpace, search
-from predictor.specs import Layout
-from predictor.terms import CapCurve, EndToEndTerms, HostTerm, load_terms_checked, save_terms
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import Predictor
+from predictor.plan.search import SearchSpace, search
+from predictor.step.terms import CapCurve, EndToEndTerms, HostTerm, load_terms_checked, save_terms
 
 
 def _brute(t, ideal, beta, alpha=1.0):

@@ -1,11 +1,11 @@
-"""predictor.published_memory: published per-GPU memory figures, cited, compared with the memory model."""
+"""predictor.checks.published_memory: published per-GPU memory figures, cited, compared with the memory model."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from predictor import published_memory as pm
+from predictor.checks import published_memory as pm
 
 
 def test_catalog_entries_are_complete():
@@ -57,8 +57,8 @@ def test_each_figure_is_compared_with_the_quantity_it_counts(tmp_path):
         path.write_text(json.dumps(doc))
         got[measures] = pm.compare(path).set_index("id").loc[e["id"], "ours_gib"]
     assert base.loc[e["id"], "ours_gib"] > got["reserved"] > got["allocated"] > 0
-    from predictor.memory import GIB, estimate_memory
-    from predictor.platforms import get_platform
+    from predictor.hardware.platforms import get_platform
+    from predictor.step.memory import GIB, estimate_memory
     peak = estimate_memory(pm.model_spec(e["model"], doc["models"][e["model"]]), pm.layout_of(e["layout"]),
                            get_platform(e["platform"])).peak
     assert got["allocated"] == pytest.approx(peak.allocated_bytes / GIB)
@@ -77,8 +77,8 @@ def test_the_gradient_precision_the_document_states_is_applied():
     buffers, which our estimate takes from the entry's layout instead of the fp32 default."""
     doc = pm.load()
     e = next(x for x in doc["entries"] if x.get("layout", {}).get("grad_reduce_in_fp32") is False)
-    from predictor.memory import GIB, estimate_memory
-    from predictor.platforms import get_platform
+    from predictor.hardware.platforms import get_platform
+    from predictor.step.memory import GIB, estimate_memory
     m, lay = pm.model_spec(e["model"], doc["models"][e["model"]]), pm.layout_of(e["layout"])
     assert lay.grad_reduce_in_fp32 is False and lay.grad_bytes == 2
     from dataclasses import replace

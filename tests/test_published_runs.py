@@ -9,10 +9,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from predictor import cli, store
-from predictor import ingest_formats as fmt
-from predictor import platforms as P
-from predictor.specs import InfeasibleConfig
+from predictor.cli import main as cli
+from predictor.hardware import platforms as P
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.frameworks import FRAMEWORKS
+from predictor.samples import store
+from predictor.samples.formats import sources
+from predictor.samples.formats.common import PUBLISHED_COLUMNS, SourceDefinitionError
+from predictor.samples.formats.published import megatron_tflops
+from predictor.samples.formats.sources import PUBLISHED_SOURCES_FILE, load_source_definitions
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 PUBLISHED = SHARED / "published-runs"
@@ -52,7 +57,7 @@ def bloom_row(**over) -> dict:
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:
-    pd.DataFrame(rows, columns=list(fmt.PUBLISHED_COLUMNS)).to_csv(path, index=False)
+    pd.DataFrame(rows, columns=list(PUBLISHED_COLUMNS)).to_csv(path, index=False)
     return path
 
 
@@ -184,24 +189,24 @@ def test_bloom_rows_need_stated_facts_and_matching_tflops(tmp_path: Path) -> Non
 
 def test_megatron_tflops_formula_reproduces_a_reported_value() -> None:
     # 48 node contenders, 181B: 72 layers x 14336, 384 GPUs, GBS 2048, 123.69 s/it -> 130.34 TFLOPs reported
-    t = fmt.megatron_tflops(2048, 2048, 72, 14336, 250880, 123.69, 384, 4)
+    t = megatron_tflops(2048, 2048, 72, 14336, 250880, 123.69, 384, 4)
     assert t == pytest.approx(130.34, rel=2e-4)
-    assert fmt.megatron_tflops(2048, 2048, 72, 14336, 250880, 123.69, 384, 3) == pytest.approx(0.75 * t)
+    assert megatron_tflops(2048, 2048, 72, 14336, 250880, 123.69, 384, 3) == pytest.approx(0.75 * t)
     # the pre-PR-251 estimate (no attention / logit term) of the 20B test model: 769.99 s -> 108.47
-    assert fmt.megatron_tflops(2048, 2048, 8, 14400, 250880, 769.99, 8, 4, corrected=False) == \
+    assert megatron_tflops(2048, 2048, 8, 14400, 250880, 769.99, 8, 4, corrected=False) == \
         pytest.approx(108.47, rel=1e-3)
 
 
 def test_unknown_framework_is_a_clear_error_and_nothing_is_ingested(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch,
                                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    defs = json.loads(fmt.PUBLISHED_SOURCES_FILE.read_text())
+    defs = json.loads(PUBLISHED_SOURCES_FILE.read_text())
     defs["sources"]["llm-foundry"]["framework"] = "jax"
     bad = tmp_path / "published_sources.json"
     bad.write_text(json.dumps(defs))
-    monkeypatch.setattr(fmt, "PUBLISHED_SOURCES_FILE", bad)
-    with pytest.raises(fmt.SourceDefinitionError) as e:
-        fmt.load_source_definitions()
+    monkeypatch.setattr(sources, "PUBLISHED_SOURCES_FILE", bad)
+    with pytest.raises(SourceDefinitionError) as e:
+        load_source_definitions()
     assert str(e.value) == ("published_sources.json: sources.llm-foundry.framework: unknown framework 'jax'; "
                             "valid: megatron, megatron-deepspeed, deepspeed, fsdp, ddp")
     ops_csv = tmp_path / "ops.csv"
@@ -306,8 +311,8 @@ def test_published_clusters_state_their_network_consistently() -> None:
 
 
 def test_source_definitions_cite_every_fact() -> None:
-    defs = fmt.load_source_definitions()
-    assert {d["framework"] for d in defs.values()} <= set(fmt.FRAMEWORKS)
+    defs = load_source_definitions()
+    assert {d["framework"] for d in defs.values()} <= set(FRAMEWORKS)
     assert {sid: d["framework"] for sid, d in defs.items()} == {
         "llm-foundry": "fsdp", "bigscience-bloom": "megatron-deepspeed", "vtrain": "megatron-deepspeed",
         "cpu-hf": "ddp"}

@@ -10,10 +10,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import features as F
-from predictor import ops
-from predictor.platforms import get_platform
-from predictor.regressors import MODELS_DIR, CollectiveRegressor, ModelBank, OpRegressor
+from predictor.hardware.platforms import get_platform
+from predictor.model import ops
+from predictor.regress import features as F
+from predictor.regress.regressors import MODELS_DIR, CollectiveRegressor, ModelBank, OpRegressor
 
 A100 = get_platform("perlmutter-a100").device
 FAST = {"num_boost_round": 200}

@@ -5,16 +5,16 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from predictor import costing
-from predictor.cli import main
-from predictor.compose import CATEGORIES
-from predictor.decompose import decompose
-from predictor.memory import estimate_memory
-from predictor.platforms import get_platform
-from predictor.predict import Predictor, get_predictor
-from predictor.presets import get_preset
-from predictor.search import SearchSpace, _unique_rows, layout_of, search
-from predictor.specs import Layout
+from predictor.cli.main import main
+from predictor.hardware.platforms import get_platform
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan import costing
+from predictor.plan.predict import Predictor, get_predictor
+from predictor.plan.search import SearchSpace, _unique_rows, layout_of, search
+from predictor.step.compose import CATEGORIES
+from predictor.step.decompose import decompose
+from predictor.step.memory import estimate_memory
 
 DGX = get_platform("dgx-a100-80gb")
 

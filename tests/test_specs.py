@@ -1,8 +1,9 @@
 import pytest
 
-from predictor.layout_io import layout_from_fields, model_from_fields
-from predictor.presets import get_preset, list_presets
-from predictor.specs import InfeasibleConfig, Layout, ModelSpec, padded_vocab
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import layout_from_fields, model_from_fields
+from predictor.model.presets import get_preset, list_presets
+from predictor.model.specs import Layout, ModelSpec, padded_vocab
 
 
 def test_presets_have_published_sizes():

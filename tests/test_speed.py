@@ -8,10 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from predictor.compose import ComposeOptions
-from predictor.predict import Predictor, default_models_dir
-from predictor.specs import Layout, ModelSpec
-from predictor.speed import (
+from predictor.hardware.speed import (
     SPEED_CHECK_FILE,
     SpeedCheck,
     load_speed_check,
@@ -19,6 +16,9 @@ from predictor.speed import (
     speed_check_from_dict,
     speed_factor,
 )
+from predictor.model.specs import Layout, ModelSpec
+from predictor.plan.predict import Predictor, default_models_dir
+from predictor.step.compose import ComposeOptions
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES_2T = REPO / "bench" / "samples" / "cpu-2t"
@@ -129,9 +129,9 @@ def test_speed_check_dict_round_trip_keeps_the_factor():
 
 # --------------------------------------------------------------------------- the bench side
 def test_reference_points_are_sampled_shapes_rebuilt_exactly():
-    from bench import design as D
-    from bench.speed import reference_points
-    from bench.store_io import read_shards
+    from bench.sampling import design as D
+    from bench.sampling.speed import reference_points
+    from bench.sampling.store_io import read_shards
     refs = reference_points(SAMPLES_2T, per_op=2)
     assert refs == reference_points(SAMPLES_2T, per_op=2)  # deterministic
     stored = read_shards(SAMPLES_2T, "ops")
@@ -148,8 +148,8 @@ def test_reference_points_are_sampled_shapes_rebuilt_exactly():
 def test_run_speed_check_compares_each_shape_with_its_own_sample(monkeypatch):
     """With the timer replaced by 'stored time x 0.75', the check must find exactly 0.75: it rebuilt
     the very shapes it compares with and paired each timing with its own sample."""
-    import bench.speed as S
-    from bench.timing import Timing
+    import bench.sampling.speed as S
+    from bench.sampling.timing import Timing
     refs = S.reference_points(SAMPLES_2T, per_op=1, max_s=0.01)
     stored_by_fn = {}
     real_build = S.opbench.build
@@ -162,8 +162,8 @@ def test_run_speed_check_compares_each_shape_with_its_own_sample(monkeypatch):
         return kernels
 
     monkeypatch.setattr(S.opbench, "build", build)
-    import bench.sampler
-    monkeypatch.setattr(bench.sampler, "time_call",
+    import bench.sampling.sampler
+    monkeypatch.setattr(bench.sampling.sampler, "time_call",
                         lambda fn, setup, **kw: Timing(stored_by_fn[fn] * 0.75, 0.0, 0.0, 0.0, 3))
     monkeypatch.setattr(S, "reference_points", lambda *a, **kw: refs)
     sc = S.run_speed_check("cpu-2t", SAMPLES_2T, per_op=1)
@@ -201,7 +201,7 @@ def test_error_band_uses_the_speed_checked_mape_only_with_a_speed_check(tmp_path
 def test_save_validation_summary_overrides_and_keeps_the_latest_run(tmp_path):
     import pandas as pd
 
-    from predictor.validate import save_validation
+    from predictor.checks.validate import save_validation
     res = pd.DataFrame({"case_id": ["a", "b"], "measured_s": [1.0, 2.0], "predicted_s": [1.1, 1.8],
                         "ape": [0.1, 0.1], "signed_error": [0.1, -0.1], "source": ["x", "x"]})
     path = save_validation("p", res, tmp_path, summary={"mape": 0.2, "n_runs": 10, "mape_speed_checked": 0.05})

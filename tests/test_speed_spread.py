@@ -1,5 +1,5 @@
-"""The GPU speed spread (predictor.terms): the slowest of a job's n GPUs sets the pace, so every GPU operator time is
-multiplied by 1 + sigma x E[max of n standard normals]. The order statistic, the engine's use of it, the terms
+"""The GPU speed spread (predictor.step.terms): the slowest of a job's n GPUs sets the pace, so every GPU operator
+time is multiplied by 1 + sigma x E[max of n standard normals]. The order statistic, the engine's use of it, the terms
 file and the fit that identifies sigma from runs on different GPU counts."""
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import calibrate_framework as cf
-from predictor.predict import Predictor
-from predictor.presets import get_preset
-from predictor.specs import Layout
-from predictor.terms import (
+from predictor.calibrate import framework as cf
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import Predictor
+from predictor.step.terms import (
     PUBLISHED_CONTENTION,
     TERMS_PROVENANCE,
     EndToEndTerms,

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import store
-from predictor.ingest_formats import paper_stage_params
-from predictor.specs import padded_vocab
+from predictor.model.specs import padded_vocab
+from predictor.samples import store
+from predictor.samples.formats.paper import paper_stage_params
 
 A100 = "NVIDIAA100-SXM4-80GB"
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
@@ -261,7 +261,7 @@ def test_second_writer_waits_then_fails_clearly(paper_tree: Path, tmp_path: Path
 
 def test_default_store_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(store.ENV_STORE, raising=False)
-    assert store.default_store_path() == Path(store.__file__).resolve().parents[1] / "data" / "samples.duckdb"
+    assert store.default_store_path() == Path(store.__file__).resolve().parents[2] / "data" / "samples.duckdb"
     monkeypatch.setenv(store.ENV_STORE, str(tmp_path / "x.duckdb"))
     assert store.default_store_path() == tmp_path / "x.duckdb"
 
@@ -275,7 +275,7 @@ def test_stage_params_follow_model_spec() -> None:
 
 @pytest.mark.skipif(not (SHARED / "paper-samples").is_dir(), reason="../shared/datasets is not present")
 def test_real_paper_samples_ingest(tmp_path: Path) -> None:
-    from predictor.ops import OPS
+    from predictor.model.ops import OPS
 
     db = tmp_path / "s.duckdb"
     report = store.ingest_path(SHARED / "paper-samples", store_path=db)
@@ -488,7 +488,7 @@ def test_a_folder_with_nothing_ingestible_is_said_so_and_the_store_is_not_touche
 
 
 def test_cli_exit_status_and_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from predictor import cli
+    from predictor.cli import main as cli
     good = tmp_path / "good.csv"
     op_frame().to_csv(good, index=False)
     bad = write(tmp_path / "bad.csv", "platform,op,pass,batch,seq,hidden,dtype,duration_s\n"
@@ -508,7 +508,7 @@ def test_cli_exit_status_and_summary(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 def test_ctrl_c_inside_the_transaction_commits_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    from predictor import cli
+    from predictor.cli import main as cli
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     op_frame().iloc[:6].to_csv(a, index=False)
     op_frame().iloc[6:].to_csv(b, index=False)

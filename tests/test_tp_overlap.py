@@ -5,12 +5,13 @@ from dataclasses import replace
 
 import pytest
 
-from predictor.compose import CATEGORIES
-from predictor.layout_io import layout_from_fields
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.search import SearchSpace, layout_of, search
-from predictor.specs import InfeasibleConfig, Layout
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import layout_from_fields
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import get_predictor
+from predictor.plan.search import SearchSpace, layout_of, search
+from predictor.step.compose import CATEGORIES
 
 L70 = Layout(num_gpus=64, tp=4, pp=4, dp=4, micro_batch=1, global_batch=64, seq_len=8192, zero_stage=1,
              sequence_parallel=True)

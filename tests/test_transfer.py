@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import features as F
-from predictor import transfer as T
-from predictor.platforms import get_platform, load_devices, make_cluster
-from predictor.specs import InfeasibleConfig
+from predictor.hardware.platforms import get_platform, load_devices, make_cluster
+from predictor.model.errors import InfeasibleConfig
+from predictor.regress import features as F
+from predictor.regress import transfer as T
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 DEV = load_devices()
@@ -122,7 +122,7 @@ def test_transfer_error_lookup():
 
 # --------------------------------------------------------------------------- Predictor integration
 def _train_tiny(models_dir: Path, platform_id: str, device, reliable: bool | None = None) -> None:
-    from predictor.regressors import OpRegressor
+    from predictor.regress.regressors import OpRegressor
     rng = np.random.default_rng(0)
     n = 80
     df = pd.DataFrame({"tp": 1, "batch": rng.choice([1, 2, 4], n), "seq": rng.choice([1024, 2048, 4096], n),
@@ -139,12 +139,12 @@ def _train_tiny(models_dir: Path, platform_id: str, device, reliable: bool | Non
 
 
 def _tiny_model():
-    from predictor.specs import Layout, ModelSpec
+    from predictor.model.specs import Layout, ModelSpec
     return ModelSpec("tiny", "gpt", 2, 2048, 16), Layout(num_gpus=1, micro_batch=2, global_batch=4, seq_len=1024)
 
 
 def test_predictor_labels_and_rescales_transferred_ops(tmp_path):
-    from predictor.predict import Predictor
+    from predictor.plan.predict import Predictor
     _train_tiny(tmp_path, "perlmutter-a100", A100)
     (tmp_path / T.VALIDATION_FILE).write_text(json.dumps(
         {"per_op": {"mlp_up.fwd": {"perlmutter-a100": 0.061}}, "overall_median_ape": 0.09}))
@@ -159,7 +159,7 @@ def test_predictor_labels_and_rescales_transferred_ops(tmp_path):
     assert others["provenance"].str.startswith("analytical").all()   # (Megatron-Core's fused kernel: analytical too)
     assert "transferred from perlmutter-a100" in out.error_basis
     # the transferred time is the A100 regressor's time on the A100, times the 40GB/80GB ratio (HBM 1555 vs 2039)
-    from predictor.regressors import ModelBank
+    from predictor.regress.regressors import ModelBank
     bank = ModelBank.load("perlmutter-a100", models_dir=tmp_path)
     row = pd.DataFrame([{"tp": 1, "batch": 2, "seq": 1024, "hidden": 2048, "heads": 16, "kv_heads": None,
                          "ffn_hidden": None, "vocab": None, "layers": None, "params": None}])
@@ -170,7 +170,7 @@ def test_predictor_labels_and_rescales_transferred_ops(tmp_path):
 
 
 def test_predictor_falls_back_when_the_source_samples_are_corrupt(tmp_path):
-    from predictor.predict import Predictor
+    from predictor.plan.predict import Predictor
     _train_tiny(tmp_path, "vista-gh200", GH200, reliable=False)
     _train_tiny(tmp_path, "perlmutter-a100", A100)
     out = Predictor(make_cluster("h100-sxm5-80gb", 8, platform_id="test-h100"), tmp_path).predict(*_tiny_model(),
@@ -180,8 +180,8 @@ def test_predictor_falls_back_when_the_source_samples_are_corrupt(tmp_path):
 
 
 def test_predictor_rejects_what_the_device_cannot_run(tmp_path):
-    from predictor.predict import Predictor
-    from predictor.specs import Layout, ModelSpec
+    from predictor.model.specs import Layout, ModelSpec
+    from predictor.plan.predict import Predictor
     v100 = get_platform("dgx1-v100")
     pred = Predictor(v100, tmp_path)
     with pytest.raises(InfeasibleConfig) as e:

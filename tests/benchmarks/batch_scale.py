@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from predictor.layout_io import BATCH_COLUMNS
+from predictor.model.layout_io import BATCH_COLUMNS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -57,7 +57,7 @@ def _rss_mib() -> float:
 
 def worker(inp: str, out: str, chunk_rows: int) -> None:
     """Run predict-batch in this process; print one JSON line with the timings and memory."""
-    from predictor.cli import main
+    from predictor.cli.main import main
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
 

@@ -3,7 +3,7 @@ against every measured sweep in ../shared/datasets. Prints tables.
 
     python -m tests.benchmarks.collective_accuracy [--no-write] [--curves]
 
-1. Calibrated: each platform's model fitted on its own sweeps (what `predictor.calibrate_network` writes
+1. Calibrated: each platform's model fitted on its own sweeps (what `predictor.hardware.network_fit` writes
    to models_store/<platform>/network.json): median error of time and of bus bandwidth per sweep.
 2. Held out:
    a. the ml-engineering A100 8-GPU nccl-tests curve (32 KB-16 GB) predicted from a calibration on the
@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from predictor import calibrate_network as C
-from predictor.network import NETWORK_VALIDATION_FILE, spec_network
-from predictor.platforms import get_platform
+from predictor.hardware import network_fit as C
+from predictor.hardware.network import NETWORK_VALIDATION_FILE, spec_network
+from predictor.hardware.platforms import get_platform
 
 REPO = Path(__file__).resolve().parents[2]
 MODELS_DIR = REPO / "models_store"

@@ -5,7 +5,7 @@
 Trains real models nobody here wrote (Hugging Face transformers GPT-2 and Llama, random weights, fp32,
 torch.optim.AdamW, SDPA attention), measures the step time (zero_grad, forward with the causal-LM
 loss, backward, optimizer step; median of `--steps` after 2 warm-ups) and compares it with
-`predictor.predict`:
+`predictor.plan.predict`:
 
   * single process, 2 threads            -> platform cpu-2t
   * torch DistributedDataParallel, 2 gloo ranks of 1 thread each (dp=2), launched with torchrun
@@ -51,17 +51,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-# The training jobs, the predictions and the host-term fit are bench/e2e.py's (the bench loop's end-to-end
+# The training jobs, the predictions and the host-term fit are bench/cpu/e2e.py's (the bench loop's end-to-end
 # calibration runs the same jobs on its own configs); this benchmark keeps its validation configs and tables.
-from bench.e2e import (  # noqa: F401
-    FIELDS,
-    build_model,
-    cfg_dict,
-    predict_rows,
-    spec_and_layout,
-    time_steps,
-)
-from bench.e2e import run_single as _run_single
+from bench.cpu.e2e import FIELDS, build_model, cfg_dict, predict_rows, spec_and_layout, time_steps  # noqa: F401
+from bench.cpu.e2e import run_single as _run_single
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -99,14 +92,14 @@ def run_single(configs: list[dict], steps: int, warmup: int, threads: int = 2, h
 
 def run_ddp(names: list[str], steps: int, warmup: int) -> list[dict]:
     """One torchrun job (2 gloo ranks) per config, as for run_single."""
-    from bench.e2e import run_ddp as _run_ddp
+    from bench.cpu.e2e import run_ddp as _run_ddp
     by = {c[0]: cfg_dict(c) for c in CONFIGS}
     return _run_ddp([by[n] for n in names], steps, warmup)
 
 
 def models_machine(platform: str, models_dir: str | None):
-    """The machine the platform's models were sampled on (predictor.machine), None when not recorded."""
-    from predictor.machine import read_sampled_on
+    """The machine the platform's models were sampled on (predictor.hardware.machine), None when not recorded."""
+    from predictor.hardware.machine import read_sampled_on
     from predictor.paths import models_dir as mdir
     try:
         rec = read_sampled_on(platform, models_dir or mdir())
@@ -117,19 +110,19 @@ def models_machine(platform: str, models_dir: str | None):
 
 def table_machine(t: dict):
     """The machine a measured table was taken on (its facts' fingerprint, or one rebuilt from older facts)."""
-    from predictor.machine import from_facts
+    from predictor.hardware.machine import from_facts
     return from_facts(t.get("facts") or {})
 
 
 def same_machine_as_models(t: dict, platform: str, models_dir: str | None) -> bool:
-    from predictor.machine import same_machine
+    from predictor.hardware.machine import same_machine
     m = models_machine(platform, models_dir)
     return m is None or same_machine(table_machine(t), m)
 
 
 def warn_machine(platform: str, models_dir: str | None) -> None:
     """Say so when this machine is not the one the platform's models were sampled on."""
-    from predictor.machine import mismatch_warning
+    from predictor.hardware.machine import mismatch_warning
     from predictor.paths import models_dir as mdir
     w = mismatch_warning(platform, models_dir or mdir())
     if w:
@@ -138,9 +131,9 @@ def warn_machine(platform: str, models_dir: str | None) -> None:
 
 
 def fit_host(models_dir: str | None = None) -> int:
-    """The GPU method (predictor.calibrate_host) on this CPU: fit the host overhead of each platform on
+    """The GPU method (predictor.calibrate.host) on this CPU: fit the host overhead of each platform on
     its measured runs, every run held out once with its model (leave-one-model-out)."""
-    from bench.e2e import fit_host as _fit
+    from bench.cpu.e2e import fit_host as _fit
     data = json.loads(RESULTS.read_text())
     for kind in ("single", "ddp"):
         t = data["tables"][kind]
@@ -184,7 +177,7 @@ def save_runs(rows: list[dict], platform: str, dp: int, quiet: dict, models_dir:
     `summary` (print_history's pooled figures) replaces its MAPE in validation.json."""
     import pandas as pd
 
-    from bench.e2e import measured_run_records, save_validation_record
+    from bench.cpu.e2e import measured_run_records, save_validation_record
     out_dir = REPO / "bench" / "samples" / "e2e"
     out_dir.mkdir(parents=True, exist_ok=True)
     src = "tests/benchmarks/cpu_end_to_end.py (HF transformers, AdamW, fp32) on this machine"
@@ -197,7 +190,7 @@ def save_runs(rows: list[dict], platform: str, dp: int, quiet: dict, models_dir:
 
 def speed_probe(platform: str, models_dir: str | None = None) -> dict | None:
     """`python -m bench speed-check` for the platform (in its own process(es), as it was sampled):
-    how fast this machine is now compared with its operator samples (predictor.speed). With `models_dir`
+    how fast this machine is now compared with its operator samples (predictor.hardware.speed). With `models_dir`
     the samples are the set those models were trained on (their sampled_on.json), e.g. a bench loop's."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "speed.json"
@@ -233,7 +226,7 @@ def probe() -> dict:
     bandwidth moves with its neighbours (we saw 21-27 GB/s), which moves memory-bound step parts."""
     import torch
 
-    from bench.device import stream_copy_gbps
+    from bench.sampling.device import stream_copy_gbps
     n = torch.get_num_threads()
     torch.set_num_threads(2)
     s = stream_copy_gbps("cpu", 256)

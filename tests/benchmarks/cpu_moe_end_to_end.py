@@ -8,9 +8,9 @@ each job's start-up; most of the rest waiting for the shared lock). `--rescore` 
 dense HF runs of cpu_end_to_end.py measured on the same CPU and predicted by the same models.
 
 Trains Hugging Face transformers MoE models (MixtralForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM with
-its shared expert; bench/e2e_moe.py builds them from config dicts: random weights, fp32, torch.optim.AdamW,
+its shared expert; bench/cpu/e2e_moe.py builds them from config dicts: random weights, fp32, torch.optim.AdamW,
 SDPA attention, dropout 0, router jitter 0, the router's auxiliary load-balancing loss OFF as HF's defaults
-have it) with bench/e2e.py's jobs, exactly as tests/benchmarks/cpu_end_to_end.py does the dense ones:
+have it) with bench/cpu/e2e.py's jobs, exactly as tests/benchmarks/cpu_end_to_end.py does the dense ones:
 
   * single process, 2 threads                                    -> platform cpu-2t (table `single`)
   * DistributedDataParallel, 2 gloo ranks of 1 thread (dp=2)      -> platform cpu-1t (table `ddp`)
@@ -38,7 +38,7 @@ layer, the coefficient of variation, the idle experts and the last step's counts
 Scoring: each config becomes a predict-batch row (bench/e2e_moe.moe_row: arch llama, head_dim where it differs
 from hidden / heads, num_experts, top_k, moe_ffn_hidden, shared_experts, shared_ffn_hidden, dense_layers,
 ep = 1; capacity_factor and moe_imbalance empty: HF is dropless and the imbalance is the predictor's to model)
-predicted by `predictor.batch.predict_records`. A row the predictor refuses prints its error; a row the
+predicted by `predictor.plan.batch.predict_records`. A row the predictor refuses prints its error; a row the
 predictor reads as a dense model (it does not read the MoE columns yet) is not scored and says so, never a
 dense number passed off as a MoE prediction. Not told to the predictor: Qwen3-MoE's QK-norm, Qwen2-MoE's
 q/k/v bias and its shared expert's sigmoid gate, HF's separate q/k/v GEMMs, the router's softmax / top-k /
@@ -63,7 +63,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench.e2e_moe import MOE_COLUMNS, arch_flags, moe_row
+from bench.cpu.e2e_moe import MOE_COLUMNS, arch_flags, moe_row
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "samples" / "cpu_moe_end_to_end.json"
@@ -131,7 +131,7 @@ def held(lock: str | None) -> Iterator[None]:
 
 
 def measure_table(kind: str, configs: list[dict], a: argparse.Namespace, log) -> dict[str, Any]:
-    from bench.e2e import run_ddp, run_single
+    from bench.cpu.e2e import run_ddp, run_single
     from bench.env import wait_quiet
 
     from .cpu_end_to_end import probe, speed_probe
@@ -210,9 +210,9 @@ def write_results(record: dict, path: Path = RESULTS) -> None:
 # --------------------------------------------------------------------------- scoring
 def score_rows(runs: list[dict], platform: str, models_dir: str | None = None) -> list[dict[str, Any]]:
     """Per measured config: the predict-batch row, the prediction (or None) and why not (`note`)."""
-    from predictor.batch import predict_records
-    from predictor.layout_io import model_from_fields
-    from predictor.specs import InfeasibleConfig
+    from predictor.model.errors import InfeasibleConfig
+    from predictor.model.layout_io import model_from_fields
+    from predictor.plan.batch import predict_records
     rows = [moe_row(r, platform) for r in runs]
     try:
         preds = predict_records(rows, models_dir)
@@ -286,8 +286,8 @@ def dense_baseline(t: dict, models_dir: str | None) -> None:
     """The dense HF GPT-2 / Llama runs of tests/benchmarks/cpu_end_to_end.py measured on the same CPU (any
     cpu_end_to_end.json under bench/samples), predicted by the same models: how much of the MoE table's error the
     dense model on this CPU has too."""
-    from bench.e2e import predict_rows
-    from predictor.machine import same_machine
+    from bench.cpu.e2e import predict_rows
+    from predictor.hardware.machine import same_machine
 
     from .cpu_end_to_end import table_machine
     kind, dp = ("ddp", 2) if t["platform"] == "cpu-1t" else ("single", 1)

@@ -22,19 +22,19 @@ from pathlib import Path
 
 import pandas as pd
 
-from predictor.cli import predict_rows
-from predictor.layout_io import BATCH_COLUMNS
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.specs import Layout
-from predictor.validate import summarize_validation, validate_runs
+from predictor.checks.validate import summarize_validation, validate_runs
+from predictor.cli.main import predict_rows
+from predictor.model.layout_io import BATCH_COLUMNS
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
+from predictor.plan.predict import get_predictor
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 PAPER_EXAMPLE_S = 9.47
 
 
 def vtrain_runs(store: str | None) -> pd.DataFrame:
-    from predictor.store import ingest_path, read_measured_runs
+    from predictor.samples.store import ingest_path, read_measured_runs
     if store is None:
         store = str(Path(tempfile.mkdtemp()) / "e2e.duckdb")
     ingest_path(SHARED / "vtrain" / "ground_truth_single.csv", store_path=store)
@@ -112,7 +112,7 @@ def table_speed(n_rows: int) -> None:
 
 
 def table_sources(store: str | None) -> None:
-    from predictor.calibrate_framework import calibrate_framework, format_host_share, format_table, terms_in_words
+    from predictor.calibrate.framework import calibrate_framework, format_host_share, format_table, terms_in_words
     t0 = time.perf_counter()
     cal = calibrate_framework(store_path=store, save=False)
     v = cal.terms.validation

@@ -4,10 +4,10 @@
                                                 [--platform dgx-h100] [--csv OUT]
 
 The runs and their provenance live in predictor/catalog/independent_runs.json (MosaicML llm-foundry's
-'H100 80GB BF16' table: MPT 760M-70B, PyTorch FSDP FULL_SHARD, 8-64 GPUs); `predictor.independent` checks
+'H100 80GB BF16' table: MPT 760M-70B, PyTorch FSDP FULL_SHARD, 8-64 GPUs); `predictor.checks.independent` checks
 each row (batch arithmetic; published MFU recomputed from the throughput) and predicts it with the product
 as shipped. `--source llm-foundry-h100-fp8` runs the same README's 'H100 80GB FP8' table (MPT 350M-3B,
-8 GPUs) with precision fp8: its FP8 GEMM times are BF16 samples x the MAMF ratio (predictor.fp8), never
+8 GPUs) with precision fp8: its FP8 GEMM times are BF16 samples x the MAMF ratio (predictor.step.fp8), never
 FP8 measurements. No H100 operator was sampled (dgx-h100's operators are transferred from GH200 samples) and no
 H100 run is in the store or in any fit, so this is how far the planner holds on a GPU it has not measured.
 The section does not state the network between nodes: rows on 16-64 GPUs are shown apart.
@@ -23,7 +23,7 @@ import argparse
 
 import pandas as pd
 
-from predictor.independent import (
+from predictor.checks.independent import (
     SPEEDUP_COLUMNS,
     load_sources,
     reference_runs,

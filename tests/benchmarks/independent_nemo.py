@@ -4,7 +4,8 @@ H100 / B200 / GB200), never fitted to. Prints tables.
     python -m tests.benchmarks.independent_nemo [--source ID ...] [--csv OUT]
 
 The runs, the models behind their printed names and the documents they come from are in
-predictor/catalog/independent_nemo.json; `predictor.independent_nemo` checks every row (GPU count = tp x pp x cp x dp,
+predictor/catalog/independent_nemo.json; `predictor.checks.independent_nemo` checks every row (GPU count = tp x pp x
+cp x dp,
 global batch vs micro-batch x dp and the printed GA, a printed step time against tokens/s, the published TFLOP/s per
 token against the same model's other rows), drops and counts the failures, keeps but does not predict rows without a
 platform (GB300, B300), without a stated or modelled precision, or of a model the predictor does not model, and
@@ -21,7 +22,7 @@ from collections import Counter
 
 import pandas as pd
 
-from predictor.independent_nemo import load, run_check
+from predictor.checks.independent_nemo import load, run_check
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,9 +33,9 @@ import sys
 
 import pandas as pd
 
-from predictor import memory as mem
-from predictor.presets import get_preset
-from predictor.specs import Layout, ModelSpec
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout, ModelSpec
+from predictor.step import memory as mem
 
 # ZeRO paper Table 1, 7.5B model (GB per device): DP -> (P_os, P_os+g, P_os+g+p)
 ZERO_TABLE1_7B5 = {1: (120, 120, 120), 4: (52.5, 41.3, 30), 16: (35.6, 21.6, 7.5), 64: (31.4, 16.6, 1.88),
@@ -104,7 +104,7 @@ def table_korthikanti() -> pd.DataFrame:
 def megatron_estimate(m: ModelSpec, L: Layout, distributed_optimizer: bool) -> tuple[float, float]:
     """(weight_and_optimizer_bytes, activation_bytes) of Megatron's estimate for the first stage
     (activation formula: SP + selective recomputation)."""
-    from predictor.specs import padded_vocab
+    from predictor.model.specs import padded_vocab
     h, ffn, a = m.hidden_size, m.ffn, m.num_heads
     kv = m.kv_heads
     gated = 1.5 if m.arch == "llama" else 1.0

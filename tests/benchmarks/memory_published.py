@@ -1,4 +1,5 @@
-"""Published per-GPU memory of Megatron-Core runs (MoE, FP8, context parallelism) vs predictor.memory: prints a table.
+"""Published per-GPU memory of Megatron-Core runs (MoE, FP8, context parallelism) vs predictor.step.memory: prints a
+table.
 
     python -m tests.benchmarks.memory_published [--csv OUT]
 
@@ -18,7 +19,7 @@ import argparse
 
 import pandas as pd
 
-from predictor.published_memory import compare
+from predictor.checks.published_memory import compare
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     pd.set_option("display.width", 200)
     pd.set_option("display.max_colwidth", 120)
     ok = d[d["ours_gib"].notna()]
-    print("== Published per-GPU memory vs predictor.memory (never fitted to) ==")
+    print("== Published per-GPU memory vs predictor.step.memory (never fitted to) ==")
     print(ok[["id", "platform", "precision", "measures", "published_gib", "ours_gib", "error",
               "ours_alt_gib"]].to_string(
         index=False, formatters={"error": "{:+.1%}".format}, float_format=lambda v: f"{v:.1f}"))

@@ -35,13 +35,14 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import train_test_split
 
-from predictor import ops, store
-from predictor.extrapolation import EXTRAP_AXES
-from predictor.extrapolation import extrapolation_table as _extrapolation_table
-from predictor.ingest_formats import paper_stage_params
-from predictor.platforms import get_platform
-from predictor.regressors import MODELS_DIR, CollectiveRegressor, OpRegressor
-from predictor.training import _PAPER_OPT_GROUP, _collective_group, _mape_over_groups
+from predictor.calibrate.training import _PAPER_OPT_GROUP, _collective_group, _mape_over_groups
+from predictor.checks.extrapolation import EXTRAP_AXES
+from predictor.checks.extrapolation import extrapolation_table as _extrapolation_table
+from predictor.hardware.platforms import get_platform
+from predictor.model import ops
+from predictor.regress.regressors import MODELS_DIR, CollectiveRegressor, OpRegressor
+from predictor.samples import store
+from predictor.samples.formats.paper import paper_stage_params
 
 PAPER_SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "datasets" / "paper-samples"
 PLATFORMS = ("perlmutter-a100", "vista-gh200")
@@ -275,7 +276,7 @@ def cached_table(pid: str, models_dir: Path) -> tuple[pd.DataFrame, pd.DataFrame
 
 # --------------------------------------------------------------------------- (b)
 def extrapolation_table(pid: str, sp: str, only: set[str] | None) -> pd.DataFrame:
-    """predictor.extrapolation.extrapolation_table, each row reported on stderr as it is done."""
+    """predictor.checks.extrapolation.extrapolation_table, each row reported on stderr as it is done."""
     def say(row: dict) -> None:
         cols = [a for a in (*EXTRAP_AXES, "all") if f"n_{a}" in row]
         print(f"  {pid} {row['op']}.{row['pass']}: " + ", ".join(f"{a} {_pct(row.get(a))}" for a in cols),

@@ -34,9 +34,9 @@ SCENARIOS = [  # (model, platform, num_gpus, global batch, seq)
 _CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from predictor.search import search
-from predictor.presets import get_preset
-from predictor.predict import get_predictor
+from predictor.plan.search import search
+from predictor.model.presets import get_preset
+from predictor.plan.predict import get_predictor
 t_import = time.perf_counter() - t0
 name, platform, gpus, gb, seq = json.loads(sys.argv[1])
 gpus = [int(x) for x in gpus.split(",")]
@@ -79,11 +79,11 @@ def table_speed(scenarios) -> pd.DataFrame:
 
 
 def table_naive_and_fidelity(sample: int) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from predictor.compose import CATEGORIES
-    from predictor.memory import estimate_memory
-    from predictor.predict import get_predictor
-    from predictor.presets import get_preset
-    from predictor.search import layout_of, search
+    from predictor.model.presets import get_preset
+    from predictor.plan.predict import get_predictor
+    from predictor.plan.search import layout_of, search
+    from predictor.step.compose import CATEGORIES
+    from predictor.step.memory import estimate_memory
     rows, fid = [], []
     for name, platform, gpus, gb, seq in SCENARIOS[:2]:
         P = get_predictor(platform)
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     print(naive.to_string(**fmt))
     print("\n== 3. Fidelity of the vectorised path (target <= 1 %) ==")
     print(fid.to_string(**fmt))
-    from predictor.presets import get_preset
-    from predictor.search import search
+    from predictor.model.presets import get_preset
+    from predictor.plan.search import search
     rep = search(get_preset("llama3-70b"), "dgx-a100-80gb", 1024, 1024, 4096, top_k=5)
     cols = ["rank", "tp", "pp", "cp", "dp", "micro_batch", "vpp", "schedule", "stage_layers", "recompute",
             "sequence_parallel", "zero_stage", "step_time_s", "mfu", "peak_mem_gib", "compute_s", "tp_comm_s",

@@ -31,7 +31,7 @@ LINE = ["hidden", "tp", "micro_batch", "pp", "dp"]   # layouts that differ only 
 def predictions(source: str, in_sample: bool) -> pd.DataFrame:
     """Every GPU run of the store with its measured and predicted step time (held out from `source` unless
     `in_sample`) and its layout fields."""
-    from predictor.calibrate_framework import TermsFitOptions, fit_terms, gpu_runs, load_host_floor, prepare_runs
+    from predictor.calibrate.framework import TermsFitOptions, fit_terms, gpu_runs, load_host_floor, prepare_runs
     raw = gpu_runs()
     runs = prepare_runs(raw)
     floor, _warning = load_host_floor(None)
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--source", default="vtrain")
     ap.add_argument("--in-sample", action="store_true", help="terms fitted on every run, the source included")
     a = ap.parse_args(argv)
-    from predictor.calibrate_framework import error_summary
+    from predictor.calibrate.framework import error_summary
     d = predictions(a.source, a.in_sample)
     r = intercepts(d)
     how = "in-sample" if a.in_sample else "source-held-out"

@@ -3,7 +3,7 @@
     python -m tests.benchmarks.terms_sensitivity [--store PATH]
         [--only alone floor flagged blend contention power spread]
 
-Every table refits the terms (predictor.calibrate_framework) leave-one-source-out on the store's measured GPU
+Every table refits the terms (predictor.calibrate.framework) leave-one-source-out on the store's measured GPU
 runs, as `calibrate-framework` does, with one choice changed, and prints per source the held-out MAPE, the mean
 signed error and the power factor of the fit that predicted it:
 
@@ -14,7 +14,7 @@ signed error and the power factor of the fit that predicted it:
 - blend: the exponent p of the host / GPU blend (shipped 2);
 - contention: kappa held at a few values (shipped: the published measurement, 0.159; the fit does not fit it);
 - power: the power factor's form, 'linear' (seconds added per second of tensor-core work at MAMF) or 'cap'
-  (no tensor-core kernel faster than MAMF / (1 + beta)), each refitted (predictor.terms);
+  (no tensor-core kernel faster than MAMF / (1 + beta)), each refitted (predictor.step.terms);
 - spread: the GPU speed spread sigma (the slowest of a job's n GPUs sets the pace) fitted (shipped) or held at a
   few values.
 Runs 1-2 minutes per table on 2 cores (all seven: about 14 minutes). Nothing is saved.
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from predictor import calibrate_framework as cf
-from predictor.host_floor import HostFloor, host_floor_from_dict, load_host_floor
-from predictor.terms import POWER_FORMS, PUBLISHED_CONTENTION
+from predictor.calibrate import framework as cf
+from predictor.step.host_floor import HostFloor, host_floor_from_dict, load_host_floor
+from predictor.step.terms import POWER_FORMS, PUBLISHED_CONTENTION
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLES = ("alone", "floor", "flagged", "blend", "contention", "power", "spread")

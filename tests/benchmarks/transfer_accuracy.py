@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from predictor import ops
-from predictor import transfer as T
-from predictor.platforms import get_platform
+from predictor.hardware.platforms import get_platform
+from predictor.model import ops
+from predictor.regress import transfer as T
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "datasets"
@@ -72,8 +72,8 @@ def _code_hash() -> str:
 
 
 def _bank_ok(directory: Path, platform_id: str, samples: pd.DataFrame) -> bool:
-    from predictor import features as F
-    from predictor.regressors import ModelBank
+    from predictor.regress import features as F
+    from predictor.regress.regressors import ModelBank
     try:
         bank = ModelBank.load(platform_id, models_dir=directory)
         have = bank.ops_available()
@@ -103,7 +103,7 @@ def source_models(platform_id: str, samples: pd.DataFrame, models_dir: str | Non
         for c in cands:
             if _bank_ok(c, platform_id, samples):
                 return c
-    from predictor.training import train_platform
+    from predictor.calibrate.training import train_platform
     print(f"[transfer] training {platform_id} operator regressors into {cache} (no CV; slow on a busy machine)",
           flush=True)
     t0 = time.time()
@@ -114,7 +114,7 @@ def source_models(platform_id: str, samples: pd.DataFrame, models_dir: str | Non
 
 
 def op_samples(platform_id: str, store: str | None) -> tuple[pd.DataFrame, str | None]:
-    from predictor import store as st
+    from predictor.samples import store as st
     try:
         df = st.read_op_samples(platform_id, store_path=store)
         if len(df):
@@ -159,9 +159,9 @@ def source_corrupt(bank, op: str, ps: str) -> float:
 
 def step_level(src_pid: str, tgt_pid: str, models_dir: Path) -> pd.DataFrame:
     """Whole steps on the target platform: own regressors vs transferred from the source."""
-    from predictor.predict import Predictor
-    from predictor.presets import get_preset
-    from predictor.specs import Layout
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
+    from predictor.plan.predict import Predictor
     tgt = get_platform(tgt_pid)
     own = Predictor(tgt, models_dir)
     moved = Predictor(replace(tgt, op_models=src_pid), models_dir)
@@ -200,7 +200,7 @@ def run(args) -> dict:
     for pid in ("perlmutter-a100", "vista-gh200"):
         samples[pid], store = op_samples(pid, store)
     dirs = {pid: source_models(pid, samples[pid], args.models_dir, store, args.retrain) for pid in samples}
-    from predictor.regressors import ModelBank
+    from predictor.regress.regressors import ModelBank
     record: dict = {"method": T.config_to_dict(T.DEFAULT_CONFIG), "label": T.DEFAULT_CONFIG.label(), "per_op": {},
                     "by_direction": {}, "flagged": {}, "generated_by": "python -m tests.benchmarks.transfer_accuracy",
                     "generated_at": datetime.now(UTC).isoformat(timespec="seconds"),

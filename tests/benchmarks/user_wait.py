@@ -41,9 +41,9 @@ BATCH_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv
 
 _WARM_CHILD = r"""
 import json, statistics, time
-from predictor.predict import get_predictor
-from predictor.presets import get_preset
-from predictor.specs import Layout
+from predictor.plan.predict import get_predictor
+from predictor.model.presets import get_preset
+from predictor.model.specs import Layout
 pr = get_predictor("dgx-a100-80gb")
 m = get_preset("llama3-8b")
 def lay(tp, pp, mb, seq, gb):
@@ -63,8 +63,8 @@ print(json.dumps({"median_s": statistics.median(ts), "n": len(ts)}))
 _BATCH_CHILD = r"""
 import json, sys, time
 import pandas as pd
-from predictor.cli import predict_rows
-from predictor.predict import get_predictor
+from predictor.cli.main import predict_rows
+from predictor.plan.predict import get_predictor
 df = pd.read_csv(sys.argv[1], dtype=str, keep_default_na=False)
 for p in sorted(set(df["platform"])):
     get_predictor(p)
@@ -74,9 +74,9 @@ print(json.dumps({"s": s, "ok": int((out["error"] == "").sum())}))
 
 _SEARCH_CHILD = r"""
 import json, time
-from predictor.search import search
-from predictor.presets import get_preset
-from predictor.predict import get_predictor
+from predictor.plan.search import search
+from predictor.model.presets import get_preset
+from predictor.plan.predict import get_predictor
 pr = get_predictor("dgx-a100-80gb")
 m = get_preset("llama3-70b")
 t0 = time.perf_counter(); search(m, pr, 1024, 1024, 4096); cold = time.perf_counter() - t0

@@ -221,7 +221,7 @@ def test_search_ranks_and_opens_in_predict(server, page):
     body = page.inner_text("body")
     if "not installed in this build" in body:
         shot(page, "search_unavailable")
-        pytest.skip("predictor.search is not available in this build")
+        pytest.skip("predictor.plan.search is not available in this build")
     assert page.locator('[data-testid="stMetric"]').filter(has_text="Best step time").count() == 1
     assert STEP_RE.match(harness.metric_value(page, "Best step time"))
     grid = page.locator('[data-testid="stDataFrame"]').first

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from predictor.cli import main
-from predictor.layout_io import BATCH_COLUMNS
+from predictor.cli.main import main
+from predictor.model.layout_io import BATCH_COLUMNS
 from tests.batch_rows import batch_row
 
 SMALL = ["--arch", "llama", "--layers", "4", "--hidden", "1024", "--heads", "16"]

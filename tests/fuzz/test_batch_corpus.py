@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from predictor.layout_io import BATCH_COLUMNS, MOE_ECHO_COLUMNS
+from predictor.model.layout_io import BATCH_COLUMNS, MOE_ECHO_COLUMNS
 
 from .harness import assert_error, batch, read_output, row, run, write_rows
 
@@ -90,7 +90,7 @@ def test_paths_checked_before_computing(tmp_path, capsys, monkeypatch, case):
         real = os.access
         monkeypatch.setattr(os, "access", lambda p, m, *a, **k: False if Path(p) == tmp_path else real(p, m))
     computed = []
-    import predictor.batch as B
+    import predictor.plan.batch as B
     real_predict = B.predict_records
     monkeypatch.setattr(B, "predict_records", lambda *a, **k: computed.append(1) or real_predict(*a, **k))
     rc, _, err = run(["predict-batch", "--input", str(src), "--output", str(out), "--quiet"], capsys)
@@ -240,7 +240,7 @@ def test_output_replaced_only_when_complete(tmp_path, capsys, monkeypatch):
     src = write_rows(tmp_path / "in.csv", [row(case_id=str(i)) for i in range(30)])
     dst = tmp_path / "out.csv"
     dst.write_text("previous\n")
-    import predictor.batch as B
+    import predictor.plan.batch as B
     real, calls = B.predict_records, []
 
     def flaky(*a, **k):

@@ -1,11 +1,11 @@
 """The command-line corpus: every input issue 16 lists and more, each with its outcome class
-(see harness.py). In-process through `predictor.cli.main`; tests/fuzz/test_subprocess.py runs a few
+(see harness.py). In-process through `predictor.cli.main.main`; tests/fuzz/test_subprocess.py runs a few
 as real processes for exit codes and crashes."""
 from __future__ import annotations
 
 import pytest
 
-from predictor.bounds import BOUNDS
+from predictor.model.bounds import BOUNDS
 
 from .harness import SMALL, assert_error, assert_prediction, run
 
@@ -279,11 +279,11 @@ def _interrupt(*a, **k):
 
 
 @pytest.mark.parametrize("target,argv", [
-    ("predictor.batch.predict_records", "batch"),
-    ("predictor.store.ingest_path", ["ingest", "x.csv", "--quiet"]),
-    ("predictor.search.search", [*SEARCH, "--num-gpus", "64"]),
-    ("predictor.predict.Predictor.predict", ["predict", "--platform", "dgx-h100", "--model", "llama3-8b"]),
-    ("predictor.validate.validate_runs", ["validate", "--quiet"]),
+    ("predictor.plan.batch.predict_records", "batch"),
+    ("predictor.samples.store.ingest_path", ["ingest", "x.csv", "--quiet"]),
+    ("predictor.plan.search.search", [*SEARCH, "--num-gpus", "64"]),
+    ("predictor.plan.predict.Predictor.predict", ["predict", "--platform", "dgx-h100", "--model", "llama3-8b"]),
+    ("predictor.checks.validate.validate_runs", ["validate", "--quiet"]),
 ])
 def test_ctrl_c_is_one_line_and_130(capsys, tmp_path, monkeypatch, target, argv):
     import importlib

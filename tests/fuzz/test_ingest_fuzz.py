@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import store
+from predictor.samples import store
 
 COLS = ["platform", "op", "pass", "batch", "seq", "hidden", "dtype", "duration_s", "source"]
 KEY = ["op", "pass", "batch", "seq", "hidden", "dtype", "duration_s"]

@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from predictor import paths
-from predictor.network import load_network_file_checked
-from predictor.overhead import load_host_overhead_checked
-from predictor.speed import load_speed_check_checked
-from predictor.terms import load_terms_checked
+from predictor.hardware.network import load_network_file_checked
+from predictor.hardware.speed import load_speed_check_checked
+from predictor.step.overhead import load_host_overhead_checked
+from predictor.step.terms import load_terms_checked
 
 STORE = Path(__file__).resolve().parents[2] / "models_store"
 P = "cpu-1t"

@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from predictor import regressors as R
+from predictor.hardware.platforms import get_platform
 from predictor.paths import ArtifactError
-from predictor.platforms import get_platform
+from predictor.regress import regressors as R
 
 PLATFORM = "perlmutter-a100"
 STEM, OTHER = "mlp_up.fwd", "mlp_down.fwd"
@@ -84,7 +84,7 @@ def test_truncation_sweep_never_reaches_lightgbm(tmp_path, monkeypatch, hashed):
 _CHILD = textwrap.dedent('''
     import json, random, shutil, sys
     from pathlib import Path
-    from predictor import regressors as R
+    from predictor.regress import regressors as R
     from predictor.paths import ArtifactError
     d = Path(sys.argv[1])
     txt = d / "mlp_up.fwd.txt"

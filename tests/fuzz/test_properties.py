@@ -14,11 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from predictor import store
-from predictor.cli import main
-from predictor.layout_io import BATCH_COLUMNS, layout_from_fields, model_from_fields
-from predictor.predict import get_predictor
-from predictor.specs import InfeasibleConfig
+from predictor.cli.main import main
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.layout_io import BATCH_COLUMNS, layout_from_fields, model_from_fields
+from predictor.plan.predict import get_predictor
+from predictor.samples import store
 
 FAST = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])

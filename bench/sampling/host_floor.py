@@ -1,0 +1,217 @@
+"""`python -m bench host-floor`: the host time an eager framework needs to issue one transformer layer pass.
+
+A GPT layer with Megatron-LM / Megatron-DeepSpeed's Python structure at TP 1 and without fused kernels
+beyond the layer norm (layer norm as a Python autograd function, QKV projection with its bias kept
+apart, split into heads, baddbmm scores, causal mask, softmax, dropout, bmm, output projection,
+bias-dropout-add, layer norm, GeLU MLP, bias-dropout-add; the tensor-parallel region functions each
+parallel linear calls, identities at TP 1) runs forward and
+backward on this CPU at tiny shapes (hidden 16, 2 heads, 4 tokens), where the time no longer falls
+with the shape (at hidden 64 / 16 tokens it is 70 % higher, at 128 / 32 tokens 2.8x): what remains
+is what Python, the dispatcher and autograd spend issuing the operators.
+The time per layer is the slope between a short and a long stack of layers (the loss, the backward
+call and the optimizer-free step's fixed cost drop out), taken as the median over rounds; a layer pass
+is half of a layer's forward + backward. The same stacks under full activation recomputation (reentrant
+checkpoint per layer, as Megatron recomputes) give what recomputation adds, in layer passes. The
+profiler counts the operators that would launch a kernel on a GPU. See predictor.step.host_floor for how the
+fit uses it (a lower bound).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+# operators that only re-describe a tensor (no kernel on a GPU)
+VIEW_OPS = frozenset({
+    "aten::view", "aten::_unsafe_view", "aten::reshape", "aten::_reshape_alias", "aten::transpose", "aten::t",
+    "aten::permute", "aten::expand", "aten::as_strided", "aten::slice", "aten::select", "aten::split",
+    "aten::chunk", "aten::unbind", "aten::detach", "aten::alias", "aten::squeeze", "aten::unsqueeze",
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::resolve_conj", "aten::resolve_neg",
+    "aten::lift_fresh", "aten::result_type", "aten::contiguous", "aten::to", "aten::_to_copy", "aten::lift",
+    "aten::expand_as", "aten::view_as", "aten::narrow", "aten::numpy_T", "aten::matrix_H", "aten::split_with_sizes",
+    "aten::unflatten", "aten::flatten", "aten::zeros_like", "aten::ones_like",
+})
+# rounds of the measurement by default: 9-round runs on one VM spread 0.64-0.91 ms per layer pass, 27 agree closer
+DEFAULT_ROUNDS = 27
+FRAMEWORKS_EAGER = ["megatron", "megatron-deepspeed", "deepspeed", "fsdp", "ddp"]
+
+
+def _layer_class() -> Any:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class _Identity(torch.autograd.Function):
+        """Megatron's copy-to / reduce-from tensor-parallel region: a Python autograd function that each
+        column / row parallel linear calls even at TP 1 (an identity there; an all-reduce in one direction
+        at TP > 1, whose launch is not counted here)."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            return g
+
+    class _LayerNorm(torch.autograd.Function):
+        """A fused layer norm as apex / Megatron wrap it: a Python autograd function around the kernel."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any, w: Any, b: Any) -> Any:
+            y, mean, rstd = torch.native_layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+            ctx.save_for_backward(x, w, b, mean, rstd)
+            return y
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            x, w, b, mean, rstd = ctx.saved_tensors
+            return torch.ops.aten.native_layer_norm_backward(g.contiguous(), x, (x.shape[-1],), mean, rstd, w, b,
+                                                             [True, True, True])
+
+    class ParallelLinear(nn.Module):
+        """Megatron's column / row parallel linear at TP 1: region function, matmul, bias returned apart."""
+
+        def __init__(self, n_in: int, n_out: int) -> None:
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(n_out, n_in) * 0.02)
+            self.bias = nn.Parameter(torch.zeros(n_out))
+
+        def forward(self, x: Any) -> tuple[Any, Any]:
+            return F.linear(_Identity.apply(x), self.weight), self.bias
+
+    class MegatronStyleLayer(nn.Module):
+        """Megatron's ParallelTransformerLayer at TP 1, [seq, batch, hidden] layout, no fused kernels
+        beyond a layer norm: its Python structure (region functions, bias kept apart and added in the
+        bias-dropout-add, masked softmax) and its operators."""
+
+        def __init__(self, hidden: int, heads: int, dropout: float) -> None:
+            super().__init__()
+            self.ln1_w, self.ln1_b = nn.Parameter(torch.ones(hidden)), nn.Parameter(torch.zeros(hidden))
+            self.ln2_w, self.ln2_b = nn.Parameter(torch.ones(hidden)), nn.Parameter(torch.zeros(hidden))
+            self.qkv, self.proj = ParallelLinear(hidden, 3 * hidden), ParallelLinear(hidden, hidden)
+            self.fc1, self.fc2 = ParallelLinear(hidden, 4 * hidden), ParallelLinear(4 * hidden, hidden)
+            self.heads, self.p = heads, dropout
+
+        def _bias_dropout_add(self, out: Any, bias: Any, residual: Any) -> Any:
+            return residual + F.dropout(out + bias, self.p, self.training)
+
+        def forward(self, x: Any) -> Any:
+            s, b, h = x.shape
+            d = h // self.heads
+            qkv, qkv_bias = self.qkv(_LayerNorm.apply(x, self.ln1_w, self.ln1_b))
+            q, k, v = (qkv + qkv_bias).view(s, b * self.heads, 3 * d).chunk(3, dim=-1)
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+            scores = torch.baddbmm(torch.empty(b * self.heads, s, s), q, k.transpose(1, 2), beta=0.0,
+                                   alpha=d ** -0.5)
+            mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+            probs = F.dropout(torch.softmax(scores.masked_fill(mask, -10000.0), dim=-1), self.p, self.training)
+            ctx = torch.bmm(probs, v).transpose(0, 1).contiguous().view(s, b, h)
+            out, bias = self.proj(ctx)
+            x = self._bias_dropout_add(out, bias, x)
+            up, up_bias = self.fc1(_LayerNorm.apply(x, self.ln2_w, self.ln2_b))
+            out, bias = self.fc2(F.gelu(up + up_bias))
+            return _Identity.apply(self._bias_dropout_add(out, bias, x))
+
+    return MegatronStyleLayer
+
+
+def _stack(layers: int, hidden: int, heads: int, dropout: float, checkpointed: bool = False) -> Any:
+    from torch import nn
+    cls = _layer_class()
+    if not checkpointed:
+        return nn.Sequential(*[cls(hidden, heads, dropout) for _ in range(layers)])
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(nn.Module):
+        """Full activation recomputation as Megatron runs it: each layer's forward without autograd, its
+        input kept, re-run with autograd in the backward (reentrant checkpoint, RNG state saved and restored)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([cls(hidden, heads, dropout) for _ in range(layers)])
+
+        def forward(self, x: Any) -> Any:
+            for layer in self.layers:
+                x = checkpoint(layer, x, use_reentrant=True, preserve_rng_state=True)
+            return x
+
+    return Checkpointed()
+
+
+def _time_step(model: Any, x: Any, iters: int) -> float:
+    t = time.perf_counter()
+    for _ in range(iters):
+        model(x).sum().backward()
+    return (time.perf_counter() - t) / iters
+
+
+def count_kernels(model: Any, x: Any) -> int:
+    """Operators of one forward + backward that would launch a GPU kernel: leaf aten calls, views left out."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(x).sum().backward()
+    n = 0
+    for e in prof.events():
+        if not e.name.startswith("aten::") or e.name in VIEW_OPS:
+            continue
+        if any(c.name.startswith("aten::") for c in e.cpu_children):
+            continue
+        n += 1
+    return n
+
+
+def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short: int = 2, long: int = 10,
+                       rounds: int = DEFAULT_ROUNDS, iters: int = 40, warmup: int = 20, dropout: float = 0.1,
+                       log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The record `models_store/host_floor.json` holds (see predictor.step.host_floor)."""
+    import torch
+    say = log or (lambda _m: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)       # a framework issues kernels from one host thread
+    try:
+        torch.manual_seed(0)
+        x = torch.randn(seq, 1, hidden, requires_grad=True)
+        a, b = _stack(short, hidden, heads, dropout), _stack(long, hidden, heads, dropout)
+        ca, cb = (_stack(short, hidden, heads, dropout, True), _stack(long, hidden, heads, dropout, True))
+        for m in (a, b, ca, cb):
+            _time_step(m, x, warmup)
+        slopes, ck_slopes = [], []
+        for r in range(rounds):   # plain and checkpointed stacks interleaved: both see the same machine state
+            ta, tb = _time_step(a, x, iters), _time_step(b, x, iters)
+            slopes.append((tb - ta) / (long - short))
+            ta, tb = _time_step(ca, x, iters), _time_step(cb, x, iters)
+            ck_slopes.append((tb - ta) / (long - short))
+            say(f"round {r + 1}/{rounds}: {slopes[-1] * 1e6:.0f} us per layer forward + backward, "
+                f"{ck_slopes[-1] * 1e6:.0f} us with full recomputation")
+        kernels = (count_kernels(b, x) - count_kernels(a, x)) / (long - short)
+    finally:
+        torch.set_num_threads(threads)
+    per_layer = statistics.median(slopes)
+    per_layer_ck = statistics.median(ck_slopes)
+    q = statistics.quantiles(slopes, n=4) if len(slopes) >= 4 else [min(slopes), per_layer, max(slopes)]
+    from predictor.hardware.machine import current
+    mach = current()
+    return {
+        "host_s_per_layer_pass": per_layer / 2.0,
+        "fwd_bwd_s_per_layer": per_layer,
+        "fwd_bwd_s_per_layer_iqr": [q[0], q[-1]],
+        "kernels_per_layer_pass": kernels / 2.0,
+        "fwd_bwd_s_per_layer_recomputed": per_layer_ck,
+        # what full recomputation adds to a layer (its no-grad forward, the checkpoint machinery and the
+        # forward re-run), in plain layer passes: the host passes the backward carries for recomputation
+        "recompute_host_passes": max(0.0, per_layer_ck - per_layer) / (per_layer / 2.0),
+        "applies_to": FRAMEWORKS_EAGER,
+        "layer": {"style": "Megatron-style GPT layer, unfused, [seq, batch, hidden], TP 1", "hidden": hidden,
+                  "heads": heads, "seq_len": seq, "micro_batch": 1, "dropout": dropout,
+                  "stacks": [short, long], "rounds": rounds, "iters_per_round": iters, "torch_threads": 1},
+        "machine": {**mach.to_dict(), "short": mach.short()},
+        "torch": torch.__version__,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "source": ("python -m bench host-floor: slope of eager forward + backward time over layers at tiny shapes "
+                   "on this CPU (what Python, the dispatcher and autograd spend issuing one layer's operators); "
+                   "a lower bound of a GPU host's time: CUDA launch calls, the caching allocator, collectives' "
+                   "calls and framework wrappers come on top"),
+    }

@@ -1,0 +1,1 @@
+"""Validation against measured runs and the independent checks (published runs never fitted to)."""

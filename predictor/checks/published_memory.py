@@ -1,0 +1,88 @@
+"""Published per-GPU memory of Megatron-Core training runs (MoE, FP8, context parallelism) against
+`memory.estimate_memory`: an independent check, never fitted to.
+
+`catalog/published_memory.json` holds each figure with its document, the unit it is printed in and what it counts (a
+README's 'mem' column read like nvidia-smi, torch's max reserved, a bound ...; `measures` names the quantity of ours
+it is compared with), the model (a preset or fields with their citation) and the layout (with the gradient precision
+and FP8 primary weights where the document states them). Entries whose stored text lacks the layout, or that give
+only a bound, are kept as found and reported as not comparable. A model or layout the predictor refuses (or a MoE
+field it does not accept yet) is reported with its message, never dropped silently.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from predictor import paths
+
+CATALOG = paths.CATALOG_DIR / "published_memory.json"
+TO_GIB = {"GiB": 1.0, "MiB": 1 / 1024, "GB": 1e9 / 2 ** 30, "MB": 1e6 / 2 ** 30}
+
+
+def load(path: Path = CATALOG) -> dict[str, Any]:
+    return dict(json.loads(Path(path).read_text()))
+
+
+def model_spec(name: str, fields: dict[str, Any]) -> Any:
+    """A ModelSpec from a catalog model (`preset`, or the predict-batch fields), read as predict-batch reads a row
+    (`layout_io.model_from_fields`); raises InfeasibleConfig where the predictor refuses it."""
+    from predictor.model.layout_io import model_from_fields
+    return model_from_fields({**fields, "model": fields.get("preset"), "name": name})
+
+
+def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
+    from predictor.model.specs import Layout
+    fields = {k: raw[k] for k in ("num_gpus", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_len",
+                                  "precision", "zero_stage", "vpp")}
+    fields["recompute"] = recompute or raw["recompute"]
+    fields["sequence_parallel"] = bool(raw["sequence_parallel"]) and raw["tp"] > 1
+    fields["schedule"] = "interleaved" if raw.get("vpp", 1) > 1 else "1f1b"
+    return Layout(**fields, ep=raw.get("ep", 1), grad_reduce_in_fp32=raw.get("grad_reduce_in_fp32"),
+                  fp8_param_gather=bool(raw.get("fp8_param_gather", False)))
+
+
+MEASURES = ("device", "reserved", "allocated")
+
+
+def _estimate(model: Any, raw: dict[str, Any], platform: str, measures: str, recompute: str | None = None) -> float:
+    """Our figure for what the published one counts, GiB, on the stage with the largest device total:
+    'device' the total (nvidia-smi: reserved + CUDA context + NCCL buffers), 'reserved' allocated + the
+    allocator's reserve, 'allocated' the allocated peak."""
+    from predictor.hardware.platforms import get_platform
+    from predictor.step.memory import GIB, estimate_memory
+    peak = estimate_memory(model, layout_of(raw, recompute), get_platform(platform)).peak
+    value = {"device": peak.total_bytes, "reserved": peak.reserved_bytes, "allocated": peak.allocated_bytes}
+    return float(value[measures] / GIB)
+
+
+def compare(path: Path = CATALOG) -> pd.DataFrame:
+    """One row per published figure: the figure in GiB, ours for the quantity it counts (`measures`; the stage
+    with the largest device total), the error, or why it cannot be compared."""
+    doc = load(path)
+    rows = []
+    for e in doc["entries"]:
+        pub = e["published"] * TO_GIB[e["unit"]]
+        row: dict[str, Any] = {"id": e["id"], "model": e.get("model"), "platform": e.get("platform"),
+                               "precision": e.get("layout", {}).get("precision"), "published_gib": pub,
+                               "counts": e["counts"], "measures": e.get("measures", "unstated"),
+                               "ours_gib": None, "error": None, "ours_alt_gib": None,
+                               "note": ""}
+        if e.get("unpredictable") or row["measures"] not in MEASURES:
+            row["note"] = (f"not comparable: {e['unpredictable']}" if e.get("unpredictable") else
+                           "not comparable: the document does not say what its figure counts")
+            rows.append(row)
+            continue
+        try:
+            model = model_spec(e["model"], doc["models"][e["model"]])
+            row["ours_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"])
+            row["error"] = row["ours_gib"] / pub - 1
+            if e.get("recompute_alt"):
+                row["ours_alt_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"],
+                                                e["recompute_alt"])
+        except Exception as exc:  # noqa: BLE001 - a refused model / layout / MoE field is reported, not raised
+            row["note"] = f"not estimated: {type(exc).__name__}: {exc}"
+        rows.append(row)
+    return pd.DataFrame(rows)

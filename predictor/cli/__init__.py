@@ -1,0 +1,1 @@
+"""`python -m predictor ...`: the command line."""

@@ -1,0 +1,90 @@
+"""Model flags shared by `predict` and `search`: the Mixture-of-Experts fields (and `--head-dim`), spelt as the
+ModelSpec fields / predict-batch columns with dashes. Parsed and checked by predictor.model.layout_io, which names the
+field at fault."""
+from __future__ import annotations
+
+import argparse
+
+from predictor.model.layout_io import MOE_FIELDS
+from predictor.step.memory import MemoryOptions
+
+MOE_FLAGS: dict[str, str] = {
+    "num_experts": "routed experts per MoE layer; 0 = a dense model (default: the preset's, else 0)",
+    "top_k": "experts each token is routed to (required for a MoE model: Mixtral 2, Qwen3-MoE 8)",
+    "moe_ffn_hidden": "width of one routed expert (default: --ffn-hidden)",
+    "shared_experts": "always-on shared experts per MoE layer (default 0)",
+    "shared_ffn_hidden": "width of one shared expert (default: --moe-ffn-hidden)",
+    "dense_layers": "leading layers that keep the dense MLP (default 0)",
+    "capacity_factor": "expert capacity factor (tokens beyond it dropped); default: dropless",
+    "moe_imbalance": "busiest expert-parallel rank's load over the mean (>= 1); default: modelled",
+}
+FLOAT_FLAGS = ("capacity_factor", "moe_imbalance")   # read as text: layout_io refuses nan / inf by name
+
+
+def add_head_dim_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--head-dim", type=int, dest="head_dim",
+                    help="attention head dimension when it is not hidden / heads (Qwen3: 128); default hidden / heads")
+
+
+def add_moe_args(sp: argparse.ArgumentParser) -> None:
+    g = sp.add_argument_group("Mixture of Experts (override a preset's, or describe a custom MoE model)")
+    for name in MOE_FIELDS:
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, help=MOE_FLAGS[name],
+                       **({"metavar": "X"} if name in FLOAT_FLAGS else {"type": int}))
+
+
+def add_ep_arg(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--ep", type=int, help="expert-parallel degree (MoE models): each MoE layer's experts spread "
+                                           "over ep ranks taken from tp*cp*dp; divides num_experts and tp*cp*dp "
+                                           "(default 1)")
+
+
+def add_precision_memory_args(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:
+    """--grad-reduce-in-fp32 / --no-grad-reduce-in-fp32 and --fp8-param-gather (Layout fields of those names)."""
+    where = " on every layout" if every_layout else ""
+    sp.add_argument("--grad-reduce-in-fp32", dest="grad_reduce_in_fp32", action=argparse.BooleanOptionalAction,
+                    default=None,
+                    help=f"gradient buffers and their data-parallel reduction in fp32{where} (Megatron-LM's default "
+                         "for bf16) or, with --no-grad-reduce-in-fp32, in bf16 (NeMo / Megatron-Bridge performance "
+                         "recipes); default: the precision's")
+    sp.add_argument("--fp8-param-gather", dest="fp8_param_gather", action="store_true", default=None,
+                    help=f"FP8 primary weights{where} (Megatron --fp8-param-gather): GEMM weights kept and "
+                         "all-gathered in FP8 only; needs --precision fp8")
+
+
+def add_memory_model_args(sp: argparse.ArgumentParser) -> None:
+    """The memory model's settings (predictor.step.memory.MemoryOptions) beyond the layout: what surrounds the
+    allocated tensors on the device (docs/memory_overheads.md)."""
+    m = MemoryOptions()
+    g = sp.add_argument_group("memory model (docs/memory_overheads.md)")
+    g.add_argument("--nvls-mib", type=float, default=m.nccl_nvls_mib,
+                   help="NCCL NVLink SHARP buffers per communicator on NVLS nodes, MiB (NCCL 2.17-2.21: 1536; 2.22+: "
+                        "256; NCCL_NVLS_ENABLE=0, as NeMo's launchers set it: 0)")
+    g.add_argument("--allocator-overhead", type=float, default=m.allocator_overhead,
+                   help="the caching allocator's reserve beyond the allocated peak, a share of it (0.145; PyTorch's "
+                        "expandable_segments: about 0.02)")
+    g.add_argument("--framework-gib", type=float, default=m.framework_gib,
+                   help="outside the allocator: CUDA context + library workspaces, GiB")
+    g.add_argument("--allocator-reserve", type=float, default=m.allocator_reserve,
+                   help="share of the device memory kept free as a safety margin")
+
+
+def memory_options_from_args(a: argparse.Namespace) -> MemoryOptions:
+    """The MemoryOptions of `add_memory_model_args`' flags (each checked: finite and >= 0, a share below 1)."""
+    import math
+
+    from predictor.model.errors import InfeasibleConfig
+    for name in ("nvls_mib", "allocator_overhead", "framework_gib", "allocator_reserve"):
+        v = getattr(a, name)
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise InfeasibleConfig(name, f"must be a finite number >= 0, got {v!r}.")
+    if a.allocator_reserve >= 1:
+        raise InfeasibleConfig("allocator_reserve", f"is a share of the device memory, got {a.allocator_reserve}.",
+                               "use a value below 1 (0.05 keeps 5 % free).")
+    return MemoryOptions(framework_gib=a.framework_gib, allocator_overhead=a.allocator_overhead,
+                         allocator_reserve=a.allocator_reserve, nccl_nvls_mib=a.nvls_mib)
+
+
+def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:
+    """The model's loose fields from parsed flags (layout_io.model_from_fields reads them)."""
+    return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS)}

@@ -1,0 +1,108 @@
+"""`python -m predictor calibrate-framework`: the end-to-end terms, fitted and scored leave-one-source-out."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from typing import Any
+
+
+def cmd_calibrate_framework(a: argparse.Namespace) -> int:
+    from predictor.calibrate.framework import (
+        TermsFitOptions,
+        calibrate_framework,
+        format_host_share,
+        format_table,
+        terms_in_words,
+    )
+    log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    opts = TermsFitOptions(max_evaluations=a.max_evaluations)
+    if a.power_form:
+        opts = replace(opts, power_form=a.power_form)
+    if a.contention is not None:
+        opts = replace(opts, contention=a.contention)
+    cal = calibrate_framework(store_path=a.store, models_dir=a.models_dir, options=opts, progress=log,
+                              save=not a.dry_run, use_host_floor=not a.no_host_floor)
+    t = cal.terms
+    if a.json:
+        out: dict[str, Any] = {"terms": t.to_dict(), "per_source": cal.table.to_dict(orient="records"),
+                               "written": str(cal.path) if cal.path else None}
+        print(json.dumps(out, indent=2, default=float))
+        return 0
+    print(f"End-to-end terms ({terms_in_words(t)})")
+    print(f"fitted on {t.source}\n")
+    print(format_table(cal.table))
+    v = t.validation
+    print(f"\nsource-held-out MAPE {v['held_out_mape']:.1%} (mean signed {v['held_out_mean_signed']:+.1%}), "
+          f"sources weighted equally; in-sample {v['in_sample_mape']:.1%}. 'skip' counts rows left out at ingest "
+          f"(a field not stated) and here (fields that make no valid layout).")
+    by_share = format_host_share(v)
+    if by_share:
+        print(by_share)
+    print(f"written: {cal.path}" if cal.path else "(dry run: nothing written)")
+    return 0
+
+
+def _contention(text: str) -> float:
+    """--contention: a number in [0, MAX_CONTENTION] (what a terms file allows), else a message naming the option."""
+    from predictor.step.terms import MAX_CONTENTION
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--contention takes a number of seconds per second, not {text!r}") from None
+    if not 0.0 <= v <= MAX_CONTENTION:
+        raise argparse.ArgumentTypeError(f"--contention must lie in [0, {MAX_CONTENTION:g}] (seconds of compute lost "
+                                         f"per second of overlapped communication), not {v:g}")
+    return v
+
+
+def add_calibrate_framework_parser(sub: Any, common: Any) -> None:
+    sp = sub.add_parser("calibrate-framework",
+                        help="fit the end-to-end terms (power factor, GPU speed spread, per-framework host overhead) "
+                             "on the store's GPU runs; report in-sample and leave-one-source-out errors")
+    sp.add_argument("--max-evaluations", type=int, default=40, help="least-squares evaluations per fit")
+    from predictor.step.terms import POWER_FORMS
+    sp.add_argument("--dry-run", action="store_true", help="fit and report, write nothing")
+    sp.add_argument("--power-form", choices=POWER_FORMS,
+                    help="how the power factor acts on tensor-core kernels: 'linear' adds beta x FLOPs / MAMF, 'cap' "
+                         "runs none faster than MAMF / (1 + beta) (default: the shipped form, "
+                         "predictor.calibrate.framework.TermsFitOptions)")
+    sp.add_argument("--contention", type=_contention, metavar="KAPPA",
+                    help="seconds of compute lost per second of overlapped communication, held fixed in the fit "
+                         "(default: the published measurement, 0.159, "
+                         "predictor.step.terms.PUBLISHED_CONTENTION; 0: none)")
+    sp.add_argument("--no-host-floor", action="store_true",
+                    help="ignore models_store/host_floor.json: host terms bounded below by 0 (for comparison)")
+    common(sp)
+    sp.set_defaults(func=cmd_calibrate_framework)
+
+
+def cmd_check_independent(a: argparse.Namespace) -> int:
+    from predictor.checks.record import run_all
+    from predictor.plan import accuracy_record as IR
+    from predictor.step.terms import load_terms_checked
+    log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    checks = run_all(a.models_dir, progress=log)
+    terms, _warning = load_terms_checked(a.models_dir)
+    rec = IR.record(checks, terms.fitted_at if terms is not None else "")
+    if a.json:
+        print(json.dumps(rec, indent=2))
+    else:
+        print("independent checks (published runs never fitted to), per GPU and source: "
+              "MAPE (mean signed; below zero the prediction is faster)")
+        for dev, cs in checks.items():
+            for c in cs:
+                print(f"  {dev:<16} {c.source:<32} {c.runs:>4} runs  {c.mape:6.1%} ({c.mean_signed:+.1%})")
+    if a.save:
+        print(f"written: {IR.save(rec, a.models_dir)}", file=sys.stderr)
+    return 0
+
+
+def add_check_independent_parser(sub: Any, common: Any) -> None:
+    sp = sub.add_parser("check-independent",
+                        help="predict the independent published runs (never fitted to) and report the error per GPU "
+                             "and source; --save keeps it for the error band of predictions on those GPUs")
+    sp.add_argument("--save", action="store_true", help="write models_store/independent_checks.json")
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_check_independent)

@@ -1,0 +1,226 @@
+"""Build ModelSpec / Layout from loose fields (CLI flags, batch CSV rows, query strings),
+filling documented defaults and naming the field at fault on bad input."""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, overload
+
+from predictor.model.bounds import check_bound
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.frameworks import DEFAULT_FRAMEWORK
+from predictor.model.presets import get_preset
+from predictor.model.specs import MOE_DENSE_DEFAULTS, MOE_FIELDS, Layout, ModelSpec
+
+# Mixture-of-Experts model fields (ModelSpec names = CLI flags without dashes = batch columns); empty = default.
+MOE_FLOAT_FIELDS = ("capacity_factor", "moe_imbalance")
+MOE_INT_FIELDS = tuple(n for n in MOE_FIELDS if n not in MOE_FLOAT_FIELDS)
+# What a predict-batch output row carries back of the MoE set-up (the resolved values, preset ones included).
+MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep")
+BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
+                 "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
+# Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
+OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm", "attention",
+                          "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep",
+                          "grad_reduce_in_fp32", "fp8_param_gather")
+
+DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
+  kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
+  head_dim = hidden/heads (set it where heads*head_dim != hidden, e.g. Qwen3's 128); vocab = 50257;
+  seq_len = 2048; tp = pp = cp = 1; dp = num_gpus/(tp*pp*cp); num_gpus = tp*pp*cp*dp;
+  micro_batch = 1; global_batch = micro_batch*dp; vpp = 1; schedule = 1f1b (interleaved when vpp > 1);
+  recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash;
+  framework = megatron (megatron, megatron-deepspeed, deepspeed, fsdp, ddp: when the data-parallel traffic runs
+  and whether it overlaps compute, see predictor/model/frameworks.py); overlap_grad_reduce / overlap_param_gather =
+  the framework's default.
+  Mixture of Experts: num_experts = 0 (dense; a preset's own count otherwise); top_k required for a MoE model;
+  moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
+  capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
+  (expert parallel: divides num_experts and tp*cp*dp). num_experts = 0 on a MoE preset makes it dense (the
+  preset's other MoE fields are dropped; ones you give are still checked)."""
+
+
+def blank(v: Any) -> bool:
+    """An empty cell: None, NaN or whitespace only."""
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and v.strip() == "")
+
+
+@overload
+def _int(row: Mapping[str, Any], name: str) -> int | None: ...
+@overload
+def _int(row: Mapping[str, Any], name: str, default: int) -> int: ...
+def _int(row: Mapping[str, Any], name: str, default: int | None = None) -> int | None:
+    v = row.get(name)
+    if v is None or blank(v):
+        return default
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InfeasibleConfig(name, f"must be an integer, got {v!r}.") from None
+    if not f.is_integer():
+        raise InfeasibleConfig(name, f"must be an integer, got {v!r}.")
+    return int(f)
+
+
+def _required_int(row: Mapping[str, Any], name: str) -> int:
+    v = _int(row, name)
+    if v is None:
+        raise InfeasibleConfig(name, "is required.", f"give --{name.replace('_', '-')}.")
+    return v
+
+
+@overload
+def _str(row: Mapping[str, Any], name: str) -> str | None: ...
+@overload
+def _str(row: Mapping[str, Any], name: str, default: str) -> str: ...
+def _str(row: Mapping[str, Any], name: str, default: str | None = None) -> str | None:
+    v = row.get(name)
+    return default if blank(v) else str(v).strip().lower()
+
+
+def _float(row: Mapping[str, Any], name: str) -> float | None:
+    """A finite number, or None for an empty cell / an omitted flag."""
+    v = row.get(name)
+    if v is None or blank(v):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise InfeasibleConfig(name, f"must be a number, got {v!r}.") from None
+    if not math.isfinite(f):
+        raise InfeasibleConfig(name, f"must be a finite number, got {v!r}.")
+    return f
+
+
+def moe_given(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The Mixture-of-Experts fields the row gives (parsed, each named on bad input); absent / empty ones left out."""
+    out: dict[str, Any] = {n: _int(row, n) for n in MOE_INT_FIELDS if not blank(row.get(n))}
+    out.update({n: _float(row, n) for n in MOE_FLOAT_FIELDS if not blank(row.get(n))})
+    return out
+
+
+
+
+def moe_echo(model: ModelSpec, layout: Layout) -> dict[str, Any]:
+    """The MoE fields and ep a prediction used (None where the model leaves a field to its default)."""
+    return {**{n: getattr(model, n) for n in MOE_FIELDS}, "ep": layout.ep}
+
+
+def _bool(row: Mapping[str, Any], name: str, default: bool = False) -> bool:
+    v = row.get(name)
+    if blank(v):
+        return default
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "y", "on", "1.0"):
+        return True
+    if s in ("0", "false", "no", "n", "off", "0.0"):
+        return False
+    raise InfeasibleConfig(name, f"must be true or false, got {v!r}.")
+
+
+def llama_ffn(hidden: int) -> int:
+    return 256 * math.ceil(8 * hidden / 3 / 256)
+
+
+def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
+    """A preset (`model` key) with optional overrides, or a model from its fields."""
+    preset = _str(row, "model")
+    attention = _str(row, "attention")
+    if preset:
+        m = get_preset(preset)
+        over: dict[str, Any] = {k: _int(row, f) for k, f in (("num_layers", "layers"), ("hidden_size", "hidden"),
+                                              ("num_heads", "heads"), ("num_kv_heads", "kv_heads"),
+                                              ("ffn_hidden_size", "ffn_hidden"), ("vocab_size", "vocab"),
+                                              ("head_dim", "head_dim"))
+                if not blank(row.get(f))}
+        if attention:
+            over["attention_impl"] = attention
+        moe = moe_given(row)
+        if moe.get("num_experts") == 0 and m.is_moe:
+            # a MoE preset made dense: its routing fields go, ones given stay (checked)
+            moe = {**MOE_DENSE_DEFAULTS, **moe}
+        over.update(moe)
+        from dataclasses import replace
+        m = replace(m, **over) if over else m
+        m.validate()
+        return m
+    arch = _str(row, "arch")
+    if arch is None:
+        raise InfeasibleConfig("model", "no model given.",
+                               "name a preset (--model llama3-70b) or give --arch and the fields.")
+    for req in ("layers", "hidden", "heads"):
+        if blank(row.get(req)):
+            raise InfeasibleConfig(req, f"is required for a custom {arch} model.",
+                                   f"give --{req.replace('_', '-')} (or a preset with --model).")
+    hidden = _required_int(row, "hidden")
+    ffn = _int(row, "ffn_hidden")
+    if ffn is None:
+        ffn = 4 * hidden if arch == "gpt" else llama_ffn(hidden)
+    m = ModelSpec(name=_str(row, "name", f"custom-{arch}"), arch=arch, num_layers=_required_int(row, "layers"),
+                  hidden_size=hidden, num_heads=_required_int(row, "heads"), num_kv_heads=_int(row, "kv_heads"),
+                  ffn_hidden_size=ffn, head_dim=_int(row, "head_dim"),
+                  vocab_size=_int(row, "vocab", 50257),
+                  tied_embeddings=_bool(row, "tied_embeddings", arch == "gpt"),
+                  attention_impl=attention or "flash", **moe_given(row))
+    m.validate()
+    return m
+
+
+def _given_ints_in_range(row: Mapping[str, Any]) -> None:
+    """The integer fields the user gave, positive and within their bounds, checked before any is
+    derived from another (so `--tp 0` is reported as tp, not as the num_gpus it would give)."""
+    for name in ("tp", "pp", "dp", "cp", "ep", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp"):
+        v = _int(row, name)
+        if v is not None:
+            if v <= 0:
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+            check_bound(name, v)
+
+
+def layout_from_fields(row: Mapping[str, Any]) -> Layout:
+    _given_ints_in_range(row)
+    tp = _int(row, "tp", 1)
+    pp = _int(row, "pp", 1)
+    cp = _int(row, "cp", 1)   # context parallelism: num_gpus = tp * pp * cp * dp
+    num_gpus = _int(row, "num_gpus")
+    dp = _int(row, "dp")
+    if dp is None:
+        if num_gpus is None:
+            dp = 1
+        elif num_gpus % (tp * pp * cp):
+            names, prod = ("tp*pp*cp", f"{tp * pp * cp}") if cp > 1 else ("tp*pp", f"{tp * pp}")
+            raise InfeasibleConfig("num_gpus", f"{num_gpus} GPUs cannot be split into {names} = {prod} groups.",
+                                   f"use a multiple of {prod} GPUs or change {names.replace('*', '/')}.")
+        else:
+            dp = num_gpus // (tp * pp * cp)
+    if num_gpus is None:
+        num_gpus = tp * pp * cp * dp
+    mb = _int(row, "micro_batch", 1)
+    vpp = _int(row, "vpp", 1)
+    schedule = _str(row, "schedule", "interleaved" if vpp > 1 else "1f1b")
+    stage_layers = row.get("stage_layers")
+    if not blank(stage_layers):
+        try:
+            stage_layers = tuple(int(x) for x in str(stage_layers).replace(";", ",").split(",") if x.strip())
+        except ValueError:
+            raise InfeasibleConfig("stage_layers", f"must be comma-separated integers, got {stage_layers!r}.") from None
+    else:
+        stage_layers = None
+    return Layout(num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                  global_batch=_int(row, "global_batch", mb * dp), seq_len=_int(row, "seq_len", 2048), vpp=vpp,
+                  schedule=schedule, recompute=_str(row, "recompute", "none"),
+                  sequence_parallel=_bool(row, "sequence_parallel", False), zero_stage=_int(row, "zero_stage", 0),
+                  precision=_str(row, "precision", "bf16"), stage_layers=stage_layers,
+                  framework=_str(row, "framework", DEFAULT_FRAMEWORK),
+                  overlap_grad_reduce=_opt_bool(row, "overlap_grad_reduce"),
+                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp, ep=_int(row, "ep", 1),
+                  overlap_tp_comm=_bool(row, "overlap_tp_comm", False),
+                  grad_reduce_in_fp32=_opt_bool(row, "grad_reduce_in_fp32"),
+                  fp8_param_gather=_bool(row, "fp8_param_gather", False))
+
+
+def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:
+    """True / False, or None (the default) for an empty cell."""
+    return None if blank(row.get(name)) else _bool(row, name)

@@ -1,0 +1,97 @@
+"""Mixture-of-Experts layers as Megatron-Core runs them (alltoall token dispatcher, expert tensor parallelism 1).
+
+One MoE layer of one micro-batch on one GPU replaces the dense MLP by:
+
+  router         [T, hidden] x [hidden, experts] logits, softmax, top-k       `moe_router`, T tokens
+  permute        the T * top_k routed rows gathered into expert order          `moe_permute`
+  dispatch       all-to-all over the ep ranks of the expert-parallel group     `alltoall[ep]`
+  (sort)         rows re-sorted by local expert when a rank holds several      `moe_permute` again
+  experts        per local expert: up (gate + up for SwiGLU), activation, down  `mlp_up`, `swiglu`/`gelu`,
+                 on that expert's rows (tp = 1: whole experts)                  `mlp_down` x local experts
+  (unsort)       back to source-rank order                                     `moe_unpermute` again
+  combine        all-to-all back                                               `alltoall[ep]`
+  unpermute      rows weighted by the router probabilities and summed          `moe_unpermute`
+  shared experts a dense MLP of shared_experts * shared_ffn width, split over tp (with its own sequence-parallel
+                 all-gather and reduce-scatter)
+
+Tokens per GPU: T = micro_batch * seq_len / cp, divided by tp (a MoE model with tp > 1 runs sequence
+parallelism, each tensor-parallel rank routing its own share). Each rank sends T * top_k rows and, on average,
+receives as many; the step waits for the busiest rank of the expert-parallel group, which receives
+`imbalance` times the mean. With `moe_imbalance` unset the imbalance is modelled for random routing: a
+rank's load is binomial over the ep ranks, and the expected maximum of ep such loads is about
+mean + sqrt(2 ln ep) standard deviations. Learned routers are less balanced than random ones early in training and
+with weak load-balancing losses; `moe_imbalance` states a measured figure. A capacity factor caps every expert at
+capacity_factor x its mean load (tokens beyond it are dropped, Megatron-Core's token-drop mode), so it caps the
+imbalance too. Grouped GEMMs are timed as one GEMM per local expert on its rows: a grouped GEMM kernel does the
+same work in one launch (the per-expert GEMM time is an upper bound for it where experts get few rows).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from predictor.model.specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class Routing:
+    """What one MoE layer moves and computes on the busiest GPU of its expert-parallel group, per micro-batch."""
+    tokens: int              # tokens this GPU routes (T)
+    routed_rows: int         # T * top_k: rows it permutes and sends
+    local_experts: int       # num_experts / ep
+    imbalance: float         # busiest rank's rows over the mean (>= 1)
+    rows_per_expert: int     # rows each local expert computes on the busiest rank
+    permutes: int            # permute (and unpermute) passes: 2 when rows are re-sorted by local expert after the
+    #                          all-to-all (ep > 1 and several local experts), else 1
+
+
+def tokens_per_gpu(micro_batch: int, seq_len: int, cp: int, tp: int, sequence_parallel: bool) -> int:
+    """Tokens one GPU routes in a MoE layer: its share of the micro-batch after context and sequence parallelism."""
+    t = micro_batch * (seq_len // max(cp, 1))
+    return t // tp if sequence_parallel and tp > 1 else t
+
+
+def modelled_imbalance(rows_per_rank: float, ep: int) -> float:
+    """The busiest of `ep` ranks' load over the mean for uniformly random routing: rows land on a rank with
+    probability 1/ep (binomial over ep x rows_per_rank rows); the expected maximum of ep loads is about
+    mean + sqrt(2 ln ep) standard deviations. 1 with one rank (the rank computes every row whatever the split)."""
+    if ep <= 1 or rows_per_rank <= 0:
+        return 1.0
+    sd_over_mean = math.sqrt((1.0 - 1.0 / ep) / rows_per_rank)
+    return 1.0 + math.sqrt(2.0 * math.log(ep)) * sd_over_mean
+
+
+def routing(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, ep: int,
+            sequence_parallel: bool) -> Routing:
+    """The routing of one MoE layer (see the module docstring)."""
+    k = model.top_k or 1
+    t = tokens_per_gpu(micro_batch, seq_len, cp, tp, sequence_parallel)
+    rows = t * k
+    local = max(model.num_experts // max(ep, 1), 1)
+    imb = model.moe_imbalance if model.moe_imbalance is not None else modelled_imbalance(rows, ep)
+    if model.capacity_factor is not None:
+        imb = min(imb, float(model.capacity_factor))
+    per_expert = max(1, math.ceil(rows * imb / local))
+    return Routing(t, rows, local, imb, per_expert, 2 if ep > 1 and local > 1 else 1)
+
+
+def routing_note(model: ModelSpec, layout: Any) -> str:
+    """What a MoE prediction rests on, said with it: the routed rows, the imbalance and where it comes from."""
+    r = routing(model, layout.micro_batch, layout.seq_len, layout.tp, layout.cp, layout.ep, layout.sequence_parallel)
+    return (f"MoE: {r.tokens:,} tokens x top-{model.top_k} per GPU and micro-batch, {r.local_experts} of "
+            f"{model.num_experts} experts per GPU (ep {layout.ep}), the busiest rank computing {r.imbalance:.3f}x the "
+            f"mean rows; {imbalance_basis(model)}. Grouped expert GEMMs are timed as one GEMM per local expert."
+            + (f" Experts are modelled whole on each rank (expert_tensor_parallel_size = 1, as MoE recipes "
+               f"commonly set it), not split over the tp {layout.tp} ranks: Megatron-Core's default when that is "
+               "unset is expert TP = TP, which this planner does not model yet."
+               if layout.tp > 1 else ""))
+
+
+def imbalance_basis(model: ModelSpec) -> str:
+    """How the expert load imbalance of a prediction was set (said with every MoE prediction)."""
+    if model.moe_imbalance is not None:
+        return f"expert load imbalance {model.moe_imbalance:g} as given"
+    cap = f", capped by capacity factor {model.capacity_factor:g}" if model.capacity_factor is not None else ""
+    return (f"expert load imbalance modelled for random routing{cap} (learned routers can be less balanced: "
+            "set moe_imbalance to a measured figure)")

@@ -1,0 +1,505 @@
+"""Typed configuration: the model, the parallel layout, and the one domain error.
+
+Every field carries its unit in its name where it has one. Validation raises
+`InfeasibleConfig`, which names the offending field and how to fix it; the CLI
+and the dashboard show it as a warning, never as a traceback.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from predictor.model import params
+from predictor.model.bounds import check_bound, check_tokens_per_micro_batch
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
+from predictor.model.params import padded_vocab
+from predictor.model.stages import interleaved_split
+
+ARCHS = ("gpt", "llama")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+RECOMPUTES = ("none", "selective", "full")
+PRECISIONS = ("fp16", "bf16", "fp32", "fp8")
+# fp8: Transformer-Engine-style FP8 training (predictor.step.fp8): FP8 GEMMs in the transformer layers' linear layers,
+# BF16 master weights and BF16 everything else, so a tensor outside those GEMMs is 2 bytes as in bf16.
+ATTENTION_IMPLS = ("flash", "triton", "unfused")
+# FlashAttention kernels (no s^2 score matrix kept): FlashAttention-2/3 CUDA ("flash") or the Triton implementation
+# ("triton", as MPT / llm-foundry ran it); "unfused" is Megatron's QK^T + fused scale-mask-softmax + AV.
+FLASH_IMPLS = ("flash", "triton")
+BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 2}
+# Gradient element size held between backward and the optimizer, and reduced over data parallel:
+# Megatron-LM forces fp32 gradient accumulation and reduction for bf16, torchtitan / llm-foundry
+# FSDP reduce in fp32 by default; fp16 (DeepSpeed, Megatron fp16) keeps fp16 gradients.
+GRAD_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4, "fp8": 4}
+
+
+def grad_comm_bytes(precision: str, grad_reduce_in_fp32: bool | None = None) -> int:
+    """Bytes per gradient element in the gradient buffers and data-parallel reductions: GRAD_BYTES of the
+    precision, or 4 / 2 where Layout.grad_reduce_in_fp32 says fp32 / the 16-bit precision."""
+    if grad_reduce_in_fp32 is None:
+        return GRAD_BYTES.get(precision, 4)
+    return 4 if grad_reduce_in_fp32 else 2
+
+
+def grad_reduce_in_fp32_of(grad_bytes: int, precision: str) -> bool | None:
+    """The Layout.grad_reduce_in_fp32 that gives `grad_bytes` (None where it is the precision's default):
+    `grad_comm_bytes` read backwards."""
+    return None if grad_bytes == grad_comm_bytes(precision) else grad_bytes == 4
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer.
+
+    `ffn_hidden_size` is the inner MLP width (4*hidden for GPT; for SwiGLU models
+    the width of each of the gate and up projections). `num_kv_heads` < `num_heads`
+    means grouped-query attention.
+    """
+
+    name: str
+    arch: str  # "gpt" (LayerNorm, GeLU, MHA, learned pos) | "llama" (RMSNorm, RoPE, SwiGLU, GQA)
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int | None = None
+    ffn_hidden_size: int | None = None
+    vocab_size: int = 50257
+    tied_embeddings: bool = True
+    attention_impl: str = "flash"
+    # Attention head dimension; None = hidden_size // num_heads. Qwen3 decouples it (heads * head_dim != hidden):
+    # the QKV projection is hidden -> (heads + 2*kv_heads) * head_dim, the output projection heads*head_dim -> hidden.
+    head_dim: int | None = None
+    # Mixture-of-Experts (Megatron-Core style; predictor.model.moe): num_experts 0 = a dense model. A MoE layer replaces
+    # the MLP by a router, top_k of num_experts routed experts of width moe_ffn_hidden (None = ffn_hidden) and
+    # shared_experts always-on experts of width shared_ffn_hidden (None = moe_ffn_hidden) each; the first
+    # dense_layers layers keep the dense MLP (ffn_hidden). capacity_factor None = dropless; moe_imbalance
+    # None = the busiest expert-parallel rank's load modelled from routing statistics (predictor.model.moe).
+    num_experts: int = 0
+    top_k: int | None = None
+    moe_ffn_hidden: int | None = None
+    shared_experts: int = 0
+    shared_ffn_hidden: int | None = None
+    dense_layers: int = 0
+    capacity_factor: float | None = None
+    moe_imbalance: float | None = None
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def as_dense(self) -> ModelSpec:
+        """The same model with every Mixture-of-Experts field at its dense default (MOE_DENSE_DEFAULTS)."""
+        return replace(self, **MOE_DENSE_DEFAULTS)
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a MoE block (all but the leading dense ones; 0 for a dense model)."""
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """Width of one routed expert (moe_ffn_hidden, else ffn_hidden)."""
+        return self.moe_ffn_hidden or self.ffn
+
+    @property
+    def shared_ffn(self) -> int:
+        """Width of one shared expert (shared_ffn_hidden, else the routed experts' width)."""
+        return self.shared_ffn_hidden or self.expert_ffn
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden_size or 4 * self.hidden_size
+
+    @property
+    def head_size(self) -> int:
+        """The attention head dimension in use: `head_dim`, or hidden_size // num_heads when it is None."""
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def attn_width(self) -> int:
+        """Width of the attention's query / output projection side: heads * head dimension (= hidden unless
+        head_dim is decoupled)."""
+        return self.num_heads * self.head_size
+
+    @property
+    def head_dim_decoupled(self) -> bool:
+        """Whether heads * head_dim differs from hidden (the operator shapes then carry head_dim)."""
+        return self.attn_width != self.hidden_size
+
+    def params_per_layer(self) -> int:
+        """Parameters of one transformer layer (weights and biases/norm gains); see predictor.model.params."""
+        return params.layer_params(self)
+
+    def embedding_params(self, tp: int = 1) -> int:
+        return padded_vocab(self.vocab_size, tp) * self.hidden_size
+
+    def total_params(self) -> int:
+        return params.total_params(self)
+
+    def active_params(self) -> int:
+        """Parameters one token passes through (MoE: top_k routed experts); = total_params for a dense model."""
+        return params.active_params(self)
+
+    def validate(self) -> None:
+        if self.arch not in ARCHS:
+            raise InfeasibleConfig("arch", f"unknown architecture '{self.arch}'.", f"use one of {', '.join(ARCHS)}.")
+        for name in ("num_layers", "hidden_size", "num_heads", "vocab_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise InfeasibleConfig(_flag(name), f"must be a positive integer, got {v!r}.")
+            check_bound(_flag(name), v)
+        for name in ("num_kv_heads", "ffn_hidden_size", "head_dim"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
+                raise InfeasibleConfig(_flag(name), f"must be a positive integer, got {v!r}.")
+            if v is not None:
+                check_bound(_flag(name), v)
+        if self.head_dim is not None:
+            if self.head_dim <= 0:
+                raise InfeasibleConfig("head_dim", f"must be a positive integer, got {self.head_dim!r}.",
+                                       "leave it empty for hidden / heads, or give the model's head dimension "
+                                       "(e.g. 128).")
+            if self.head_dim % 8:
+                raise InfeasibleConfig("head_dim", f"head_dim {self.head_dim} is not a multiple of 8 (attention "
+                                                   "kernels need it).", "use a multiple of 8, e.g. 64 or 128.")
+            if self.num_heads * self.head_dim > 4 * self.hidden_size:
+                raise InfeasibleConfig(
+                    "head_dim", f"heads * head_dim = {self.num_heads} * {self.head_dim} = "
+                                f"{self.num_heads * self.head_dim} is over 4 x hidden ({4 * self.hidden_size}).",
+                    f"check heads and head_dim; hidden / heads = {self.hidden_size / self.num_heads:g}.")
+        elif self.hidden_size % self.num_heads:
+            raise InfeasibleConfig(
+                "hidden", f"hidden size {self.hidden_size} is not divisible by heads {self.num_heads}.",
+                "choose hidden and heads so that hidden / heads is an integer head dimension.")
+        if self.num_kv_heads is not None and (self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads):
+            raise InfeasibleConfig(
+                "kv_heads", f"kv_heads {self.num_kv_heads} must divide heads {self.num_heads}.",
+                "use a divisor of heads (heads for MHA, 1 for MQA).")
+        if self.ffn_hidden_size is not None and self.ffn_hidden_size <= 0:
+            raise InfeasibleConfig("ffn_hidden", "must be positive.")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise InfeasibleConfig("attention_impl", f"unknown '{self.attention_impl}'.",
+                                   f"use one of {', '.join(ATTENTION_IMPLS)}.")
+        self._validate_moe()
+
+    def _validate_moe(self) -> None:
+        """MoE fields: all zero / empty for a dense model; for a MoE model top_k in 1..num_experts, widths
+        positive, dense_layers below num_layers, capacity factor and imbalance sensible."""
+        for name in ("num_experts", "shared_experts", "dense_layers"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InfeasibleConfig(name, f"must be a whole number >= 0, got {v!r}.")
+            check_bound(name, v)
+        for name in ("top_k", "moe_ffn_hidden", "shared_ffn_hidden"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+            if v is not None:
+                check_bound(name, v)
+        for name in ("capacity_factor", "moe_imbalance"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v == v
+                                  or v in (float("inf"), float("-inf"))):
+                raise InfeasibleConfig(name, f"must be a number, got {v!r}.")
+        if not self.is_moe:
+            given = [n for n in ("top_k", "moe_ffn_hidden", "shared_ffn_hidden", "capacity_factor", "moe_imbalance")
+                     if getattr(self, n) is not None] + [n for n in ("shared_experts", "dense_layers")
+                                                         if getattr(self, n)]
+            if given:
+                raise InfeasibleConfig(given[0], f"{given[0]} is a Mixture-of-Experts field but num_experts is 0 "
+                                                 "(a dense model).",
+                                       "set num_experts (e.g. 8) for a MoE model, or leave the MoE fields empty.")
+            return
+        if self.num_experts < 2:
+            raise InfeasibleConfig("num_experts", f"a MoE model needs at least 2 experts, got {self.num_experts}.",
+                                   "use 0 for a dense model, or the model's expert count (e.g. 8, 64, 128).")
+        if self.top_k is None:
+            raise InfeasibleConfig("top_k", "a MoE model needs top_k, the experts each token is routed to.",
+                                   "set top_k (Mixtral 2, Qwen3-MoE 8, DeepSeek-V3 8).")
+        if self.top_k > self.num_experts:
+            raise InfeasibleConfig("top_k", f"top_k {self.top_k} is more than num_experts {self.num_experts}: a "
+                                            "token cannot go to more experts than there are.",
+                                   f"use a top_k between 1 and {self.num_experts}.")
+        if self.dense_layers >= self.num_layers:
+            raise InfeasibleConfig("dense_layers", f"dense_layers {self.dense_layers} leaves no MoE layer of "
+                                                   f"{self.num_layers}.",
+                                   f"use fewer than {self.num_layers} leading dense layers, or num_experts 0.")
+        if self.capacity_factor is not None and not 0 < self.capacity_factor <= self.num_experts / self.top_k:
+            raise InfeasibleConfig("capacity_factor", f"capacity_factor {self.capacity_factor:g} is outside "
+                                                      f"(0, num_experts / top_k = {self.num_experts / self.top_k:g}].",
+                                   "leave it empty for dropless routing, or use e.g. 1.0-1.25.")
+        if self.moe_imbalance is not None and not 1.0 <= self.moe_imbalance <= self.num_experts:
+            raise InfeasibleConfig("moe_imbalance", f"moe_imbalance {self.moe_imbalance:g} must be between 1 "
+                                                    f"(perfect balance) and num_experts ({self.num_experts}).",
+                                   "leave it empty to model it from routing statistics, or give the busiest "
+                                   "rank's load over the mean (e.g. 1.2).")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one training step is laid out over the GPUs.
+
+    num_gpus = tp * pp * cp * dp.
+    `vpp` is the number of virtual pipeline stages per GPU (interleaved schedule).
+    `cp` is the context-parallel degree (Megatron-Core style, `predictor.step.decompose`): the sequence of every
+    micro-batch is split over cp ranks (seq_len / cp tokens each, in 2*cp load-balanced chunks of
+    seq_len / (2*cp)); the ranks exchange key/value blocks in a ring inside attention. `dp` stays the pure
+    data-parallel degree (micro-batches per step = global_batch / (micro_batch * dp)); gradients and ZeRO
+    shards spread over the dp * cp ranks of the data-parallel-with-CP group.
+    """
+
+    num_gpus: int
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    global_batch: int = 1
+    seq_len: int = 2048
+    vpp: int = 1
+    schedule: str = "1f1b"
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    zero_stage: int = 0
+    precision: str = "bf16"
+    # Layers per pipeline chunk (pp*vpp entries, first stage first); None = as even as possible,
+    # the remainder going to the middle stages (the edge stages carry embedding / LM head).
+    stage_layers: tuple[int, ...] | None = None
+    # The training framework (predictor.model.frameworks): when the data-parallel traffic runs and whether it
+    # overlaps compute; None in the overlap switches = the framework's default.
+    framework: str = DEFAULT_FRAMEWORK
+    overlap_grad_reduce: bool | None = None
+    overlap_param_gather: bool | None = None
+    cp: int = 1   # context-parallel degree (ranks one micro-batch's sequence is split over); 1 = none
+    # expert-parallel degree (MoE models): the experts of each MoE layer spread over ep ranks. Megatron-Core's MoE
+    # parallel folding with expert tensor parallelism 1: the ep ranks are taken from the tp x cp x dp ranks of a
+    # pipeline stage (ep divides tp * cp * dp), the expert weights are replicated over the remaining
+    # tp * cp * dp / ep ranks (the expert-data-parallel group, over which expert gradients are reduced).
+    ep: int = 1
+    # Transformer Engine's tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap, NeMo's
+    # tp_comm_overlap; userbuffers): the sequence-parallel all-gathers / reduce-scatters of a layer run in chunks
+    # under the GEMMs they feed; needs tp > 1 with sequence parallelism. Off by default (Megatron-Core's default).
+    overlap_tp_comm: bool = False
+    # Gradient buffers and their data-parallel reduction in fp32 (Megatron-Core DDPConfig.grad_reduce_in_fp32,
+    # Megatron-LM's default for bf16) or in the 16-bit compute precision (False: NeMo's and Megatron-Bridge's
+    # performance recipes); None = GRAD_BYTES of the precision (fp32 for bf16 / fp8, fp16 for fp16).
+    grad_reduce_in_fp32: bool | None = None
+    # FP8 primary weights (Megatron --fp8-param-gather, NeMo / Megatron-Bridge fp8_param_gather): the GEMM weights
+    # are kept in FP8 only (no BF16 copy beside the FP8 ones) and the distributed optimizer all-gathers them in FP8;
+    # precision fp8 only.
+    fp8_param_gather: bool = False
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes per gradient element in the gradient buffers and the data-parallel reduction."""
+        return grad_comm_bytes(self.precision, self.grad_reduce_in_fp32)
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq_len
+
+    @property
+    def seq_per_rank(self) -> int:
+        """Tokens of one micro-batch's sequence on one context-parallel rank (seq_len / cp)."""
+        return self.seq_len // self.cp
+
+    def _validate_cp(self) -> None:
+        """Context parallelism: the degrees multiply to num_gpus, cp divides seq_len, and each rank's
+        seq_len / cp tokens split into Megatron's two load-balancing chunks per rank (a multiple of 2*cp)."""
+        prod = self.tp * self.pp * self.cp * self.dp
+        if prod != self.num_gpus:
+            rest = self.tp * self.pp * self.cp
+            raise InfeasibleConfig(
+                "num_gpus", f"tp*pp*cp*dp = {self.tp}*{self.pp}*{self.cp}*{self.dp} = {prod} "
+                            f"but num_gpus = {self.num_gpus}.",
+                f"set dp = {self.num_gpus // rest} or change tp/pp/cp so the product is {self.num_gpus}."
+                if self.num_gpus % rest == 0 else "choose tp, pp and cp whose product divides num_gpus.")
+        if self.seq_len % self.cp:
+            raise InfeasibleConfig(
+                "seq_len", f"context parallelism cp = {self.cp} does not divide seq_len {self.seq_len}.",
+                f"use a seq_len that is a multiple of 2*cp*cp = {2 * self.cp * self.cp}, or a cp dividing it.")
+        if (self.seq_len // self.cp) % (2 * self.cp):
+            raise InfeasibleConfig(
+                "cp", f"the sequence per CP rank, seq_len / cp = {self.seq_len // self.cp}, is not a multiple of "
+                      f"2*cp = {2 * self.cp} (Megatron's causal load balancing splits it into 2*cp chunks).",
+                f"use a seq_len that is a multiple of 2*cp*cp = {2 * self.cp * self.cp}, or a smaller cp.")
+
+    def _validate_ep(self, model: ModelSpec) -> None:
+        """Expert parallelism: only for MoE models, ep divides num_experts and the tp * cp * dp ranks of a stage,
+        and (as Megatron-Core requires) sequence parallelism with tp > 1 in a MoE model."""
+        if not model.is_moe:
+            if self.ep > 1:
+                raise InfeasibleConfig("ep", f"ep = {self.ep} but the model is dense (num_experts 0).",
+                                       "set ep = 1, or give the model's num_experts and top_k.")
+            return
+        if model.num_experts % self.ep:
+            raise InfeasibleConfig("ep", f"ep {self.ep} does not divide num_experts {model.num_experts}.",
+                                   f"use an ep that divides {model.num_experts} (each rank holds num_experts / ep "
+                                   "experts).")
+        ranks = self.tp * self.cp * self.dp
+        if ranks % self.ep:
+            raise InfeasibleConfig("ep", f"ep {self.ep} does not divide the tp x cp x dp = {self.tp} x {self.cp} x "
+                                         f"{self.dp} = {ranks} ranks of a pipeline stage (Megatron-Core folds the "
+                                         "expert-parallel group into them).",
+                                   f"use an ep dividing {ranks}, or raise dp so that tp x cp x dp is a multiple of "
+                                   f"{self.ep}.")
+        if self.ep > 1 and self.zero_stage >= 2:
+            raise InfeasibleConfig("zero_stage", f"expert parallelism (ep = {self.ep}) with ZeRO-{self.zero_stage} "
+                                                 "is not modelled (Megatron-Core shards MoE optimizer states with its "
+                                                 "distributed optimizer, ZeRO-1).",
+                                   "use zero_stage 1 (or 0) with ep > 1, or ep = 1.")
+        if self.tp > 1 and not self.sequence_parallel:
+            raise InfeasibleConfig("sequence_parallel", "a MoE model with tp > 1 needs sequence parallelism "
+                                                        "(Megatron-Core requires it: each tensor-parallel rank routes "
+                                                        "its own share of the tokens).",
+                                   "turn sequence_parallel on, or use tp = 1.")
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks each expert's weights are replicated over (tp * cp * dp / ep): the expert-data-parallel group."""
+        return self.tp * self.cp * self.dp // self.ep
+
+    def validate(self, model: ModelSpec | None = None) -> None:
+        for name in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp", "cp", "ep"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+            check_bound(name, v)
+        check_tokens_per_micro_batch(self.micro_batch, self.seq_len)
+        if self.cp == 1 and self.tp * self.pp * self.dp != self.num_gpus:
+            raise InfeasibleConfig(
+                "num_gpus",
+                f"tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.tp * self.pp * self.dp} "
+                f"but num_gpus = {self.num_gpus}.",
+                f"set dp = {self.num_gpus // (self.tp * self.pp)} or change tp/pp so the product is {self.num_gpus}."
+                if self.num_gpus % (self.tp * self.pp) == 0 else
+                "choose tp and pp whose product divides num_gpus.")
+        if self.cp > 1:
+            self._validate_cp()
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise InfeasibleConfig(
+                "global_batch",
+                f"global batch {self.global_batch} is not a multiple of micro_batch*dp = {self.micro_batch * self.dp}.",
+                f"use a multiple of {self.micro_batch * self.dp}, "
+                f"e.g. {max(1, round(self.global_batch / (self.micro_batch * self.dp))) * self.micro_batch * self.dp}.")
+        if self.schedule not in SCHEDULES:
+            raise InfeasibleConfig("schedule", f"unknown schedule '{self.schedule}'.",
+                                   f"use one of {', '.join(SCHEDULES)}.")
+        if self.recompute not in RECOMPUTES:
+            raise InfeasibleConfig("recompute", f"unknown recompute '{self.recompute}'.",
+                                   f"use one of {', '.join(RECOMPUTES)}.")
+        if self.precision not in PRECISIONS:
+            raise InfeasibleConfig("precision", f"unknown precision '{self.precision}'.",
+                                   f"use one of {', '.join(PRECISIONS)}.")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise InfeasibleConfig("zero_stage", f"must be 0, 1, 2 or 3, got {self.zero_stage!r}.")
+        if self.schedule == "interleaved":
+            if self.pp < 2:
+                raise InfeasibleConfig("schedule", "the interleaved schedule needs pp >= 2.", "use 1f1b or raise pp.")
+            if self.vpp < 2:
+                raise InfeasibleConfig("vpp", "the interleaved schedule needs vpp >= 2 virtual stages per GPU.",
+                                       "set --vpp 2 (or more), or use --schedule 1f1b.")
+            if self.num_micro_batches % self.pp:
+                raise InfeasibleConfig(
+                    "global_batch",
+                    f"the interleaved schedule needs the number of micro-batches ({self.num_micro_batches}) "
+                    f"to be a multiple of pp ({self.pp}).",
+                    "change global_batch or micro_batch accordingly.")
+        elif self.vpp != 1:
+            raise InfeasibleConfig("vpp", f"vpp = {self.vpp} needs --schedule interleaved.",
+                                   "set vpp to 1 or use the interleaved schedule.")
+        if self.framework not in FRAMEWORKS:
+            raise InfeasibleConfig("framework", f"unknown framework '{self.framework}'.",
+                                   f"use one of {', '.join(FRAMEWORKS)}.")
+        fw = get_framework(self.framework)
+        if self.zero_stage not in fw.zero_stages:
+            raise InfeasibleConfig("zero_stage", f"{fw.description} has no ZeRO stage {self.zero_stage}.",
+                                   f"use one of {', '.join(map(str, fw.zero_stages))}, or another framework.")
+        if self.zero_stage >= 2 and self.pp > 1 and fw.zero_needs_no_pp:
+            raise InfeasibleConfig("zero_stage", f"{fw.description} cannot combine ZeRO-{self.zero_stage} with "
+                                                 f"pipeline parallelism (pp = {self.pp}).",
+                                   "use zero_stage 0 or 1 with pipeline parallelism, or pp = 1.")
+        if self.overlap_tp_comm and (self.tp == 1 or not self.sequence_parallel):
+            raise InfeasibleConfig("overlap_tp_comm", "tensor-parallel communication overlap needs tp > 1 with "
+                                                      "sequence parallelism (it overlaps the SP all-gathers and "
+                                                      "reduce-scatters with the GEMMs).",
+                                   "set tp >= 2 and sequence_parallel on, or turn overlap_tp_comm off.")
+        if self.sequence_parallel and self.tp == 1:
+            raise InfeasibleConfig("sequence_parallel", "sequence parallelism needs tp > 1.",
+                                   "set tp >= 2 or turn it off.")
+        if self.fp8_param_gather and self.precision != "fp8":
+            raise InfeasibleConfig("fp8_param_gather", f"FP8 primary weights need precision fp8, not "
+                                                       f"{self.precision}.",
+                                   "set precision fp8, or turn fp8_param_gather off.")
+        if self.grad_reduce_in_fp32 is False and self.precision == "fp32":
+            raise InfeasibleConfig("grad_reduce_in_fp32", "fp32 training has fp32 gradients; they cannot be reduced "
+                                                          "in a 16-bit precision.",
+                                   "leave grad_reduce_in_fp32 unset (or true) with precision fp32.")
+        if model is not None:
+            model.validate()
+            if model.num_heads % self.tp:
+                raise InfeasibleConfig("tp", f"heads {model.num_heads} is not divisible by tp {self.tp}.",
+                                       f"use a tp that divides {model.num_heads}.")
+            if model.kv_heads % self.tp and self.tp % model.kv_heads:
+                raise InfeasibleConfig("tp", f"kv_heads {model.kv_heads} and tp {self.tp} do not divide one another.",
+                                       "use a tp that divides kv_heads or a multiple of it.")
+            if model.ffn % self.tp:
+                raise InfeasibleConfig("tp", f"ffn_hidden {model.ffn} is not divisible by tp {self.tp}.",
+                                       f"use a tp that divides {model.ffn}.")
+            if self.cp > 1 and model.attention_impl not in FLASH_IMPLS:
+                raise InfeasibleConfig("cp", f"context parallelism needs a fused attention kernel; this model uses "
+                                             f"'{model.attention_impl}' attention.",
+                                       "set cp = 1 or use flash attention (Megatron-Core runs CP inside "
+                                       "Transformer Engine's fused attention).")
+            self._validate_ep(model)
+            if self.sequence_parallel and (self.seq_len // self.cp) % self.tp:
+                raise InfeasibleConfig("seq_len", f"sequence parallelism needs seq_len divisible by tp ({self.tp}).")
+            chunks = self.pp * self.vpp
+            if model.num_layers < chunks:
+                raise InfeasibleConfig(
+                    "pp", f"{model.num_layers} layers cannot fill pp*vpp = {chunks} pipeline chunks.",
+                    "lower pp or vpp.")
+            if self.stage_layers is not None:
+                if len(self.stage_layers) != chunks or any(int(n) < 1 for n in self.stage_layers):
+                    raise InfeasibleConfig("stage_layers",
+                                           f"needs {chunks} positive entries (pp*vpp), got {list(self.stage_layers)}.")
+                if sum(self.stage_layers) != model.num_layers:
+                    raise InfeasibleConfig("stage_layers", f"sums to {sum(self.stage_layers)} but the model has "
+                                                           f"{model.num_layers} layers.")
+            elif (self.schedule == "interleaved" and model.num_layers % chunks
+                  and interleaved_split(model.num_layers, chunks) is None):
+                raise InfeasibleConfig(
+                    "vpp", f"{model.num_layers} layers do not split evenly into pp*vpp = {chunks} chunks (nor "
+                           f"do layers + 2, Megatron-Core's split that counts the embedding and the loss as "
+                           "layers).",
+                    "choose vpp so that layers / (pp*vpp) or (layers + 2) / (pp*vpp) is an integer, or give "
+                    "stage_layers.")
+
+
+# The Mixture-of-Experts fields of ModelSpec (= CLI flags without dashes = batch columns), and their defaults:
+# a dense model
+MOE_FIELDS = ("num_experts", "top_k", "moe_ffn_hidden", "shared_experts", "shared_ffn_hidden", "dense_layers",
+              "capacity_factor", "moe_imbalance")
+MOE_DENSE_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(ModelSpec) if f.name in MOE_FIELDS}
+
+
+def _flag(name: str) -> str:
+    return {"num_layers": "layers", "hidden_size": "hidden", "num_heads": "heads",
+            "num_kv_heads": "kv_heads", "ffn_hidden_size": "ffn_hidden", "vocab_size": "vocab",
+            "head_dim": "head_dim"}.get(name, name)
+
+
+def with_changes(obj: Any, **changes: Any) -> Any:
+    """dataclasses.replace, re-exported for callers that build variants."""
+    return replace(obj, **changes)
+
+
+def as_dict(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}

@@ -1,0 +1,75 @@
+"""What a platform's predictions rest on, in words: the one description the command line
+(`python -m predictor platforms`) and the dashboard (Predict's "data" tab, Calibrate) both show."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from predictor.plan.predict import Predictor
+
+
+@dataclass(frozen=True)
+class PlatformBacking:
+    kind: str            # measured | transferred | analytical: what the operator times rest on
+    operators: str
+    collectives: str
+    host_overhead: str
+    machine_speed: str
+    end_to_end: str
+    short: dict[str, str]  # the same facts in a few words each (tables)
+
+    def to_dict(self) -> dict[str, str]:
+        d = asdict(self)
+        d.pop("short")
+        return d
+
+
+def describe_backing(pr: Predictor) -> PlatformBacking:
+    p = pr.platform
+    own = pr.own_measurements
+    if pr.bank is not None:
+        kind = "measured" if own else "transferred"
+        ops = f"{kind} from {p.op_models} ({len(pr.bank.ops_available())} operator models)"
+        if pr.bank.degraded:
+            ops += f"; DEGRADED: {len(pr.bank.problems)} model file(s) failed their check and are not used"
+    elif p.op_models:
+        kind = "analytical"
+        ops = (f"analytical: {p.op_models} has no trained models "
+               f"(run `python -m predictor train --platform {p.op_models}`)")
+    else:
+        kind = "analytical"
+        ops = "analytical (roofline from the device specs)"
+    if pr.coll_bank is not None:
+        coll = f"measured ({p.collective_models}); analytic beyond the sampled range"
+    else:
+        src = pr.network.intra.source
+        coll = "analytic " + (f"(calibrated: {src})" if pr.network.calibrated else "(link specs)")
+    host = pr.host
+    if host is not None:
+        cv = f", CV MAPE {host.cv_mape:.1%} on held-out models" if host.cv_mape is not None else ""
+        runs = f" on {host.fitted_on_runs:,} measured runs" if host.fitted_on_runs else " on measured runs"
+        host_s = (f"fitted{runs}: {host.host_s_per_layer_pass * 1e3:.2f} ms per layer pass, blended with the GPU "
+                  f"time (p = {host.blend_p:g}){cv}")
+    else:
+        host_s = ("not modelled on this platform (no fitted host overhead): predictions with short kernels "
+                  "(small models, micro-batch 1, high TP) may be low; fit one with "
+                  "`python -m predictor calibrate-host` on measured runs")
+    err = pr.end_to_end_error()
+    e2e = f"MAPE {err[0]:.1%} on {err[1]} measured runs{err[2]}" if err is not None else "not validated end to end"
+    if pr.speed is not None:
+        speed = pr.speed.describe()
+    elif pr.bank is not None and own:
+        speed = ("as sampled (no speed check saved; `python -m bench speed-check --platform "
+                 f"{p.platform_id} --save` re-times a few sampled shapes and scales to the machine's speed today)")
+    else:
+        speed = "-"
+    short = {"operators": f"{kind} ({p.op_models})" if p.op_models and pr.bank is not None else kind,
+             "collectives": ("measured + analytic" if pr.coll_bank is not None else
+                             "analytic (calibrated)" if pr.network.calibrated else "analytic (link specs)"),
+             "host_overhead": (f"{host.host_s_per_layer_pass * 1e3:.2f} ms/layer pass" if host is not None
+                               else "not modelled"),
+             "machine_speed": f"x{pr.speed.speed_factor:.3f}" if pr.speed is not None else "-",
+             "end_to_end": f"MAPE {err[0]:.1%} ({err[1]} runs)" if err is not None else "not validated"}
+    return PlatformBacking(kind=kind, operators=ops, collectives=coll, host_overhead=host_s, machine_speed=speed,
+                           end_to_end=e2e, short=short)

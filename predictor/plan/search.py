@@ -1,0 +1,640 @@
+"""Configuration search: every layout of a model on a cluster, the ones that do not fit dropped
+(with the reason kept), the rest ranked by step time, tokens/s, MFU or cost.
+
+    from predictor.plan.search import search
+    rep = search(get_preset("llama3-70b"), "dgx-a100-80gb", num_gpus=1024, global_batch=1024, seq_len=4096)
+    rep.table          # every enumerated layout, feasible ones ranked first, with reason when rejected
+    rep.top            # the best `top_k` with exact predictions, memory reports and training cost
+    rep.why_absent(tp=1, pp=1)   # why no layout with these values is in the ranking
+
+Dimensions searched (`SearchSpace`): tensor parallel (divisors of the GPUs that the model's heads,
+kv heads and MLP width allow; within a node unless `tp_within_node=False`), pipeline parallel
+(divisors, at most one layer per stage), the even layer split and an "edge-light" split (first and
+last stage one layer lighter, for the embedding and the LM head), data parallel (what remains),
+micro-batch (divisors of the per-replica batch up to `max_micro_batch`), interleaved schedules with
+`vpp` virtual stages, recomputation (none / selective / full; selective is skipped with flash
+attention, where it equals none), sequence parallelism, ZeRO stage 0-3 (stage 2 = FSDP
+SHARD_GRAD_OP, 3 = FULL_SHARD; see decompose.step_work).
+
+Speed and agreement: candidates are evaluated by the one step-time engine (`predictor.step.engine`) as
+arrays, the same code that `Predictor.predict` runs for one layout, so a layout's step time, breakdown
+and memory in the search table equal its prediction (tests/test_search.py checks it on random layouts).
+The expected-error band is computed for the best `band_rows` feasible layouts (and every `top` result).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from predictor.hardware.platforms import Platform
+from predictor.model.bounds import check_bound
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
+from predictor.model.specs import (
+    FLASH_IMPLS,
+    RECOMPUTES,
+    SCHEDULES,
+    Layout,
+    ModelSpec,
+    grad_comm_bytes,
+    grad_reduce_in_fp32_of,
+)
+from predictor.model.stages import interleaved_split, split_layers
+from predictor.plan.costing import TrainingEstimate, training_estimate
+from predictor.plan.predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
+from predictor.step import memory as mem
+from predictor.step.compose import CATEGORIES
+from predictor.step.engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  # noqa: F401  (_unique_rows re-exported)
+from predictor.step.fp8 import mfu_peak_precision
+
+OBJECTIVES = {"time": ("step_time_s", True), "tokens": ("tokens_per_s", False), "mfu": ("mfu", False),
+              "cost": ("gpu_hours_per_mtok", True)}
+RC = RECOMPUTES
+SCHED = SCHEDULES
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What to enumerate; None = everything valid."""
+    tp: tuple[int, ...] | None = None
+    pp: tuple[int, ...] | None = None
+    # context-parallel degrees; None = every power of two (1, 2, 4, ...) that divides the GPUs left by tp,
+    # divides seq_len with seq_len / cp a multiple of 2*cp (Megatron's causal load balancing), on GPUs with
+    # flash attention
+    cp: tuple[int, ...] | None = None
+    # expert-parallel degrees (MoE models; dense models always 1); None = every divisor of num_experts that divides
+    # the tp * cp * dp ranks of a stage (Megatron-Core's MoE parallel folding)
+    ep: tuple[int, ...] | None = None
+    micro_batch: tuple[int, ...] | None = None
+    max_micro_batch: int = 16
+    vpp: tuple[int, ...] | None = None
+    max_vpp: int = 8
+    recompute: tuple[str, ...] = RC
+    sequence_parallel: tuple[bool, ...] = (False, True)
+    zero_stage: tuple[int, ...] = (0, 1, 2, 3)
+    schedules: tuple[str, ...] = ("1f1b", "interleaved")
+    uneven_splits: bool = True
+    tp_within_node: bool = True
+    precision: str = "bf16"
+    framework: str = DEFAULT_FRAMEWORK        # predictor.model.frameworks: its ZeRO stages and overlap defaults
+    overlap_grad_reduce: bool | None = None   # None: the framework's default
+    overlap_param_gather: bool | None = None
+    overlap_tp_comm: bool = False             # Transformer Engine's TP overlap on every layout with tp > 1 and SP
+    grad_reduce_in_fp32: bool | None = None   # Layout.grad_reduce_in_fp32 on every layout (None: the precision's)
+    fp8_param_gather: bool = False            # FP8 primary weights on every layout (precision fp8 only)
+
+
+@dataclass
+class SearchResult:
+    rank: int
+    layout: Layout
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    breakdown_s: dict[str, float]
+    memory: mem.MemoryReport
+    training: TrainingEstimate
+    prediction: StepPrediction | None = None   # the exact prediction (refine=True)
+    fast_step_time_s: float | None = None      # the search's own (vectorised) value
+    table_index: int = -1                      # row of SearchReport.table
+
+    def to_dict(self) -> dict[str, Any]:
+        L = self.layout
+        d = {"rank": self.rank, "layout": _layout_dict(L), "step_time_s": self.step_time_s,
+             "tokens_per_s": self.tokens_per_s, "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu,
+             "breakdown_s": self.breakdown_s, "memory": self.memory.to_dict(), "training": self.training.to_dict()}
+        if self.prediction is not None:
+            d["expected_error"] = self.prediction.expected_error
+            d["provenance"] = self.prediction.provenance
+        return d
+
+
+@dataclass
+class SearchReport:
+    model: ModelSpec
+    platform_id: str
+    objective: str
+    table: pd.DataFrame                 # every enumerated layout (feasible ranked first)
+    top: list[SearchResult]
+    exclusions: list[dict[str, Any]]    # options never enumerated, with the reason
+    elapsed_s: float
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def n_enumerated(self) -> int:
+        return len(self.table)
+
+    @property
+    def n_feasible(self) -> int:
+        return int(self.table["fits"].sum()) if len(self.table) else 0
+
+    @property
+    def feasible(self) -> pd.DataFrame:
+        return self.table[self.table["fits"]]
+
+    @property
+    def rejected(self) -> pd.DataFrame:
+        return self.table[~self.table["fits"]]
+
+    def rejection_summary(self) -> pd.DataFrame:
+        """Rejected layouts counted by the part of memory that dominates, plus option-level exclusions."""
+        rows = []
+        rej = self.rejected
+        if len(rej):
+            for kind, g in rej.groupby("reject_kind"):
+                rows.append({"reason": kind, "layouts": len(g), "example": g.iloc[0]["reason"]})
+        for e in self.exclusions:
+            rows.append({"reason": "not enumerated: " + e["option"], "layouts": 0, "example": e["reason"]})
+        return pd.DataFrame(rows, columns=["reason", "layouts", "example"])
+
+    def why_absent(self, **filters: Any) -> pd.DataFrame:
+        """Why layouts with these values (e.g. tp=1, zero_stage=0) are not ranked: the rejected ones
+        that match, with their reasons, and the option-level exclusions that name a filtered value."""
+        t = self.table
+        mask = np.ones(len(t), bool)
+        for k, v in filters.items():
+            if k not in t.columns:
+                raise KeyError(f"unknown field '{k}' (one of {', '.join(t.columns)})")
+            mask &= (t[k] == v).to_numpy()
+        hits = t[mask & ~t["fits"].to_numpy()][["num_gpus", "tp", "pp", "dp", "micro_batch", "vpp", "schedule",
+                                                   "recompute", "sequence_parallel", "zero_stage", "peak_mem_gib",
+                                                   "reason"]]
+        ex = []
+        for e in self.exclusions:
+            vals = e.get("values", {})
+            common = [k for k in filters if k in vals]
+            if common and all(vals[k] == filters[k] for k in common):
+                ex.append(e)
+        if ex:
+            hits = pd.concat([hits, pd.DataFrame([{"reason": f"{e['option']}: {e['reason']}"} for e in ex])],
+                             ignore_index=True)
+        return hits
+
+    def to_dict(self, all_rows: bool = False) -> dict[str, Any]:
+        d = {"model": self.model.name, "platform": self.platform_id, "objective": self.objective,
+             "enumerated": self.n_enumerated, "feasible": self.n_feasible, "elapsed_s": self.elapsed_s,
+             "timings_s": self.timings_s, "top": [r.to_dict() for r in self.top],
+             "rejections": self.rejection_summary().to_dict(orient="records"), "exclusions": self.exclusions}
+        if all_rows:
+            d["layouts"] = self.table.to_dict(orient="records")
+        return d
+
+
+def _layout_dict(L: Layout) -> dict[str, Any]:
+    d = {k: getattr(L, k) for k in ("num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch", "seq_len",
+                                    "vpp",
+                                    "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
+                                    "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
+                                    "grad_reduce_in_fp32", "fp8_param_gather")}
+    d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
+    d["num_micro_batches"] = L.num_micro_batches
+    return d
+
+
+def _divisors(n: int) -> list[int]:
+    out: set[int] = set()
+    for i in range(1, int(math.isqrt(n)) + 1):
+        if n % i == 0:
+            out.update((i, n // i))
+    return sorted(out)
+
+
+# ------------------------------------------------------------------------------ enumeration
+def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, global_batch: int, seq_len: int,
+                      space: SearchSpace = SearchSpace()):
+    """(rows, structures, exclusions): candidate rows as tuples
+    in engine.COLUMNS order, the pipeline structures they use,
+    and the options never enumerated with the reason."""
+    L = model.num_layers
+    gpn = platform.gpus_per_node
+    excl: list[dict[str, Any]] = []
+    structs: list[Structure] = []
+    struct_ids: dict[Structure, int] = {}
+
+    def sid(s: Structure) -> int:
+        if s not in struct_ids:
+            struct_ids[s] = len(structs)
+            structs.append(s)
+        return struct_ids[s]
+
+    fw = get_framework(space.framework)
+    fw_i = FRAMEWORKS.index(fw.name)
+    ogr = int(fw.overlap_grad_reduce if space.overlap_grad_reduce is None else space.overlap_grad_reduce)
+    opg = int(fw.overlap_param_gather if space.overlap_param_gather is None else space.overlap_param_gather)
+    probe = Layout(num_gpus=1, precision=space.precision, grad_reduce_in_fp32=space.grad_reduce_in_fp32,
+                   fp8_param_gather=space.fp8_param_gather)
+    probe.validate()   # fp8_param_gather without fp8, grad_reduce_in_fp32 False with fp32: named, not searched
+    for z in space.zero_stage:
+        if z not in fw.zero_stages:
+            excl.append({"option": f"zero_stage={z}", "values": {"zero_stage": z},
+                         "reason": f"{fw.description} has no ZeRO stage {z}."})
+    rcs = [r for r in space.recompute if r in RC]
+    if model.attention_impl in FLASH_IMPLS and "selective" in rcs and "none" in rcs:
+        rcs.remove("selective")
+        excl.append({"option": "recompute=selective", "values": {"recompute": "selective"},
+                     "reason": "with flash attention selective recomputation equals none (the kernel recomputes "
+                               "the attention scores itself); ranked as recompute=none."})
+    rows: list[tuple] = []
+    cps = _cp_choices(model, platform, num_gpus, seq_len, space, excl)
+    if not model.is_moe and space.ep is not None and any(e != 1 for e in space.ep):
+        excl.append({"option": "ep>1", "values": {"ep": max(space.ep)},
+                     "reason": "expert parallelism needs a Mixture-of-Experts model (num_experts > 0)."})
+    elif model.is_moe and space.ep is not None:
+        for e in space.ep:
+            if e < 1 or model.num_experts % e:
+                excl.append({"option": f"ep={e}", "values": {"ep": e},
+                             "reason": f"ep {e} does not divide num_experts {model.num_experts}."})
+    tps = space.tp or tuple(_divisors(num_gpus))
+    for tp in tps:
+        why = None
+        if num_gpus % tp:
+            why = f"does not divide {num_gpus} GPUs."
+        elif model.num_heads % tp:
+            why = f"heads {model.num_heads} not divisible by {tp}."
+        elif model.kv_heads % tp and tp % model.kv_heads:
+            why = f"kv_heads {model.kv_heads} and {tp} do not divide one another."
+        elif model.ffn % tp:
+            why = f"ffn_hidden {model.ffn} not divisible by {tp}."
+        elif space.tp_within_node and (tp > gpn or gpn % tp):
+            why = (f"tensor parallelism would cross node boundaries ({gpn} GPUs per node); "
+                   f"allow it with tp_within_node=False (--tp-across-nodes).")
+        if why:
+            if space.tp is not None or tp <= max(gpn, 8) * 2:
+                excl.append({"option": f"tp={tp}", "values": {"tp": tp}, "reason": why})
+            continue
+        for cp in cps:
+            if (num_gpus // tp) % cp:
+                continue
+            _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg,
+                             rcs, rows)
+    return rows, structs, excl
+
+
+def _cp_choices(model: ModelSpec, platform: Platform, num_gpus: int, seq_len: int, space: SearchSpace,
+                excl: list[dict[str, Any]]) -> list[int]:
+    """The context-parallel degrees to enumerate (see SearchSpace.cp), excluded ones with the reason."""
+    if space.cp is not None:
+        cand = list(space.cp)
+    else:
+        cand = [1]
+        while cand[-1] * 2 <= num_gpus:
+            cand.append(cand[-1] * 2)
+    out = []
+    for cp in cand:
+        why = None
+        if cp == 1:
+            out.append(cp)
+            continue
+        if num_gpus % cp:
+            why = f"does not divide {num_gpus} GPUs."
+        elif seq_len % cp or (seq_len // cp) % (2 * cp):
+            why = (f"seq_len {seq_len} / cp is not a multiple of 2*cp = {2 * cp} (Megatron's causal load "
+                   f"balancing).")
+        elif model.attention_impl not in FLASH_IMPLS:
+            why = "context parallelism needs flash attention."
+        elif platform.device.vendor == "cpu":
+            why = "context parallelism needs GPU peer-to-peer collectives."
+        if why:
+            excl.append({"option": f"cp={cp}" if space.cp is not None else f"cp>={cp}", "values": {"cp": cp},
+                         "reason": why})
+            if space.cp is None:
+                break   # every larger power of two fails the same rule
+            continue
+        out.append(cp)
+    return out
+
+
+def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg, rcs,
+                     rows) -> None:
+    """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
+    gbytes = grad_comm_bytes(space.precision, space.grad_reduce_in_fp32)
+    f8p = int(space.fp8_param_gather)
+    sps = [s for s in space.sequence_parallel if not s or (tp > 1 and (seq_len // cp) % tp == 0)]
+    if model.is_moe and tp > 1:   # Megatron-Core runs MoE with tp > 1 only with sequence parallelism
+        sps = [s for s in sps if s]
+    rest = num_gpus // (tp * cp)
+    pps = space.pp or tuple(_divisors(rest))
+    for pp in pps:
+        if rest % pp:
+            continue
+        if pp > L:
+            if (space.pp is not None or pp <= 2 * L) and not any(e["option"] == f"pp={pp}" for e in excl):
+                excl.append({"option": f"pp={pp}", "values": {"pp": pp},
+                             "reason": f"pp={pp} exceeds the {L} layers (one layer per stage at least)."})
+            continue
+        dp = rest // pp
+        if global_batch % dp:
+            cps_ = f", cp={cp}" if cp > 1 else ""
+            vals = {"tp": tp, "pp": pp, "dp": dp, **({"cp": cp} if cp > 1 else {})}
+            excl.append({"option": f"tp={tp}, pp={pp}{cps_} (dp={dp})", "values": vals,
+                         "reason": f"global batch {global_batch} is not a multiple of dp={dp}."})
+            continue
+        per_replica = global_batch // dp
+        mbs = [b for b in (space.micro_batch or _divisors(per_replica))
+               if per_replica % b == 0 and b <= (space.max_micro_batch if space.micro_batch is None else b)]
+        zs = [z for z in space.zero_stage if (z == 0 or dp * cp > 1) and z in fw.zero_stages
+              and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
+        eps = _ep_choices(model, space, tp * cp * dp)
+        structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
+        if "1f1b" in space.schedules or pp == 1:
+            even = Structure(pp, 1, "1f1b", tuple(split_layers(L, pp)), None)
+            structures_pp.append((sid(even), 1))
+            if space.uneven_splits and pp >= 3:
+                c = split_layers(L + 2, pp)
+                c[0] -= 1
+                c[-1] -= 1
+                if min(c) >= 1 and tuple(c) != even.counts:
+                    structures_pp.append((sid(Structure(pp, 1, "1f1b", tuple(c), tuple(c))), 1))
+        if "gpipe" in space.schedules and pp > 1:
+            structures_pp.append((sid(Structure(pp, 1, "gpipe", tuple(split_layers(L, pp)), None)), 1))
+        inter: list[int] = []
+        if "interleaved" in space.schedules and pp >= 2:
+            cand_v = space.vpp or tuple(range(2, space.max_vpp + 1))
+            for v in cand_v:
+                if v >= 2 and interleaved_split(L, pp * v) is not None:
+                    inter.append(v)
+        for mb in mbs:
+            m = per_replica // mb
+            plist = list(structures_pp) if pp > 1 else [structures_pp[0]]
+            for v in inter:
+                if m % pp == 0:
+                    st = Structure(pp, v, "interleaved", tuple(interleaved_split(L, pp * v) or ()), None)
+                    plist.append((sid(st), v))
+            for st_id, _v in plist:
+                for rc in rcs:
+                    rci = RC.index(rc)
+                    for sp in sps:
+                        for z in zs:
+                            for ep in eps:
+                                if ep > 1 and z >= 2:   # MoE states shard with the distributed optimizer (ZeRO-1)
+                                    continue
+                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
+                                             cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)), gbytes,
+                                             f8p))
+
+
+def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:
+    """Expert-parallel degrees for a stage of `ranks` = tp * cp * dp GPUs: 1 for a dense model; for a MoE model
+    the divisors of num_experts that divide `ranks` (those of `space.ep` when given)."""
+    if not model.is_moe:
+        return [1]
+    cand = space.ep or tuple(_divisors(model.num_experts))
+    return [e for e in cand if e >= 1 and model.num_experts % e == 0 and ranks % e == 0]
+
+
+# ------------------------------------------------------------------------------ the search
+def _parse_gpus(num_gpus: int | Sequence[int] | range) -> list[int]:
+    if isinstance(num_gpus, (int, np.integer)):
+        return [int(num_gpus)]
+    return sorted({int(x) for x in num_gpus})
+
+
+_ENGINES: dict[tuple, Any] = {}
+
+
+def engine_for(P: Predictor, memory_options: mem.MemoryOptions):
+    """The predictor's engine, or one with other memory options (cached per predictor and options)."""
+    if memory_options == P.engine.mopt:
+        return P.engine
+    from predictor.step.engine import Engine
+    key = (id(P), memory_options)
+    hit = _ENGINES.get(key)
+    if hit is None or hit.P is not P:
+        if len(_ENGINES) > 16:
+            _ENGINES.clear()
+        hit = _ENGINES[key] = Engine(P, memory_options)
+    return hit
+
+
+def search(model: ModelSpec, platform: str | Platform | Predictor, num_gpus: int | Sequence[int],
+           global_batch: int, seq_len: int, *, top_k: int = 10, objective: str = "time",
+           space: SearchSpace = SearchSpace(), memory_options: mem.MemoryOptions = mem.MemoryOptions(),
+           tokens_to_train: float | None = None, price_per_gpu_hour: float | None = None,
+           refine: bool = True, models_dir: str | None = None, band_rows: int = 100) -> SearchReport:
+    """Rank every layout of `model` on `num_gpus` GPUs (an int or several) of `platform` that fits in memory.
+
+    objective: time (step time), tokens (tokens/s), mfu, cost (GPU-hours per token, times the price).
+    refine: attach the full prediction (operator table, memory report, provenance) to the top `top_k`.
+    band_rows: the expected-error band is computed for this many of the best feasible layouts.
+    top_k <= 0 returns every feasible layout in `table` and no `top` list beyond the first 10."""
+    t0 = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise InfeasibleConfig("objective", f"unknown objective '{objective}'.", f"use one of {', '.join(OBJECTIVES)}.")
+    model.validate()
+    for name, v in (("global_batch", global_batch), ("seq_len", seq_len)):
+        if not isinstance(v, (int, np.integer)) or v <= 0:
+            raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.")
+        check_bound(name, int(v))
+    if isinstance(platform, Predictor):
+        P = platform
+    elif isinstance(platform, Platform):
+        P = Predictor(platform, models_dir)
+    else:
+        P = get_predictor(platform, models_dir)
+    gpus = _parse_gpus(num_gpus)
+    if not gpus or min(gpus) <= 0:
+        raise InfeasibleConfig("num_gpus", f"must be positive, got {num_gpus!r}.")
+    for N in gpus:
+        check_bound("num_gpus", N)
+        P.check_ranks(N)
+    precision = space.precision
+    P.platform.device.check_precision(precision)
+    timings: dict[str, float] = {}
+    rows, excl = [], []
+    structs: list[Structure] = []
+    for N in gpus:
+        r, s, e = enumerate_layouts(model, P.platform, N, global_batch, seq_len, space)
+        remap = []  # structure ids into one list
+        for st in s:
+            if st in structs:
+                remap.append(structs.index(st))
+            else:
+                remap.append(len(structs))
+                structs.append(st)
+        rows += [(*x[:6], remap[x[6]], *x[7:]) for x in r]
+        excl += [{**d, "option": (f"num_gpus={N}, " if len(gpus) > 1 else "") + d["option"],
+                  "values": {**d.get("values", {}), **({"num_gpus": N} if len(gpus) > 1 else {})}} for d in e]
+    timings["enumerate"] = time.perf_counter() - t0
+    arr = np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS))
+    eng = engine_for(P, memory_options)
+    t1 = time.perf_counter()
+    ev = eng.evaluate(model, arr, structs, seq_len, precision, provenance=False)
+    timings["evaluate"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    table = _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_to_train,
+                   price_per_gpu_hour, objective)
+    _add_error_band(table, model, P, eng, arr, structs, seq_len, precision, band_rows)
+    timings["table"] = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    top = _top_results(model, P, table, top_k, objective, refine, memory_options, tokens_to_train, price_per_gpu_hour)
+    timings["refine"] = time.perf_counter() - t3
+    if not len(table) or not table["fits"].any():
+        pass  # an empty ranking is a valid answer: the report's rejections say why
+    return SearchReport(model=model, platform_id=P.platform.platform_id, objective=objective, table=table,
+                        top=top, exclusions=excl, elapsed_s=time.perf_counter() - t0, timings_s=timings)
+
+
+def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_to_train, price, objective):
+    n = len(arr)
+    sid = arr[:, 6]
+    s_vpp = np.array([s.vpp for s in structs] or [1], dtype=np.int64)
+    s_sched = np.array([s.schedule for s in structs] or [""], dtype=object)
+    s_split = np.array([",".join(map(str, s.stage_layers)) if s.stage_layers else "" for s in structs] or [""],
+                       dtype=object)
+    df = pd.DataFrame({
+        "num_gpus": arr[:, 0], "tp": arr[:, 1], "pp": arr[:, 2], "dp": arr[:, 3], "micro_batch": arr[:, 4],
+        "num_micro_batches": arr[:, 5], "vpp": s_vpp[sid], "schedule": pd.Series(s_sched[sid], dtype=object),
+        "stage_layers": pd.Series(s_split[sid], dtype=object),
+        "recompute": pd.Series(np.array(RECOMPUTE, dtype=object)[arr[:, 7]], dtype=object),
+        "sequence_parallel": arr[:, 8].astype(bool), "zero_stage": arr[:, 9],
+        "framework": pd.Series(np.array(FRAMEWORKS, dtype=object)[arr[:, 10]], dtype=object),
+        "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
+        "cp": arr[:, 13], "ep": arr[:, 14], "overlap_tp_comm": arr[:, 15].astype(bool),
+        "grad_bytes": arr[:, 16], "fp8_param_gather": arr[:, 17].astype(bool),
+        "_row": np.arange(n),
+    })
+    df["global_batch"] = global_batch
+    df["seq_len"] = seq_len
+    df["precision"] = pd.Series(np.full(n, precision, dtype=object), dtype=object)
+    step = ev.step_time_s
+    tokens = float(global_batch) * seq_len
+    flops = model_flops_per_step(model, Layout(num_gpus=1, global_batch=global_batch, seq_len=seq_len))
+    peak = P.platform.device.peak_flops(mfu_peak_precision(precision))  # fp8 runs: against the BF16 peak
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df["step_time_s"] = step
+        df["tokens_per_s"] = tokens / step
+        df["tflops_per_gpu"] = flops / step / df["num_gpus"].to_numpy() / 1e12
+        df["mfu"] = df["tflops_per_gpu"] * 1e12 / peak
+        df["gpu_hours_per_mtok"] = step * df["num_gpus"].to_numpy() / 3600.0 / tokens * 1e6
+    for c in CATEGORIES:
+        df[f"{c}_s"] = ev.breakdown_s[c]
+    df["peak_mem_gib"] = ev.peak_bytes / mem.GIB
+    df["mem_stage"] = ev.peak_stage
+    for k, name in (("weights", "weights"), ("grads", "grads"), ("optimizer", "optimizer"),
+                    ("activations", "activations"), ("buffers", "buffers"), ("nccl", "nccl"),
+                    ("allocator", "allocator")):
+        df[f"mem_{name}_gib"] = ev.memory_parts[k] / mem.GIB
+    fits = ev.fits
+    df["fits"] = fits
+    df["memory_tight"] = ev.tight
+    if tokens_to_train:
+        te = training_estimate(step, df["num_gpus"].to_numpy(), tokens, tokens_to_train, price)
+        df["steps"] = te.steps
+        df["days"] = te.days
+        df["gpu_hours"] = te.gpu_hours
+        if price is not None:
+            df["cost"] = te.cost
+    elif price is not None:
+        df["cost_per_mtok"] = df["gpu_hours_per_mtok"] * price
+    parts = (np.stack([ev.memory_parts[k] for k in mem.MEMORY_PARTS], axis=1) if n
+             else np.zeros((0, len(mem.MEMORY_PARTS))))
+    names = np.array([mem.MEMORY_PART_LABELS[k] for k in mem.MEMORY_PARTS])
+    dom = names[parts.argmax(axis=1)] if n else np.array([], dtype=str)
+    reason = np.full(n, "", dtype=object)
+    kind = np.full(n, "", dtype=object)
+    order3 = np.argsort(-parts, axis=1)[:, :3]
+    gib = parts / mem.GIB
+    peak_gib = ev.peak_bytes / mem.GIB
+    u_txt = f"{ev.usable_bytes / mem.GIB:.1f}"
+    for i in np.nonzero(~fits)[0]:
+        a, b, c = order3[i]
+        reason[i] = (f"out of memory: stage {ev.peak_stage[i]} needs {peak_gib[i]:.1f} GiB > {u_txt} GiB usable "
+                     f"({names[a]} {gib[i, a]:.1f}, {names[b]} {gib[i, b]:.1f}, {names[c]} {gib[i, c]:.1f} GiB)")
+        kind[i] = "out of memory, mostly " + dom[i]
+    df["reason"] = pd.Series(reason, dtype=object)
+    df["reject_kind"] = pd.Series(kind, dtype=object)
+    df["capacity_gib"] = ev.capacity_bytes / mem.GIB
+    df["usable_gib"] = ev.usable_bytes / mem.GIB
+    key, asc = OBJECTIVES[objective]
+    vals = df[key].to_numpy()
+    order = np.lexsort(((vals if asc else -vals), ~df["fits"].to_numpy()))
+    df = df.iloc[order].reset_index(drop=True)
+    df.insert(0, "rank", np.where(df["fits"], np.cumsum(df["fits"].to_numpy()), 0))
+    return df
+
+
+def _add_error_band(table: pd.DataFrame, model, P: Predictor, eng, arr, structs, seq_len, precision, n: int) -> None:
+    """`expected_error` (and `provenance`) for the best `n` feasible rows; NaN / '' for the rest."""
+    table["expected_error"] = np.nan
+    table["provenance"] = ""
+    best = table.index[table["fits"].to_numpy()][:max(0, n)]
+    if not len(best):
+        return
+    src = table.loc[best, "_row"].to_numpy()
+    ev = eng.evaluate(model, arr[src], structs, seq_len, precision, provenance=True)
+    errs, provs = [], []
+    tps = table.loc[best, "tp"].to_numpy()
+    fws = table.loc[best, "framework"].to_numpy() if "framework" in table else [None] * len(src)
+    for r in range(len(src)):
+        share, err, _basis = P.confidence(ev.provenance_s[r], fws[r], (model, int(tps[r]), precision))
+        errs.append(err)
+        provs.append("; ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v > 0.0005))
+    table.loc[best, "expected_error"] = errs
+    table.loc[best, "provenance"] = provs
+
+
+def layout_of(row: pd.Series | dict) -> Layout:
+    """The Layout of one table row."""
+    sl = row["stage_layers"]
+    return Layout(num_gpus=int(row["num_gpus"]), tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
+                  micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]),
+                  seq_len=int(row["seq_len"]), vpp=int(row["vpp"]), schedule=str(row["schedule"]),
+                  recompute=str(row["recompute"]), sequence_parallel=bool(row["sequence_parallel"]),
+                  zero_stage=int(row["zero_stage"]), precision=str(row["precision"]),
+                  stage_layers=tuple(int(x) for x in sl.split(",")) if sl else None, **_framework_fields(row),
+                  cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1,
+                  ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1,
+                  overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False,
+                  **_precision_fields(row))
+
+
+def _precision_fields(row: pd.Series | dict) -> dict[str, Any]:
+    """grad_reduce_in_fp32 (None where the row's gradient bytes are the precision's default) and
+    fp8_param_gather of a table row."""
+    out: dict[str, Any] = {}
+    if "grad_bytes" in row and row["grad_bytes"] == row["grad_bytes"]:
+        out["grad_reduce_in_fp32"] = grad_reduce_in_fp32_of(int(row["grad_bytes"]), str(row["precision"]))
+    if "fp8_param_gather" in row and row["fp8_param_gather"] == row["fp8_param_gather"]:
+        out["fp8_param_gather"] = bool(row["fp8_param_gather"])
+    return out
+
+
+def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:
+    """framework and the overlap switches of a table row (None where they equal the framework default)."""
+    name = str(row.get("framework") or DEFAULT_FRAMEWORK)
+    fw = get_framework(name)
+    out: dict[str, Any] = {"framework": fw.name}
+    for k in ("overlap_grad_reduce", "overlap_param_gather"):
+        if k in row and row[k] == row[k]:
+            v = bool(row[k])
+            out[k] = None if v == getattr(fw, k) else v
+    return out
+
+
+def _top_results(model, P, table, top_k, objective, refine, mopt, tokens_to_train, price) -> list[SearchResult]:
+    feas = table[table["fits"]]
+    k = top_k if top_k > 0 else 10
+    res = []
+    for i, row in feas.head(k).iterrows():
+        L = layout_of(row)
+        pred = P.predict(model, L, timeline=False) if refine and mopt == P.engine.mopt else None
+        step = float(row["step_time_s"])
+        flops = model_flops_per_step(model, L)
+        tfl = flops / step / L.num_gpus / 1e12
+        te = training_estimate(step, L.num_gpus, L.tokens_per_step, tokens_to_train, price)
+        memory = pred.memory if pred is not None and pred.memory is not None else \
+            mem.estimate_memory(model, L, P.platform, mopt)
+        mfu_peak_flops = P.platform.device.peak_flops(mfu_peak_precision(L.precision))
+        res.append(SearchResult(rank=int(row["rank"]), layout=L, step_time_s=step,
+                                tokens_per_s=L.tokens_per_step / step,
+                                tflops_per_gpu=tfl, mfu=tfl * 1e12 / mfu_peak_flops,
+                                breakdown_s={c: float(row[f"{c}_s"]) for c in CATEGORIES}, memory=memory,
+                                training=te.scalar(), prediction=pred, fast_step_time_s=step, table_index=int(i)))
+    return res

@@ -1,0 +1,1 @@
+"""Operator features, the per-(platform, operator, pass) regressors, and their transfer to unsampled GPUs."""

@@ -1,0 +1,631 @@
+"""One training step of a decoder-only transformer as operator and collective calls.
+
+The step is built from a few *units*, each a list of calls for ONE micro-batch on ONE GPU:
+
+  layer_unit   one transformer layer: forward, backward and recomputation calls, and its
+               tensor-parallel exchanges
+  first_unit   what the first pipeline chunk adds: the embedding (+ GPT's position add)
+  last_unit    what the last chunk adds: final norm, LM head, cross-entropy
+  step_work    once per step for one chunk: the optimizer and the data-parallel traffic (per
+               micro-batch for ZeRO-2/3, where parameters are gathered unit by unit)
+
+`decompose(model, layout, platform)` assembles them into one `StagePlan` per pipeline chunk
+(pp * vpp of them, in pipeline order); the step-time engine (`predictor.step.engine`) uses the units
+directly and scales them by the layers of each chunk, so both see the same calls.
+
+Conventions follow Megatron-LM: column-parallel QKV / MLP-up, row-parallel attention-out /
+MLP-down (two all-reduces per layer in forward and two in backward, or all-gather +
+reduce-scatter with sequence parallelism), vocab-parallel embedding, LM head and cross-entropy,
+vocabulary padded to a multiple of 128*tp.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from predictor.hardware.platforms import Platform
+from predictor.model import moe as moe_
+from predictor.model import params
+from predictor.model.frameworks import fused_kernels_on, get_framework, separate_grad_accumulation
+from predictor.model.ops import OP_SHAPE_COLUMNS, SHAPE_COLUMNS
+from predictor.model.specs import BYTES_PER_ELEMENT, FLASH_IMPLS, Layout, ModelSpec, grad_comm_bytes
+from predictor.model.stages import chunk_layer_counts
+from predictor.step import fp8 as fp8_
+from predictor.step.terms import TRITON_ATTENTION_FACTOR
+
+Shape = tuple  # values in ops.SHAPE_COLUMNS order, None where unused (+ head_dim where decoupled)
+Topology = tuple[int, int, int]  # (ranks, nodes, gpus_per_node) of a communication group
+
+
+def make_shape(**kw: int | None) -> Shape:
+    """Values in SHAPE_COLUMNS order; a `head_dim` (decoupled from hidden / heads) adds an 11th value."""
+    unknown = set(kw) - set(OP_SHAPE_COLUMNS)
+    if unknown:
+        raise KeyError(f"unknown shape columns {sorted(unknown)}")
+    shp = tuple(kw.get(c) for c in SHAPE_COLUMNS)
+    return shp + (kw["head_dim"],) if kw.get("head_dim") is not None else shp
+
+
+def _hd(model: ModelSpec) -> dict[str, int]:
+    """The head_dim shape column where it is decoupled from hidden / heads (else none: shapes as before)."""
+    return {"head_dim": model.head_size} if model.head_dim_decoupled else {}
+
+
+@dataclass(frozen=True)
+class OpCall:
+    op: str
+    pass_: str          # regressor pass: fwd | bwd | step
+    shape: Shape
+    count: float        # calls per micro-batch (per step for the optimizer)
+    phase: str          # fwd | bwd | recompute | step
+    part: str           # layer | embedding | head | loss | optimizer
+    scale: float = 1.0  # multiplier on the predicted time (e.g. a stand-in's work ratio)
+    variant: str | None = None  # optimizer: which pipeline stage it updates (first | middle | last)
+
+    @property
+    def key(self) -> tuple:
+        """What the predicted time depends on (the predictor caches by it, with the precision)."""
+        return (self.op, self.pass_, self.shape, self.variant)
+
+
+@dataclass(frozen=True)
+class CommCall:
+    collective: str     # allreduce | allgather | reducescatter | p2p
+    message_bytes: int  # the full buffer: all-gather output, reduce-scatter input, all-reduce buffer
+    group: str          # tp | pp | dp | embedding | cp | ep (MoE all-to-all) | edp (expert gradients)
+    phase: str          # fwd | bwd | recompute | step
+    count: float        # calls per micro-batch (per step for dp / embedding)
+    ranks: int
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def key(self) -> tuple:
+        """What the predicted time depends on."""
+        return (self.collective, self.message_bytes, self.nodes, self.gpus_per_node)
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The calls of one unit for one micro-batch (counts are per micro-batch)."""
+    ops: tuple[OpCall, ...] = ()
+    comms: tuple[CommCall, ...] = ()
+    cp: int = 1   # context-parallel degree (the ring's "cp" comms overlap the attention blocks)
+    tp_overlap: bool = False   # the layer's tensor-parallel exchanges overlap its GEMMs (Layout.overlap_tp_comm)
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """Once-per-step work of one chunk, and its per-micro-batch ZeRO-2/3 traffic."""
+    step_ops: tuple[OpCall, ...] = ()
+    step_comms: tuple[CommCall, ...] = ()
+    mb_comms: tuple[CommCall, ...] = ()   # per micro-batch (ZeRO-2/3 gathers and reduce-scatters)
+    accum_ops: tuple[OpCall, ...] = ()    # per micro-batch after the first: the gradient accumulation pass
+
+
+@dataclass
+class StagePlan:
+    stage: int            # physical pipeline rank
+    chunk: int            # virtual chunk index on that rank (0 unless interleaved)
+    layers: int
+    is_first: bool
+    is_last: bool
+    params_per_gpu: int
+    ops: list[OpCall] = field(default_factory=list)
+    comms: list[CommCall] = field(default_factory=list)       # per micro-batch, on the critical path
+    step_ops: list[OpCall] = field(default_factory=list)      # once per step (optimizer)
+    step_comms: list[CommCall] = field(default_factory=list)  # once per step (dp grads, zero gathers)
+    accum_ops: list[OpCall] = field(default_factory=list)     # per micro-batch after the first (gradient accumulation)
+
+
+def group_topology(platform: Platform, layout: Layout, group: str) -> Topology:
+    """(ranks, nodes, gpus_per_node) of a communication group under Megatron's rank order
+    (tp fastest, then dp, then pp), with ranks packed onto nodes of `platform.gpus_per_node`."""
+    if group == "cp":
+        return topology(platform.gpus_per_node, layout.tp, layout.cp, layout.pp, "cp")
+    return topology(platform.gpus_per_node, layout.tp, layout.dp * layout.cp, layout.pp, group)
+
+
+def ep_topology(gpus_per_node: int, ep: int) -> Topology:
+    """The expert-parallel group: ep consecutive ranks of a stage's tp x cp x dp ranks (MoE parallel folding)."""
+    return topology(gpus_per_node, 1, ep, 1, "ep")
+
+
+def edp_topology(gpus_per_node: int, tp: int, dp: int, ep: int) -> Topology:
+    """The expert-data-parallel group (expert gradients): the tp * dp / ep ranks holding the same experts, one
+    every ep ranks (`dp` is the data-parallel-with-CP degree)."""
+    return topology(gpus_per_node, ep, tp * dp // ep, 1, "dp")
+
+
+def topology(gpus_per_node: int, tp: int, dp: int, pp: int, group: str) -> Topology:
+    """`group_topology` from the degrees (what the engine calls for many layouts).
+
+    Context parallelism (Megatron-Core rank order tp, cp, dp, pp): the engine passes dp * cp as `dp` for the
+    data-parallel-with-CP group (gradients) and for the pipeline group's stride; the CP ring itself is group
+    "cp" with `dp` = cp (size cp, stride tp: within a node while tp * cp <= gpus_per_node)."""
+    g = gpus_per_node
+    if group == "tp":
+        size, stride = tp, 1
+    elif group == "ep":   # expert parallel (MoE folding): `dp` = ep consecutive ranks of the tp x cp x dp ranks
+        size, stride = dp, 1
+    elif group in ("dp", "cp"):
+        size, stride = dp, tp
+    elif group in ("pp", "embedding"):
+        size, stride = (pp if group == "pp" else 2), tp * dp
+    else:
+        raise ValueError(group)
+    if size <= 1:
+        return 1, 1, 1
+    per_node = max(1, min(size, g // stride)) if stride < g else 1
+    nodes = -(-size // per_node)
+    return size, nodes, per_node
+
+
+# --------------------------------------------------------------------------------------- units
+def _norm(model: ModelSpec) -> str:
+    return "rmsnorm" if model.arch == "llama" else "layernorm"
+
+
+def _tp_comms(kind: str, phase: str, count: float, act_bytes: int, tp_topo: Topology) -> list[CommCall]:
+    """A tensor-parallel exchange of one [b, s, h] activation."""
+    if tp_topo[0] <= 1:
+        return []
+    return [CommCall(kind, act_bytes, "tp", phase, count, *tp_topo)]
+
+
+ATTENTION_CORE_OPS = ("flash_attn", "attn_scores", "fused_masked_softmax", "attn_context")
+# The tensor-parallel GEMMs whose sequence-parallel exchanges Transformer Engine's userbuffers overlap
+TP_OVERLAP_GEMMS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down")
+
+
+def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: int = 1) -> list[OpCall]:
+    """The attention kernel(s) of one layer on `s` tokens per rank.
+
+    Context parallelism (cp > 1, `s` = seq_len / cp): each rank holds seq_len / cp queries and sees all
+    seq_len keys / values over the ring, in cp steps. Megatron's load balancing gives each rank two chunks
+    (i and 2cp-1-i), so every step is half a full (s x s) block's work: the diagonal step is a causal s x s
+    block, the others a non-masked half block; per rank 1/cp of the full causal attention. The sampled
+    attention features have one sequence length (queries = keys), so the step is timed as `cp` calls of the
+    causal kernel at s tokens (the same FLOPs as a half block), not at the per-rank query / full KV length."""
+    h = model.hidden_size
+    if model.attention_impl in FLASH_IMPLS:
+        # a decoder's attention is causal (Predictor.op_times discounts non-causal samples); the Triton kernel
+        # runs TRITON_ATTENTION_FACTOR times longer than FlashAttention-2
+        k = TRITON_ATTENTION_FACTOR if model.attention_impl == "triton" else 1.0
+        return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
+                                                        kv_heads=model.kv_heads, **_hd(model)), cp, phase, "layer",
+                       scale=k)]
+    shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, **_hd(model))
+    # the fused softmax kernel was sampled per rank (tp = 1, heads already divided)
+    shp_sm = make_shape(tp=1, batch=b, seq=s, heads=model.num_heads // tp)
+    return [OpCall("attn_scores", "fwd", shp, 1, phase, "layer"),
+            OpCall("fused_masked_softmax", "fwd", shp_sm, 1, phase, "layer"),
+            OpCall("attn_context", "fwd", shp, 1, phase, "layer")]
+
+
+def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
+                   phase: str, cp: int = 1, moe: tuple[moe_.Routing, Topology] | None = None
+                   ) -> tuple[list[OpCall], list[CommCall]]:
+    """The forward calls of one layer: attention, then the dense MLP or (`moe` = its routing and the
+    expert-parallel group's topology) the MoE block (predictor.model.moe)."""
+    h = model.hidden_size
+    s_sp = s // tp if sp else s
+    shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
+    ops = [OpCall(_norm(model), "fwd", shp_norm, 2, phase, "layer"),
+           OpCall("qkv_proj", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
+                                                 kv_heads=model.kv_heads, **_hd(model)), 1, phase, "layer")]
+    if model.arch == "llama":
+        ops.append(OpCall("rope", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
+                                                    **_hd(model)), 1, phase, "layer"))
+    ops += _attention_core(model, tp, b, s, phase, cp)
+    # the output projection's input is heads * head_dim wide (= hidden unless head_dim is decoupled)
+    out_shp = (make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, **_hd(model))
+               if model.head_dim_decoupled else make_shape(tp=tp, batch=b, seq=s, hidden=h))
+    ops.append(OpCall("attn_out_proj", "fwd", out_shp, 1, phase, "layer"))
+    ops.append(OpCall("res_add", "fwd", shp_norm, 2, phase, "layer"))
+    if moe is None:
+        ops += _mlp_ops(model, tp, b, s, model.ffn, phase, "layer")
+        exchanges = 2   # around attention and around the MLP
+        comms: list[CommCall] = []
+    else:
+        m_ops, comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, phase, *moe)
+        ops += m_ops
+        exchanges = 1   # around attention; the routed experts run on the sequence-parallel shard
+    if sp:
+        comms = (_tp_comms("allgather", phase, exchanges, act_bytes, tp_topo)
+                 + _tp_comms("reducescatter", phase, exchanges, act_bytes, tp_topo) + comms)
+    else:
+        comms = _tp_comms("allreduce", phase, exchanges, act_bytes, tp_topo) + comms
+    return ops, comms
+
+
+def _mlp_ops(model: ModelSpec, tp: int, b: int, s: int, width: int, phase: str, part: str,
+             count: float = 1) -> list[OpCall]:
+    """An MLP of inner width `width` split over tp: up (gate + up for SwiGLU), activation, down."""
+    h = model.hidden_size
+    mlp = make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=width)
+    if model.arch == "llama":
+        return [OpCall("mlp_up", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, ffn_hidden=2 * width), count,
+                       phase, part),
+                OpCall("swiglu", "fwd", mlp, count, phase, part),
+                OpCall("mlp_down", "fwd", mlp, count, phase, part)]
+    return [OpCall("mlp_up", "fwd", mlp, count, phase, part), OpCall("gelu", "fwd", mlp, count, phase, part),
+            OpCall("mlp_down", "fwd", mlp, count, phase, part)]
+
+
+def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_topo: Topology, phase: str,
+               r: moe_.Routing, ep_topo: Topology) -> tuple[list[OpCall], list[CommCall]]:
+    """The MoE block of one layer (predictor.model.moe): router, permutation, all-to-all dispatch and combine over the
+    expert-parallel group, each local expert's MLP on its rows, shared experts."""
+    h = model.hidden_size
+    e = act_bytes // max(b * s * h, 1)   # bytes per element of the activations
+    rows = make_shape(batch=1, seq=r.routed_rows, hidden=h)
+    ops = [OpCall("moe_router", "fwd", make_shape(batch=1, seq=r.tokens, hidden=h, params=h * model.num_experts),
+                  1, phase, "moe"),
+           OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe")]
+    ops += _mlp_ops(model, 1, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
+    ops.append(OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe"))
+    comms: list[CommCall] = []
+    if ep_topo[0] > 1:   # dispatch and combine: the busiest rank receives imbalance x its mean rows
+        a2a = int(math.ceil(r.routed_rows * r.imbalance)) * h * e
+        comms.append(CommCall("alltoall", a2a, "ep", phase, 2, *ep_topo))
+    if model.shared_experts:
+        ops += _mlp_ops(model, tp, b, s, model.shared_experts * model.shared_ffn, phase, "shared_experts")
+        if tp_topo[0] > 1:   # the shared experts gather the sequence-parallel shards and reduce-scatter back
+            comms += (_tp_comms("allgather", phase, 1, act_bytes, tp_topo)
+                      + _tp_comms("reducescatter", phase, 1, act_bytes, tp_topo))
+    return ops, comms
+
+
+# Memory-bound operators a framework with fused kernels (predictor.model.frameworks) runs as one fused pass
+FUSABLE_OPS = frozenset({"rmsnorm", "layernorm", "rope", "swiglu", "gelu", "res_add"})
+FUSED = "fused"   # OpCall.variant of such an operator under fused kernels
+
+
+def fuse(ops: list[OpCall], fused: bool) -> list[OpCall]:
+    """`ops` with the fusable memory-bound operators marked as fused kernels (variant FUSED) when `fused`."""
+    if not fused:
+        return ops
+    return [replace(c, variant=FUSED) if c.op in FUSABLE_OPS else c for c in ops]
+
+
+def _as_phase(calls: list, phase: str, pass_: str | None = None) -> list:
+    out: list = []
+    for c in calls:
+        if isinstance(c, CommCall):
+            out.append(CommCall(c.collective, c.message_bytes, c.group, phase, c.count, c.ranks, c.nodes,
+                                c.gpus_per_node))
+        else:
+            out.append(OpCall(c.op, pass_ or c.pass_, c.shape, c.count, phase, c.part, c.scale, c.variant))
+    return out
+
+
+def cp_kv_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precision: str, cp: int) -> int:
+    """Bytes of one context-parallel ring step: this rank's K and V block, 2 x [b, seq_len/cp, kv heads per
+    tp rank x head_dim] (kv heads replicated where tp > kv_heads)."""
+    kv_r = max(model.kv_heads // tp, 1)
+    return 2 * micro_batch * (seq_len // cp) * kv_r * model.head_size * BYTES_PER_ELEMENT[precision]
+
+
+def cp_comms(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precision: str, cp: int,
+             cp_topo: Topology, recompute: str) -> list[CommCall]:
+    """The context-parallel ring of one layer (Megatron-Core's p2p ring attention): cp - 1 KV sends in the
+    forward, twice that in the backward (KV and dKV), and the forward's again under full recomputation.
+    Each overlaps one attention block; the engine counts what the block does not cover (`cp_comm`)."""
+    if cp <= 1:
+        return []
+    n = cp_kv_bytes(model, tp, micro_batch, seq_len, precision, cp)
+    out = [CommCall("p2p", n, "cp", "fwd", cp - 1, *cp_topo), CommCall("p2p", n, "cp", "bwd", 2 * (cp - 1), *cp_topo)]
+    if recompute == "full":
+        out.append(CommCall("p2p", n, "cp", "recompute", cp - 1, *cp_topo))
+    return out
+
+
+def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
+               recompute: str, precision: str, tp_topo: Topology, cp: int = 1,
+               cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True,
+               fused: bool = False, tp_overlap: bool = False) -> Unit:
+    """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
+    tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
+    sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added.
+    A MoE model's layer is a MoE layer (`moe` False: one of its leading dense layers), its experts spread over
+    the `ep` ranks of `ep_topo`. `fused`: the framework's fused kernels (`fuse`)."""
+    s = seq_len // cp
+    act_bytes = micro_batch * s * model.hidden_size * BYTES_PER_ELEMENT[precision]
+    routed = None
+    if moe and model.is_moe:
+        routed = (moe_.routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel), ep_topo)
+    f_ops, f_comms = _layer_forward(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo, "fwd", cp,
+                                    routed)
+    f_ops = fuse(f_ops, fused)
+    b_ops = _as_phase(f_ops, "bwd", "bwd")
+    b_comms = _as_phase(f_comms, "bwd")
+    if recompute == "full":
+        r_ops, r_comms = _as_phase(f_ops, "recompute"), _as_phase(f_comms, "recompute")
+    elif recompute == "selective" and model.attention_impl not in FLASH_IMPLS:
+        r_ops, r_comms = _attention_core(model, tp, micro_batch, s, "recompute", cp), []
+    else:  # none, or selective with flash attention (which recomputes inside its own kernel)
+        r_ops, r_comms = [], []
+    ring = cp_comms(model, tp, micro_batch, seq_len, precision, cp, cp_topo, recompute)
+    return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms + ring), cp, tp_overlap)
+
+
+def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
+               precision: str, tp_topo: Topology, cp: int = 1, fused: bool = False) -> Unit:
+    """What the first chunk adds: the vocab-parallel embedding (and GPT's position add) and its reduction
+    (on seq_len / cp tokens per rank)."""
+    b, s, h = micro_batch, seq_len // cp, model.hidden_size
+    act_bytes = b * s * h * BYTES_PER_ELEMENT[precision]
+    shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, vocab=model.vocab_size)
+    ops = [OpCall("embedding", "fwd", shp, 1, "fwd", "embedding"),
+           OpCall("embedding", "bwd", shp, 1, "bwd", "embedding")]
+    if model.arch == "gpt":  # learned position embedding added to the token embedding
+        shp_add = make_shape(batch=b, seq=s // tp if sequence_parallel else s, hidden=h)
+        ops += [OpCall("res_add", "fwd", shp_add, 1, "fwd", "embedding"),
+                OpCall("res_add", "bwd", shp_add, 1, "bwd", "embedding")]
+    comms = _tp_comms("reducescatter" if sequence_parallel else "allreduce", "fwd", 1, act_bytes, tp_topo)
+    return Unit(tuple(fuse(ops, fused)), tuple(comms))
+
+
+def last_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
+              precision: str, tp_topo: Topology, cp: int = 1, fused: bool = False) -> Unit:
+    """What the last chunk adds: final norm, vocab-parallel LM head and cross-entropy (seq_len / cp tokens)."""
+    b, s, h = micro_batch, seq_len // cp, model.hidden_size
+    act_bytes = b * s * h * BYTES_PER_ELEMENT[precision]
+    shp_norm = make_shape(batch=b, seq=s // tp if sequence_parallel else s, hidden=h)
+    shp_head = make_shape(tp=tp, batch=b, seq=s, hidden=h, vocab=model.vocab_size)
+    shp_ce = make_shape(tp=tp, batch=b, seq=s, vocab=model.vocab_size)
+    ops: list[OpCall] = []
+    for p in ("fwd", "bwd"):
+        ops += [OpCall(_norm(model), p, shp_norm, 1, p, "head"),
+                OpCall("lm_head", p, shp_head, 1, p, "head"),
+                OpCall("cross_entropy", p, shp_ce, 1, p, "loss")]
+    if sequence_parallel:
+        comms = (_tp_comms("allgather", "fwd", 1, act_bytes, tp_topo)
+                 + _tp_comms("reducescatter", "bwd", 1, act_bytes, tp_topo))
+    else:
+        comms = _tp_comms("allreduce", "bwd", 1, act_bytes, tp_topo)
+    if tp_topo[0] > 1:  # vocab-parallel cross-entropy: max, sum-exp and target-logit all-reduces of [b, s] fp32
+        comms.append(CommCall("allreduce", b * s * 4, "tp", "fwd", 3, *tp_topo))
+    return Unit(tuple(fuse(ops, fused)), tuple(comms))
+
+
+def p2p_message_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
+                      precision: str, cp: int = 1) -> int:
+    """Bytes of one pipeline send/recv: one [b, s, h] activation, s = seq_len / cp (the scatter-gather
+    optimisation splits it over tp with sequence parallelism)."""
+    act = micro_batch * (seq_len // cp) * model.hidden_size * BYTES_PER_ELEMENT[precision]
+    return act // tp if sequence_parallel else act
+
+
+def p2p_calls_per_pass(chunk_index: int, chunks: int, pp: int) -> int:
+    """Sends + receives of one chunk per micro-batch and pass (the first chunk receives nothing, the
+    last sends nothing)."""
+    if pp <= 1:
+        return 0
+    return int(chunk_index != 0) + int(chunk_index != chunks - 1)
+
+
+def gather_bytes(model: ModelSpec, n_params: float, precision: str, *, tp: int, layers: int, dense: int = 0,
+                 ep: int = 1, fp8_param: bool = False) -> int:
+    """Bytes of `n_params` parameters of a chunk of `layers` transformer layers (`dense` of them dense in a MoE
+    model) as the data-parallel all-gathers move them: the compute precision, except the GEMM weights under FP8
+    primary weights (`fp8_param`: Megatron's --fp8-param-gather), which travel in FP8 (1 byte)."""
+    elem = BYTES_PER_ELEMENT[precision]
+    if not fp8_param:
+        return int(n_params * elem)
+    moe_layers = layers - dense if model.is_moe else 0
+    gemm = ((layers - moe_layers) * fp8_.layer_gemm_params_per_gpu(model, tp)
+            + moe_layers * fp8_.layer_gemm_params_per_gpu(model, tp, True, ep))
+    return int(n_params * elem - min(gemm, n_params) * (elem - 1))
+
+
+def grad_accumulation_calls(model: ModelSpec, n_params: int, layers: int, shard: int, grad_bytes: int,
+                            precision: str) -> tuple[OpCall, ...]:
+    """The gradient accumulation pass of one chunk after a micro-batch (frameworks without a fused accumulation,
+    predictor.model.frameworks): the `n_params` / `shard` gradients this rank accumulates (ZeRO-2/3 and FSDP: its
+    shard),
+    read twice and written once in `grad_bytes` per element. Timed as the sampled elementwise add (res_add, two
+    tensors in, one out) over rows of `hidden` elements, one call per layer (the per-tensor adds of a layer
+    together; the edge chunks' embedding / head ride on their layers' calls), its time scaled by the ratio of
+    gradient bytes to the add's element bytes."""
+    n = n_params // max(shard, 1)
+    if n <= 0:
+        return ()
+    calls = max(layers, 1)
+    h = model.hidden_size
+    rows = max(1, math.ceil(n / calls / h))
+    scale = grad_bytes / BYTES_PER_ELEMENT[precision]
+    return (OpCall("res_add", "fwd", make_shape(batch=1, seq=rows, hidden=h), calls, "accum", "grad_accum",
+                   scale=scale),)
+
+
+def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
+              layers: int, first: bool, last: bool, dp_topo: Topology, zero2_gather: str = "per_micro_batch",
+              dense: int | None = None, ep: int = 1, edp_topo: Topology | None = None,
+              grad_bytes: int | None = None, fp8_param: bool = False) -> StepWork:
+    """The optimizer of one chunk and its data-parallel traffic, by ZeRO stage:
+
+    zero_stage  as frameworks name it                         data-parallel traffic of this chunk
+    0           DDP; Megatron without distributed optimizer   gradient all-reduce once per step
+    1           Megatron distributed optimizer; ZeRO-1         gradient reduce-scatter once per step, then
+                                                               parameter all-gather after the optimizer
+    2           FSDP SHARD_GRAD_OP; ZeRO-2                     per micro-batch: parameter all-gather before
+                                                               forward, gradient reduce-scatter in backward
+    3           FSDP FULL_SHARD; ZeRO-3                        per micro-batch: parameter all-gather in forward
+                                                               and again in backward, gradient reduce-scatter
+    DeepSpeed ZeRO-2 (`zero2_gather="per_step"`) gathers the updated parameters once per step after the
+    optimizer instead of before every micro-batch's forward (predictor.model.frameworks). Stages 2-3 move one unit
+    at a time (each transformer layer; the
+    embedding / head parameters of the edge chunks), one call per unit, prefetched under compute;
+    stages 0-1 are bucketed and overlapped with the last backward by `compose`.
+    Gradients travel in `grad_bytes` per element (default `specs.grad_comm_bytes(precision)`: fp32 for bf16, as
+    Megatron-LM and torchtitan / llm-foundry FSDP reduce them; 2 with Layout.grad_reduce_in_fp32 False),
+    parameters in the compute precision (the GEMM weights in FP8 under `fp8_param`: `gather_bytes`).
+    FSDP x TP: the dp group holds the tp-sharded parameters of this GPU (`dp_topo` strides over tp).
+    MoE (`dense` of the `layers` have a dense MLP, the rest are MoE layers with num_experts / ep experts here): the
+    routed experts' gradients are reduced (ZeRO-1: reduce-scattered and gathered) over the expert-data-parallel
+    group `edp_topo` (tp * dp / ep ranks; `dp` is the data-parallel-with-CP degree), the rest over `dp_topo`.
+    """
+    if model.is_moe:
+        return _moe_step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, precision=precision,
+                              seq_len=seq_len, layers=layers, first=first, last=last, dp_topo=dp_topo,
+                              dense=dense or 0, ep=ep, edp_topo=edp_topo or (1, 1, 1), grad_bytes=grad_bytes,
+                              fp8_param=fp8_param)
+    gelem = grad_bytes or grad_comm_bytes(precision)
+    n_params = params.chunk_params(model, tp, pp, layers, first, last, seq_len)
+    # the parameters' all-gathers: FP8 GEMM weights under fp8_param (a share of the chunk's bytes)
+    pelem = gather_bytes(model, n_params, precision, tp=tp, layers=layers, fp8_param=fp8_param) / max(n_params, 1)
+    shard = dp if zero_stage >= 1 else 1
+    # the paper samples the optimizer per pipeline-stage kind; a single stage (pp = 1) holds the
+    # embedding like a first stage
+    variant = "first" if first else "last" if last else "middle"
+    opt = OpCall("optimizer", "step", make_shape(tp=tp, hidden=model.hidden_size, layers=layers,
+                                                 params=max(1, n_params // shard)), 1, "step", "optimizer",
+                 variant=variant)
+    acc = grad_accumulation_calls(model, n_params, layers, dp if zero_stage >= 2 else 1, gelem, precision)
+    if dp == 1:
+        return StepWork(step_ops=(opt,), accum_ops=acc)
+    if zero_stage == 0:
+        return StepWork((opt,), (CommCall("allreduce", n_params * gelem, "dp", "step", 1, *dp_topo),), accum_ops=acc)
+    if zero_stage == 1:
+        return StepWork((opt,), (CommCall("reducescatter", n_params * gelem, "dp", "step", 1, *dp_topo),
+                                 CommCall("allgather", int(n_params * pelem), "dp", "step", 1, *dp_topo)),
+                        accum_ops=acc)
+    # ZeRO-2/3 (FSDP): per micro-batch, unit by unit
+    layer_unit_params = params.layer_params_per_gpu(model, tp)
+    units = [(layer_unit_params, layers)] if layers else []
+    edge = n_params - layers * layer_unit_params
+    if edge > 0:
+        units.append((edge, 1))
+    per_step_gather = zero_stage == 2 and zero2_gather == "per_step"
+    mb: list[CommCall] = []
+    for n, count in units:
+        if not per_step_gather:
+            mb.append(CommCall("allgather", int(n * pelem), "dp", "fwd", count, *dp_topo))
+        if zero_stage == 3:
+            mb.append(CommCall("allgather", int(n * pelem), "dp", "bwd", count, *dp_topo))
+        mb.append(CommCall("reducescatter", n * gelem, "dp", "bwd", count, *dp_topo))
+    steps = (CommCall("allgather", int(n_params * pelem), "dp", "step", 1, *dp_topo),) if per_step_gather else ()
+    return StepWork(step_ops=(opt,), step_comms=steps, mb_comms=tuple(mb), accum_ops=acc)
+
+
+def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
+                   layers: int, first: bool, last: bool, dp_topo: Topology, dense: int, ep: int,
+                   edp_topo: Topology, grad_bytes: int | None = None, fp8_param: bool = False) -> StepWork:
+    """`step_work` of a MoE model's chunk: the optimizer over both parameter groups, each group's data-parallel
+    traffic over its own group (ZeRO stages 0 and 1; `Layout.validate` refuses ZeRO-2/3 with ep > 1, and with
+    ep = 1 the expert-data-parallel group is the data-parallel group and stages 2-3 move whole layers as
+    for a dense model)."""
+    gelem = grad_bytes or grad_comm_bytes(precision)
+    n_all = params.chunk_params(model, tp, pp, layers, first, last, seq_len, dense=dense, ep=ep)
+    n_exp = (layers - dense) * params.layer_expert_params_per_gpu(model, ep)
+    n_dense = n_all - n_exp
+    pelem = gather_bytes(model, n_all, precision, tp=tp, layers=layers, dense=dense, ep=ep,
+                         fp8_param=fp8_param) / max(n_all, 1)
+    edp = edp_topo[0]
+    shard_d, shard_e = (dp, edp) if zero_stage >= 1 else (1, 1)
+    variant = "first" if first else "last" if last else "middle"
+    opt = OpCall("optimizer", "step", make_shape(tp=tp, hidden=model.hidden_size, layers=layers,
+                                                 params=max(1, n_dense // max(shard_d, 1) + n_exp // max(shard_e, 1))),
+                 1, "step", "optimizer", variant=variant)
+    if zero_stage >= 2:
+        base = model.as_dense()
+        w = step_work(base, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, precision=precision, seq_len=seq_len,
+                      layers=layers, first=first, last=last, dp_topo=dp_topo, grad_bytes=grad_bytes,
+                      fp8_param=fp8_param)
+        k = n_all / max(params.chunk_params(base, tp, pp, layers, first, last, seq_len), 1)
+        return StepWork((opt,), tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.step_comms),
+                        tuple(replace(c, message_bytes=int(c.message_bytes * k)) for c in w.mb_comms),
+                        grad_accumulation_calls(model, n_all, layers, dp, gelem, precision))
+    comms: list[CommCall] = []
+    for n, topo, group in ((n_dense, dp_topo, "dp"), (n_exp, edp_topo, "edp")):
+        if n <= 0 or topo[0] <= 1:
+            continue
+        if zero_stage == 0:
+            comms.append(CommCall("allreduce", n * gelem, group, "step", 1, *topo))
+        else:
+            comms += [CommCall("reducescatter", n * gelem, group, "step", 1, *topo),
+                      CommCall("allgather", int(n * pelem), group, "step", 1, *topo)]
+    acc = grad_accumulation_calls(model, n_dense, layers, 1, gelem, precision) + \
+        grad_accumulation_calls(model, n_exp, layers, 1, gelem, precision)
+    return StepWork((opt,), tuple(comms), accum_ops=acc)
+
+
+def embedding_sync(model: ModelSpec, tp: int, pp: int, precision: str, emb_topo: Topology) -> CommCall | None:
+    """Tied embeddings over pp > 1: the first and last stage all-reduce the embedding gradient once per step."""
+    if not (model.tied_embeddings and pp > 1):
+        return None
+    n = params.embedding_params_per_gpu(model, tp)
+    return CommCall("allreduce", n * BYTES_PER_ELEMENT[precision], "embedding", "step", 1, *emb_topo)
+
+
+# ---------------------------------------------------------------------------------- assembly
+def _times(c: OpCall, k: float) -> OpCall:
+    return replace(c, count=c.count * k)
+
+
+def _ctimes(c: CommCall, k: float) -> CommCall:
+    return replace(c, count=c.count * k)
+
+
+def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[StagePlan]:
+    """Every call of one step, one `StagePlan` per pipeline chunk in pipeline order."""
+    layout.validate(model)
+    chunks = layout.pp * layout.vpp
+    counts = chunk_layer_counts(model, layout)
+    dense_counts = params.chunk_dense_layers(model, counts)
+    tp, b, s, sp, prec = layout.tp, layout.micro_batch, layout.seq_len, layout.sequence_parallel, layout.precision
+    cp, ep = layout.cp, layout.ep
+    dpc = layout.dp * cp   # the data-parallel-with-CP group: gradients and ZeRO shards
+    g = platform.gpus_per_node
+    tp_topo = topology(g, tp, dpc, layout.pp, "tp")
+    pp_topo = topology(g, tp, dpc, layout.pp, "pp")
+    dp_topo = topology(g, tp, dpc, layout.pp, "dp")
+    cp_topo = topology(g, tp, cp, layout.pp, "cp")
+    ep_topo = ep_topology(g, ep)
+    edp_topo = edp_topology(g, tp, dpc, ep)
+    fused = fused_kernels_on(layout.framework, platform)
+    otp = layout.overlap_tp_comm
+    lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused,
+                     tp_overlap=otp)
+    dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False,
+                            fused=fused, tp_overlap=otp) if model.is_moe else lay)
+    fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
+    lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
+    p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec, cp)
+    emb = embedding_sync(model, tp, layout.pp, prec, topology(g, tp, dpc, layout.pp, "embedding"))
+    plans: list[StagePlan] = []
+    for idx, n_layers in enumerate(counts):
+        first, last = idx == 0, idx == chunks - 1
+        n_dense = dense_counts[idx] if model.is_moe else 0
+        plan = StagePlan(stage=idx % layout.pp, chunk=idx // layout.pp, layers=n_layers, is_first=first,
+                         is_last=last, params_per_gpu=params.chunk_params(model, tp, layout.pp, n_layers, first,
+                                                                          last, s, dense=n_dense, ep=ep))
+        plan.ops += [_times(c, n_layers - n_dense) for c in lay.ops] + [_times(c, n_dense) for c in dense_lay.ops
+                                                                        if n_dense]
+        plan.comms += ([_ctimes(c, n_layers - n_dense) for c in lay.comms]
+                       + [_ctimes(c, n_dense) for c in dense_lay.comms if n_dense])
+        if first:
+            plan.ops += list(fst.ops)
+            plan.comms += list(fst.comms)
+        if last:
+            plan.ops += list(lst.ops)
+            plan.comms += list(lst.comms)
+        n_p2p = p2p_calls_per_pass(idx, chunks, layout.pp)
+        if n_p2p:
+            plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "fwd", n_p2p, *pp_topo))
+            plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "bwd", n_p2p, *pp_topo))
+        work = step_work(model, tp=tp, pp=layout.pp, dp=dpc, zero_stage=layout.zero_stage, precision=prec,
+                         seq_len=s, layers=n_layers, first=first, last=last, dp_topo=dp_topo,
+                         zero2_gather=get_framework(layout.framework).zero2_gather, dense=n_dense, ep=ep,
+                         edp_topo=edp_topo, grad_bytes=layout.grad_bytes)
+        plan.step_ops += list(work.step_ops)
+        plan.step_comms += list(work.step_comms)
+        plan.comms += list(work.mb_comms)
+        if separate_grad_accumulation(layout.framework, platform):
+            plan.accum_ops += list(work.accum_ops)
+        if emb is not None and (first or last):
+            plan.step_comms.append(emb)
+        plans.append(plan)
+    return plans

@@ -1,0 +1,734 @@
+"""Per-GPU memory of one training step: does a layout fit, and if not, why.
+
+For every pipeline stage the peak is the sum of
+
+  weights      parameters held in the compute precision
+  gradients    gradient buffers (`grad_bytes` per element: fp32 main grads for bf16 as Megatron does)
+  optimizer    mixed-precision Adam: fp32 master copy + two fp32 moments (+ an fp32 copy of 16-bit
+               gradients where the framework keeps one, Megatron fp16)
+  activations  the tensors kept for backward (Korthikanti et al. 2022, "Reducing Activation
+               Recomputation in Large Transformer Models", Table 2), times the micro-batches in
+               flight on that stage, plus embedding inputs on the first and the output layer /
+               fp32 logits on the last stage
+  buffers      transient peaks: ZeRO-3 / FSDP gathered units, the bf16 logits before the fp32
+               cast, one re-materialised layer under full recomputation, one unsharded gradient
+               unit under ZeRO-2/3
+  framework    outside the caching allocator: the CUDA context with its loaded kernels and library
+               workspaces (`framework_gib`, default 0.5 GiB: ~0.3-0.4 GiB of context with lazy module
+               loading, PyTorch's measurements in pytorch#86509 / #109888, plus cuBLAS / TE workspaces)
+  nccl         NCCL communicator buffers outside the allocator, per communicator the layout uses (below)
+  allocator    the caching allocator's reserve beyond the allocated peak: `allocator_overhead` x the
+               allocated parts (default 0.145, the median max_reserved / max_allocated of 17 published
+               Megatron-LM logs, range 1.01-1.39: Megatron-LM transformer/README offloading table, issues
+               #756 / #60, PR #5662, NeMo issue #14850 and others, listed in docs/memory_overheads.md)
+
+so that the total is the device memory in use as nvidia-smi reports it. The allocated view
+(`StageMemory.allocated_bytes`: torch.cuda.max_memory_allocated) and the reserved view (`reserved_bytes`:
+max_memory_reserved) are kept beside it, and `MemoryOptions(device_overheads=False)` gives the allocated
+view alone. A layout fits when the largest stage total, taken with the least allocator reserve published runs
+show (`allocator_overhead_min`, 1 %: runs tuned to the edge, expandable segments), stays under the device memory
+less an optional safety margin (`allocator_reserve`, default 0); it is `tight` when the total with the median
+reserve does not (it runs only if the allocator fragments less than it typically does).
+
+NCCL buffers (`nccl_buffer_arrays`), from NCCL's own constants (NVIDIA/nccl src/include/device.h,
+src/init.cc, src/transport/nvls.cc; NCCL_BUFFSIZE 4 MiB): one collective communicator connects ring and
+tree on 24 channels with a SIMPLE (4 MiB) + LL128 (4.69 MiB) + LL (0.5 MiB) buffer each, 24 x 9.19 MiB x 2
+= 441 MiB (`nccl_coll_mib`); on an NVSwitch node with NVLink SHARP (Hopper / Blackwell) a communicator with
+two or more GPUs in the node also gets NVLS buffers, 16 channels x 2 x (4 + 2 MiB) x 8 heads = 1.5 GiB
+(`nccl_nvls_mib`; NCCL 2.17-2.21 allocate them at init, 2.22+ connects lazily and smaller: set 256);
+point-to-point peers (pipeline neighbours, the context-parallel ring, the expert-parallel all-to-all)
+take ~447 MiB each when the peer is in the same node (`nccl_p2p_peer_mib`: NVIDIA/nccl#1685, 8 x H100, +3.3 GB after
+the first all-to-all over 7 peers), while peers on other nodes share one pool per communicator
+(`nccl_net_pool_mib`, 512 MiB: NCCL_NET_SHARED_BUFFERS, "constant memory usage instead of increasing linearly with
+the number of remote peers", env.rst; nChannels x 16 x p2p chunk = 64 x 16 x 512 KiB in NVIDIA/nccl#2363).
+The communicators counted are the distinct rank sets Megatron-Core runs collectives on: tensor parallel, data
+parallel (with CP), model parallel (tp x pp: the gradient-norm reduction), the world, the expert-data-parallel group
+of a MoE and the embedding group of tied embeddings with pp > 1. Corroboration, not fitted: verl PR #6408 frees ~7
+GB of NCCL memory per rank of a Megatron TP2 PP2 DP2 run on 8 x H100 (this model: 8.2 GiB = 8.8 GB); NVIDIA's
+Megatron memory estimator (ISEEKYAN/mbridge) adds a default 10 GB "overhead per GPU" for what it does not model.
+CPU platforms (gloo) have none of these three parts.
+
+Bytes per parameter (weights + gradients + optimizer) with `d` data-parallel ranks, matching
+Megatron-LM's distributed-optimizer table (docs/source/api-guide/dist_optimizer.md) and the
+ZeRO paper (Rajbhandari et al. 2020, K = 12):
+
+  precision / grads        zero 0   zero 1 (distributed optimizer)   zero 2          zero 3
+  bf16, fp32 main grads    18       6 + 12/d                         2 + 16/d        18/d
+  fp16, fp16 grads (+copy) 20       4 + 16/d                         2 + 18/d        20/d
+  fp16, ZeRO paper         16       4 + 12/d                         2 + 14/d        16/d
+  fp32                     16       8 + 8/d                          4 + 12/d        16/d
+
+ZeRO stages as frameworks name them (the same convention as the step-time model in decompose.py):
+  0  DDP / Megatron without the distributed optimizer
+  1  Megatron distributed optimizer, DeepSpeed ZeRO-1: optimizer states sharded
+  2  FSDP SHARD_GRAD_OP, DeepSpeed ZeRO-2: + gradients sharded (parameters whole during the step)
+  3  FSDP FULL_SHARD, DeepSpeed ZeRO-3: + parameters sharded, `zero3_live_units` units gathered at a time
+
+Activation accounting per transformer layer and micro-batch (s sequence, b micro-batch, h hidden,
+a heads, t tensor parallel; 16-bit activations, 1-byte dropout masks), GPT with dropout:
+  no parallelism                 s*b*h*(34 + 5*a*s/h)
+  tensor parallel                s*b*h*(10 + 24/t + 5*a*s/(h*t))
+  + sequence parallel            s*b*h/t*(34 + 5*a*s/h)
+  selective recompute / flash    the 5*a*s/h term disappears (flash also stores a fp32 logsumexp)
+  full recompute                 2*s*b*h (the layer input; /t with SP) + one layer rematerialised
+The same terms are derived tensor by tensor for Llama-style layers (RMSNorm, GQA, SwiGLU, no dropout).
+
+fp8 (predictor.step.fp8, Transformer Engine FP8 training): weights are BF16 plus two FP8 copies of every
+transformer-layer
+GEMM weight (+2 bytes per GEMM parameter: TE caches the FP8 weight and its FP8 transpose between micro-batches on
+Hopper, where FP8 GEMMs take only the TN layout (Float8Tensor `_transpose`; TE 1.x `weight_fp8` + `weight_t_fp8`),
+and rowwise + columnwise copies for MXFP8 on Blackwell (MXFP8TensorStorage)), the GEMM
+inputs saved for backward are their FP8 casts (1 byte: the QKV and MLP inputs, the out-proj input and the fc2 input),
+everything else as bf16 (Transformer Engine docs, "Using FP8 with Transformer Engine": master weights and
+activations outside the FP8 GEMMs keep the higher precision).
+
+Micro-batches in flight on stage s of p (m micro-batches): 1F1B min(p - s, m); GPipe m; interleaved
+with v chunks per GPU min(2(p-s-1) + (v-1)p + 1, m v) chunk activations (Narayanan et al. 2021;
+stage 0 holds L(1 + (p-1)/(p v)) layers' worth, Korthikanti eq. 5).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from predictor.model import params
+from predictor.model.errors import InfeasibleConfig
+from predictor.model.moe import routing
+from predictor.model.params import chunk_params, edge_params, layer_params_per_gpu  # noqa: F401  (re-exported)
+from predictor.model.specs import (  # noqa: F401
+    BYTES_PER_ELEMENT,
+    FLASH_IMPLS,
+    GRAD_BYTES,
+    Layout,
+    ModelSpec,
+    grad_comm_bytes,
+    padded_vocab,
+)
+from predictor.model.stages import chunk_layer_counts
+from predictor.step import fp8
+from predictor.step.arrayops import unique_rows
+
+GIB = float(2 ** 30)
+FP8_WEIGHT_COPIES = 2   # FP8 weight + its FP8 transpose (Hopper) / columnwise copy (MXFP8), bytes per GEMM parameter
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    grad_bytes: int | None = None          # None: GRAD_BYTES[precision]
+    master_weights: bool | None = None     # fp32 master copy; None: precision != fp32
+    fp32_grad_copy: bool | None = None     # fp32 copy of 16-bit grads in the optimizer; None: grad_bytes < 4
+    optimizer_bytes_per_param: int = 8     # Adam exp_avg + exp_avg_sq in fp32
+    dropout: bool | None = None            # None: GPT layers have dropout (GPT-3 / Megatron), Llama none
+    zero3_live_units: int = 2              # FSDP / ZeRO-3: units unsharded at once (current + prefetched)
+    framework_gib: float = 0.5             # outside the allocator: CUDA context ~0.4 + library workspaces
+    allocator_overhead: float = 0.145      # caching allocator's reserve beyond the allocated peak (x allocated)
+    allocator_overhead_min: float = 0.01   # the least of it seen (a run tuned to the edge, expandable segments)
+    allocator_reserve: float = 0.0         # share of HBM kept free as a safety margin
+    nccl_coll_mib: float = 441.0           # one collective communicator: ring + tree, 24 channels
+    nccl_nvls_mib: float = 1536.0          # + NVLink SHARP buffers on an NVLS node (NCCL 2.17-2.21; 2.22+: 256)
+    nccl_p2p_peer_mib: float = 447.0       # one point-to-point peer in the node (pipeline, CP ring, EP all-to-all)
+    nccl_net_pool_mib: float = 512.0       # the shared pool of a communicator's peers on other nodes
+    device_overheads: bool = True          # False: the allocated view only (no framework / NCCL / allocator)
+    logits_fp32: bool = True               # vocab-parallel cross-entropy keeps fp32 logits (4*s*b*V/t)
+
+
+@dataclass
+class StageMemory:
+    stage: int
+    layers: int
+    params: int                  # parameters on this GPU after TP (before ZeRO sharding)
+    weights_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    buffers_bytes: float
+    framework_bytes: float
+    in_flight: float             # micro-batches (interleaved: chunk activations) held at the peak
+    nccl_bytes: float = 0.0      # NCCL communicator buffers (outside the caching allocator)
+    allocator_bytes: float = 0.0  # the caching allocator's reserve beyond the allocated peak
+    allocator_min_bytes: float = 0.0  # the least reserve published runs show (the fit verdict's lower bound)
+
+    @property
+    def states_bytes(self) -> float:
+        return self.weights_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def allocated_bytes(self) -> float:
+        """What torch.cuda.max_memory_allocated counts: states, activations and transient buffers."""
+        return self.states_bytes + self.activations_bytes + self.buffers_bytes
+
+    @property
+    def reserved_bytes(self) -> float:
+        """What torch.cuda.max_memory_reserved counts: the allocated peak and the allocator's reserve."""
+        return self.allocated_bytes + self.allocator_bytes
+
+    @property
+    def total_bytes(self) -> float:
+        """Device memory in use as nvidia-smi reports it: reserved + CUDA context / workspaces + NCCL buffers."""
+        return self.reserved_bytes + self.framework_bytes + self.nccl_bytes
+
+    @property
+    def low_total_bytes(self) -> float:
+        """The total with the least allocator reserve published runs show (`allocator_overhead_min`)."""
+        return self.total_bytes - self.allocator_bytes + self.allocator_min_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["total_bytes"] = self.total_bytes
+        d.update({k.replace("_bytes", "_gib"): v / GIB for k, v in list(d.items()) if k.endswith("_bytes")})
+        return d
+
+
+@dataclass
+class MemoryReport:
+    stages: list[StageMemory]
+    capacity_bytes: float
+    usable_bytes: float
+    options: MemoryOptions = field(default_factory=MemoryOptions)
+
+    @property
+    def peak(self) -> StageMemory:
+        return max(self.stages, key=lambda s: s.total_bytes)
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.peak.total_bytes
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    @property
+    def low_peak_bytes(self) -> float:
+        return max(s.low_total_bytes for s in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        """Whether it can fit: with the least allocator reserve published runs show, the fullest stage stays
+        within the usable memory (`tight` says when the typical reserve would not)."""
+        return self.low_peak_bytes <= self.usable_bytes
+
+    @property
+    def tight(self) -> bool:
+        """Fits only if the caching allocator fragments less than it typically does (the total with the median
+        reserve is above the usable memory, the one with the least reserve below it)."""
+        return self.fits and self.peak_bytes > self.usable_bytes
+
+    @property
+    def reason(self) -> str:
+        """Why it does not fit ('' when it does): the stage, its total and the largest parts."""
+        if self.fits:
+            return ""
+        return out_of_memory_reason(self.peak, self.usable_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"peak_gib": self.peak_gib, "peak_stage": self.peak.stage, "capacity_gib": self.capacity_bytes / GIB,
+                "usable_gib": self.usable_bytes / GIB, "fits": self.fits, "tight": self.tight,
+                "low_peak_gib": self.low_peak_bytes / GIB, "reason": self.reason,
+                "stages": [s.to_dict() for s in self.stages]}
+
+
+def stage_parts_bytes(st: StageMemory) -> dict[str, float]:
+    """{label: bytes} of one stage, every MEMORY_PARTS entry in order, named as MEMORY_PART_LABELS names it."""
+    return {MEMORY_PART_LABELS[k]: float(getattr(st, f"{k}_bytes")) for k in MEMORY_PARTS}
+
+
+def out_of_memory_reason(st: StageMemory, usable_bytes: float) -> str:
+    parts = stage_parts_bytes(st)
+    top = ", ".join(f"{k} {v / GIB:.1f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:3])
+    return (f"out of memory: stage {st.stage} needs {st.total_bytes / GIB:.1f} GiB > "
+            f"{usable_bytes / GIB:.1f} GiB usable ({top} GiB)")
+
+
+# ------------------------------------------------------------------------------------------ states
+def resolved(options: MemoryOptions, precision: str) -> tuple[int, bool, bool]:
+    """(grad_bytes, master_weights, fp32_grad_copy) with the defaults filled in."""
+    g = options.grad_bytes if options.grad_bytes is not None else GRAD_BYTES.get(precision, 4)
+    master = options.master_weights if options.master_weights is not None else precision != "fp32"
+    # Megatron's fp16 optimizer keeps an fp32 copy of the fp16 gradients; with bf16 gradient buffers
+    # (grad_reduce_in_fp32 False) the distributed optimizer casts its shard at the step, nothing persistent
+    copy = options.fp32_grad_copy if options.fp32_grad_copy is not None else (g < 4 and precision == "fp16")
+    return g, master, copy
+
+
+def bytes_per_param(precision: str, zero_stage: int, dp: int, options: MemoryOptions = MemoryOptions()
+                    ) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer) bytes per parameter on one GPU."""
+    e = BYTES_PER_ELEMENT[precision]
+    g, master, copy = resolved(options, precision)
+    opt = options.optimizer_bytes_per_param + (4 if master else 0) + (4 if copy else 0)
+    d = max(1, dp)
+    w_b, g_b, o_b = float(e), float(g), float(opt)
+    if zero_stage >= 1:
+        o_b /= d
+    if zero_stage >= 2:
+        g_b /= d
+    if zero_stage >= 3:
+        w_b /= d
+    return w_b, g_b, o_b
+
+
+# ------------------------------------------------------------------------------------- activations
+def _dropout(model: ModelSpec, options: MemoryOptions) -> bool:
+    return options.dropout if options.dropout is not None else model.arch == "gpt"
+
+
+def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str = "bf16",
+                     options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
+                     sequence_parallel: bool = False) -> dict[str, float]:
+    """Bytes kept for backward by one layer and micro-batch, per GPU, split by how they shard:
+    `replicated` (whole on every TP rank unless SP splits it), `sharded` (split over tp),
+    `quadratic` (the s^2 attention probabilities of unfused attention, split over tp),
+    `flash` (flash attention's fp32 logsumexp, split over tp), `input` (the layer input).
+
+    `moe` (a MoE layer of a MoE model, `seq_len` already per CP rank): instead of the MLP intermediates, the
+    rows this GPU's experts compute on the busiest rank (predictor.model.moe.routing: tokens x top_k x imbalance)
+    keep the dispatched input, the fc1 output (gate and up), the activation output and the expert output the
+    un-permutation weights (2h + 3 ffn_e elements per row for SwiGLU, 2h + 2 ffn_e for GeLU), plus the fp32
+    router probabilities; the shared experts keep what a dense MLP of their width keeps."""
+    s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
+    e = BYTES_PER_ELEMENT[precision]
+    a, hd = model.num_heads, model.head_size
+    kv_r = max(model.kv_heads / t, 1.0)  # kv heads per rank (replicated when tp > kv_heads)
+    ffn = model.ffn
+    sbh = s * b * h
+    drop = _dropout(model, options)
+    mask = 1.0 if drop else 0.0
+    # fp8 (predictor.step.fp8): the inputs of the FP8 GEMMs are kept as their FP8 casts, 1 byte (Transformer Engine's
+    # Linear / LayerNormLinear / LayerNormMLP save the FP8 input, `inputmat` / `ln_out` / `fc2` input, for the
+    # wgrad GEMM); everything else stays BF16
+    g = 1 if precision == "fp8" else e
+    # replicated: both norm inputs, the QKV input, the MLP input, the two residual dropout masks
+    replicated = sbh * (2 * e + g + g) + sbh * 2 * mask
+    # sharded: Q, K, V (GQA: kv heads per rank), attention output (out-proj input), MLP intermediates
+    q = s * b * (a / t) * hd * e
+    kv = 2 * s * b * kv_r * hd * e
+    o = s * b * (a / t) * hd * g
+    def mlp_terms(width: float) -> float:
+        if model.arch == "llama":
+            return s * b * (width / t) * (2 * e + g)   # fc1 output (gate and up, 2*ffn) + SwiGLU output (fc2 input)
+        return s * b * (width / t) * (e + g)           # GeLU input + GeLU output (fc2 input)
+    if moe and model.is_moe:
+        r = routing(model, b, s, t, 1, ep, sequence_parallel)
+        rows = r.rows_per_expert * r.local_experts
+        fe = model.expert_ffn
+        per_row = 2 * h * e + (2 * fe * e + fe * g if model.arch == "llama" else fe * e + fe * g)
+        mlp = rows * per_row + 4.0 * r.tokens * model.num_experts + 8.0 * r.routed_rows
+        if model.shared_experts:
+            mlp += mlp_terms(model.shared_experts * model.shared_ffn)
+    else:
+        mlp = mlp_terms(ffn)
+    sharded = q + kv + o + mlp
+    if model.attention_impl in FLASH_IMPLS:
+        quadratic = 0.0
+        flash = 4.0 * b * (a / t) * s
+    else:
+        # softmax output (e) [+ dropout mask (1) + dropout output (e)] per score
+        quadratic = b * (a / t) * s * s * (e + (1 + e if drop else 0))
+        flash = 0.0
+    return {"replicated": replicated, "sharded": sharded, "quadratic": quadratic, "flash": flash,
+            "input": sbh * e}
+
+
+def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                               recompute: str, precision: str = "bf16",
+                               options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1) -> float:
+    """Bytes one layer keeps for backward per micro-batch on one GPU (`moe`: a MoE layer, experts over `ep`)."""
+    t = tp
+    sp_div = t if sequence_parallel else 1
+    T = activation_terms(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel)
+    if recompute == "full":
+        return T["input"] / sp_div
+    stored = T["replicated"] / sp_div + T["sharded"] + T["flash"]
+    if recompute == "none":
+        stored += T["quadratic"]
+    return stored
+
+
+def full_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                                precision: str = "bf16", options: MemoryOptions = MemoryOptions(), moe: bool = False,
+                                ep: int = 1) -> float:
+    """One layer's activations without any recomputation (what full recomputation rematerialises)."""
+    return activation_bytes_per_layer(model, seq_len, micro_batch, tp, sequence_parallel, "none", precision, options,
+                                      moe, ep)
+
+
+def moe_dispatch_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                              precision: str, cp: int, ep: int) -> float:
+    """A MoE layer's transient all-to-all buffers: the permuted rows sent and the rows received on the busiest rank
+    (0 for a dense model or ep = 1, where the permuted rows are the experts' input, counted as activations)."""
+    if not model.is_moe or ep <= 1:
+        return 0.0
+    r = routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel)
+    return (r.routed_rows + r.rows_per_expert * r.local_experts) * model.hidden_size * BYTES_PER_ELEMENT[precision]
+
+
+def korthikanti_bytes_per_layer(s: int, b: int, h: int, a: int, t: int = 1, sp: bool = False,
+                                recompute: str = "none") -> float:
+    """The published formulas (Korthikanti et al. 2022, Table 2), 16-bit activations, GPT layers."""
+    if recompute == "full":
+        return 2.0 * s * b * h / (t if sp else 1)
+    quad = 0.0 if recompute == "selective" else 5.0 * a * s / h
+    if t == 1:
+        return s * b * h * (34.0 + quad)
+    if sp:
+        return s * b * h / t * (34.0 + quad)
+    return s * b * h * (10.0 + 24.0 / t + quad / t)
+
+
+def edge_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                          precision: str = "bf16", options: MemoryOptions = MemoryOptions()
+                          ) -> tuple[float, float, float]:
+    """(first stage per micro-batch in flight, last stage stored, last stage transient) bytes.
+    First: int64 token ids (+ embedding dropout mask). Last: final norm input and output-layer
+    input (2sbh each, /t with SP) and fp32 logits 4sbV/t (Korthikanti sec. 4.3); transient: the
+    16-bit logits before the fp32 cast."""
+    s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
+    e = BYTES_PER_ELEMENT[precision]
+    sp_div = t if sequence_parallel else 1
+    vp = padded_vocab(model.vocab_size, tp)
+    first = 8.0 * s * b + (s * b * h / sp_div if _dropout(model, options) else 0.0)
+    logits = s * b * vp / t
+    last = 2.0 * s * b * h * e / sp_div + (4.0 if options.logits_fp32 else e) * logits
+    transient = e * logits if options.logits_fp32 else 0.0
+    return first, last, transient
+
+
+# ------------------------------------------------------------------------- context parallelism
+def cp_ring_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str, cp: int) -> float:
+    """The context-parallel ring's transient receive buffer: one K/V block pair, 2 x [b, seq_len/cp, kv heads
+    per tp rank x head_dim] x e (0 without context parallelism)."""
+    if cp <= 1:
+        return 0.0
+    kv_r = max(model.kv_heads / tp, 1.0)
+    return 2.0 * micro_batch * (seq_len // cp) * kv_r * model.head_size * BYTES_PER_ELEMENT[precision]
+
+
+# ------------------------------------------------------------------------------------ pipelines
+def in_flight(schedule: str, pp: int, vpp: int, m: int, stage: int) -> int:
+    """Micro-batches (interleaved: chunk activations) whose activations stage `stage` holds at its peak."""
+    if pp == 1 or schedule == "gpipe":
+        return m * (vpp if schedule == "interleaved" else 1) if pp > 1 else 1
+    if schedule == "interleaved":
+        return min(2 * (pp - stage - 1) + (vpp - 1) * pp + 1, m * vpp)
+    return min(pp - stage, m)
+
+
+def in_flight_array(schedule: str, pp: int, vpp: int, m: np.ndarray) -> np.ndarray:
+    """`in_flight` for R rows and every stage at once: [R, pp]."""
+    m = np.asarray(m, dtype=float)[:, None]
+    s = np.arange(pp)[None, :]
+    if pp == 1:
+        return np.ones((m.shape[0], 1))
+    if schedule == "interleaved":
+        return np.minimum(2 * (pp - s - 1) + (vpp - 1) * pp + 1, m * vpp)
+    if schedule == "gpipe":
+        return np.broadcast_to(m, (m.shape[0], pp)).astype(float)
+    return np.minimum(pp - s, m)
+
+
+def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[list[int]]:
+    """Layers of each chunk grouped by physical stage: [[chunk layers on stage 0], ...]."""
+    out: list[list[int]] = [[] for _ in range(layout.pp)]
+    for i, n in enumerate(chunk_layer_counts(model, layout)):
+        out[i % layout.pp].append(int(n))
+    return out
+
+
+MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "framework", "nccl", "allocator")
+ALLOCATED_PARTS = MEMORY_PARTS[:5]
+#: how each part is named to a user (reasons, charts, search columns)
+MEMORY_PART_LABELS = {"weights": "weights", "grads": "gradients", "optimizer": "optimizer",
+                      "activations": "activations", "buffers": "buffers", "framework": "framework",
+                      "nccl": "NCCL buffers", "allocator": "allocator reserve"}
+
+
+@dataclass(frozen=True)
+class DeviceComm:
+    """What the memory model needs to know of the machine around a GPU: GPUs per node, whether NCCL sets up
+    NVLink SHARP buffers there, and whether it is a GPU with NCCL / RCCL at all (a CPU with gloo has no
+    communicator buffers, CUDA context or caching allocator)."""
+    gpus_per_node: int = 8
+    nvls: bool = False
+    gpu: bool = True
+
+    @classmethod
+    def of(cls, device: Any) -> DeviceComm:
+        """From a Platform (its node size and NVLS) or a bare DeviceSpec (a node of 8, no NVLS)."""
+        dev = getattr(device, "device", device)
+        gpu = getattr(dev, "vendor", "") != "cpu"
+        if hasattr(device, "gpus_per_node"):
+            return cls(int(device.gpus_per_node), bool(getattr(device, "has_nvls", False)), gpu)
+        return cls(8, False, gpu)
+
+
+def _local_ranks(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndarray:
+    """Ranks of a group (`size` ranks `stride` apart) that share one node of `gpn` GPUs."""
+    return np.where(stride >= gpn, 1, np.minimum(size, np.maximum(1, gpn // np.maximum(stride, 1))))
+
+
+def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, dp: np.ndarray, cp: np.ndarray,
+                       ep: np.ndarray, moe: bool, tied: bool, options: MemoryOptions = MemoryOptions()
+                       ) -> np.ndarray:
+    """[R, pp] bytes of NCCL communicator buffers per GPU on each pipeline stage (module docstring: 441 MiB per
+    collective communicator, + 1.5 GiB NVLS buffers where the node has NVLS and the group two or more GPUs in
+    it, 447 MiB per point-to-point peer). `dp` is dp x cp (the data-parallel-with-CP group), ranks ordered
+    tp, cp, dp, pp as Megatron-Core orders them. The distinct collective rank sets: tp, dp x cp, tp x pp (the
+    gradient-norm reduction; the tp set again when pp = 1), the world (dp x cp again when tp = pp = 1),
+    the expert-data-parallel group of a MoE (tp x dp x cp / ep) and, with tied embeddings and pp > 1, the
+    first and last stages' embedding group."""
+    tp, dp, cp, ep = (np.asarray(x, dtype=np.int64) for x in (tp, dp, cp, ep))
+    n = len(tp)
+    out = np.zeros((n, pp))
+    if not comm.gpu or not options.device_overheads:
+        return out
+    gpn = max(1, int(comm.gpus_per_node))
+    coll, nvls, peer, pool = (v * 2.0 ** 20 for v in (options.nccl_coll_mib, options.nccl_nvls_mib,
+                                                       options.nccl_p2p_peer_mib, options.nccl_net_pool_mib))
+
+    def p2p(peers: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Buffers of `peers` point-to-point peers of which `local` share the node: each local one its own,
+        the remote ones one shared pool."""
+        local = np.minimum(local, peers)
+        return local * peer + np.where(peers > local, pool, 0.0)
+
+    def collective(size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+        local = _local_ranks(size, stride, gpn)
+        return np.where(size > 1, coll + (nvls * (local >= 2) if comm.nvls else 0.0), 0.0)
+
+    one = np.ones(n, dtype=np.int64)
+    world = tp * dp * pp
+    per_gpu = collective(tp, one) + collective(dp, tp)
+    if pp > 1:   # the model-parallel set: tp ranks side by side, pp stages tp x dp apart
+        per_gpu += collective(tp * pp, np.where(tp > 1, 1, dp))
+    per_gpu += np.where((world > dp) & (world > tp * pp), collective(world, one), 0.0)
+    if moe:
+        edp = np.maximum(tp * dp // np.maximum(ep, 1), 1)
+        per_gpu += np.where((edp != dp) & (edp > 1), collective(edp, ep), 0.0)
+        # the all-to-all reaches every EP peer (EP ranks side by side: the node holds min(ep, gpn) of them)
+        per_gpu += p2p(np.maximum(ep - 1, 0), np.minimum(ep, gpn) - 1)
+    # the context-parallel ring's neighbours (CP ranks tp apart)
+    per_gpu += p2p(np.minimum(np.maximum(cp - 1, 0), 2), np.where(tp * cp <= gpn, 2, 0))
+    out += per_gpu[:, None]
+    if pp > 1:
+        if vpp > 1 or pp == 2:
+            peers = np.full(pp, min(2, pp - 1), dtype=float)
+        else:
+            peers = np.full(pp, 2.0)
+            peers[0] = peers[-1] = 1.0
+        # pipeline neighbours are tp x dp x cp ranks apart: in the node only when that is less than the node
+        same_node = (tp * dp < gpn)[:, None]
+        out += np.where(same_node, peers[None, :] * peer, pool)
+        if tied:
+            emb = collective(np.full(n, 2), tp * dp * (pp - 1))
+            out[:, 0] += emb
+            out[:, -1] += emb
+    return out
+
+
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_layers: list[int] | tuple[int, ...],
+                        pp: int, vpp: int, schedule: str, *, tp: np.ndarray, dp: np.ndarray, zero_stage: np.ndarray,
+                        micro_batch: np.ndarray, num_micro_batches: np.ndarray, recompute: np.ndarray,
+                        sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions(),
+                        cp: np.ndarray | None = None, ep: np.ndarray | None = None,
+                        comm: DeviceComm | None = None, grad_bytes: np.ndarray | None = None,
+                        fp8_param: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
+    order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
+    'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
+    `estimate_memory` and the step-time engine.
+
+    Context parallelism (`cp`, default 1; Megatron-Core): every per-layer and edge activation term above is
+    taken at seq_len / cp tokens (each CP rank keeps the activations of its own tokens: Korthikanti et al.'s
+    sbh terms with s -> s/cp), plus one transient K/V block pair of the ring, 2 x [b, s/cp, kv heads per rank x
+    head_dim] x e, in `buffers`. Weights, gradients and optimizer states per rank do not change with cp; the
+    caller passes dp * cp as `dp`, since the ZeRO / distributed-optimizer shards spread over the
+    data-parallel-with-CP group.
+
+    Mixture-of-Experts (`ep`, default 1; predictor.model.moe): a MoE layer's routed experts (num_experts / ep whole
+    experts per GPU) have their gradients and distributed-optimizer shards over the expert-data-parallel group
+    (tp * dp / ep ranks, `dp` being dp * cp), everything else over dp; MoE layers keep the routed rows'
+    activations (`activation_terms`), the leading dense layers a dense MLP's, and the all-to-all buffers of one
+    layer are transient (`buffers`).
+
+    `grad_bytes` (default: `options.grad_bytes` or the precision's) are the bytes per element of each row's
+    gradient buffers (Layout.grad_bytes); `fp8_param` (default 0) marks rows with FP8 primary weights, whose GEMM
+    weights are the FP8 weight and its transpose only (no BF16 copy).
+
+    `comm` (default: a GPU in a node of 8 without NVLS) sizes the parts outside the allocated peak: the
+    framework allowance, the NCCL buffers (`nccl_buffer_arrays`) and the allocator's reserve, all 0 on a CPU
+    or with `options.device_overheads` False."""
+    comm = comm or DeviceComm()
+    tp, dp, zero = (np.asarray(x, dtype=np.int64) for x in (tp, dp, zero_stage))
+    mb, rc = np.asarray(micro_batch, dtype=np.int64), np.asarray(recompute, dtype=np.int64)
+    sp = np.asarray(sequence_parallel, dtype=np.int64)
+    n = len(tp)
+    cpa = np.ones(n, dtype=np.int64) if cp is None else np.asarray(cp, dtype=np.int64)
+    epa = np.ones(n, dtype=np.int64) if ep is None else np.asarray(ep, dtype=np.int64)
+    nch = pp * vpp
+    counts = np.asarray(chunk_layers, dtype=float)
+    dense_c = np.asarray(params.chunk_dense_layers(model, [int(c) for c in chunk_layers]), dtype=float)
+    moe_c = counts - dense_c   # MoE layers per chunk (0 for a dense model)
+    cstage = np.arange(nch) % pp
+    onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
+    per_stage = np.bincount(cstage, minlength=pp)
+    mean_dense = (dense_c @ onehot) / per_stage
+    mean_moe = (moe_c @ onehot) / per_stage
+    e = BYTES_PER_ELEMENT[precision]
+    g_default = resolved(options, precision)[0]
+    g_row = (np.full(n, g_default, dtype=np.int64) if grad_bytes is None or options.grad_bytes is not None
+             else np.asarray(grad_bytes, dtype=np.int64))
+    f8p = np.zeros(n) if fp8_param is None else np.asarray(fp8_param, dtype=float)
+    # activations per (tp, micro-batch, SP, recompute, cp, ep), on the seq_len / cp tokens of a CP rank
+    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa]))
+    is_moe = model.is_moe
+
+    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int) -> tuple[float, ...]:
+        sc = seq_len // c
+        dense_l = activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options)
+        dense_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options)
+        moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x)
+                 if is_moe else dense_l)
+        moe_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x) if is_moe else dense_f
+        # what full recomputation rematerialises: the larger of the layer kinds the model has
+        full_f = (max(dense_f, moe_f) if model.dense_layers else moe_f) if is_moe else dense_f
+        return (dense_l, full_f,
+                *edge_activation_bytes(model, sc, b, t, s, precision, options),
+                cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
+                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x))
+    acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5])) for k in keys],
+                      dtype=np.float64).reshape(-1, 8)[kinv]
+    act_dense, act_full, act_first, act_last, act_last_tr, ring, act_moe, a2a_buf = (acts_k[:, j] for j in range(8))
+    # parameters per (tp, ep): every chunk (the routed experts apart), the largest ZeRO unit of the edge stages
+    te2, tinv = unique_rows(np.column_stack([tp, epa]))
+    tps = te2[:, 0]
+    cparams = np.array([[params.chunk_params(model, int(t), pp, int(counts[i]), i == 0, i == nch - 1, seq_len,
+                                             dense=int(dense_c[i]), ep=int(x))
+                         for i in range(nch)] for t, x in te2], dtype=float)[tinv]
+    eparams = np.array([[moe_c[i] * params.layer_expert_params_per_gpu(model, int(x)) for i in range(nch)]
+                        for _, x in te2], dtype=float)[tinv]
+    lp = np.array([max(params.layer_params_per_gpu(model, int(t)),
+                       params.layer_params_per_gpu(model, int(t), is_moe, int(x))) for t, x in te2],
+                  dtype=float)[tinv]
+    edge_first = np.array([params.chunk_params(model, int(t), pp, 0, True, nch == 1, seq_len) for t in tps],
+                          dtype=float)[tinv]
+    edge_last = np.array([params.chunk_params(model, int(t), pp, 0, nch == 1, True, seq_len) for t in tps],
+                         dtype=float)[tinv]
+    stage_params = cparams @ onehot
+    stage_experts = eparams @ onehot        # routed-expert parameters of each stage (0 for a dense model)
+    stage_rest = stage_params - stage_experts
+    def bpp_of(z: int, d: int, g: int) -> tuple[float, float, float]:
+        opts = options if g == g_default else replace(options, grad_bytes=g)
+        return bytes_per_param(precision, z, d, opts)
+
+    zd, zinv = unique_rows(np.column_stack([zero, dp, g_row]))
+    bpp = np.array([bpp_of(int(z), int(d), int(g)) for z, d, g in zd],
+                   dtype=float).reshape(-1, 3)[zinv]
+    edp = np.maximum(tp * dp // epa, 1)      # expert-data-parallel group
+    ze, zeinv = unique_rows(np.column_stack([zero, edp, g_row]))
+    bpp_e = np.array([bpp_of(int(z), int(d), int(g)) for z, d, g in ze],
+                     dtype=float).reshape(-1, 3)[zeinv]
+    k_in = in_flight_array(schedule, pp, vpp, num_micro_batches)
+    acts = k_in * (mean_dense[None, :] * act_dense[:, None] + mean_moe[None, :] * act_moe[:, None])
+    k_first = k_in[:, 0] if vpp == 1 else np.ceil(k_in[:, 0] / vpp)
+    acts[:, 0] += k_first * act_first
+    acts[:, -1] += act_last
+    buffers = np.zeros((n, pp))
+    buffers[:, -1] += act_last_tr
+    if cp is not None:
+        buffers += ring[:, None]
+    full = (rc == RECOMPUTE_ORDER.index("full")).astype(float)[:, None]
+    buffers += full * np.maximum(0.0, act_full - act_dense)[:, None]   # (under full recomputation every layer keeps
+    #                                                                     its input only, MoE or dense alike)
+    if is_moe:
+        buffers += a2a_buf[:, None]
+    unit = np.repeat(lp[:, None], pp, axis=1)
+    unit[:, 0] = np.maximum(unit[:, 0], edge_first)
+    unit[:, -1] = np.maximum(unit[:, -1], edge_last)
+    sharded = ((zero >= 2) & (dp > 1)).astype(float)[:, None]
+    z3 = ((zero == 3) & (dp > 1)).astype(float)[:, None]
+    buffers += sharded * unit * g_row[:, None] + z3 * options.zero3_live_units * unit * e
+    weights = stage_rest * bpp[:, 0:1] + stage_experts * bpp_e[:, 0:1]
+    if precision == "fp8":
+        # + the FP8 weight and its FP8 transpose / columnwise copy of every transformer-layer GEMM weight (2 bytes
+        # per GEMM parameter, sharded like the weights)
+        gemm = np.array([fp8.layer_gemm_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
+        gemm_moe = np.array([fp8.layer_gemm_params_per_gpu(model, int(t), True, int(x)) for t, x in te2],
+                            dtype=float)[tinv]
+        w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
+        # FP8 primary weights: the GEMM weights are the FP8 weight and its transpose only, no BF16 copy beside
+        # them (2 bytes per GEMM parameter in all, as a BF16 weight): nothing is added
+        copies = FP8_WEIGHT_COPIES * (1.0 - f8p) * w_share
+        weights = (weights + (copies * gemm)[:, None] * (dense_c @ onehot)[None, :]
+                   + (copies * gemm_moe)[:, None] * (moe_c @ onehot)[None, :])
+    out = {"weights": weights, "grads": stage_rest * bpp[:, 1:2] + stage_experts * bpp_e[:, 1:2],
+           "optimizer": stage_rest * bpp[:, 2:3] + stage_experts * bpp_e[:, 2:3], "activations": acts,
+           "buffers": buffers}
+    overheads = comm.gpu and options.device_overheads
+    out["framework"] = np.full((n, pp), options.framework_gib * GIB if overheads else 0.0)
+    out["nccl"] = nccl_buffer_arrays(comm, pp, vpp, tp=tp, dp=dp, cp=cpa, ep=epa, moe=is_moe,
+                                     tied=bool(model.tied_embeddings), options=options)
+    allocated = np.sum([out[k] for k in ALLOCATED_PARTS], axis=0)
+    out["allocator"] = allocated * (options.allocator_overhead if overheads else 0.0)
+    out["allocator_min"] = allocated * (min(options.allocator_overhead_min, options.allocator_overhead)
+                                        if overheads else 0.0)
+    return {**out, "params": stage_params, "in_flight": k_in}
+
+
+def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
+                    options: MemoryOptions = MemoryOptions(), hbm_gib: float | None = None) -> MemoryReport:
+    """Per-stage peak memory of `layout`. `device`: a DeviceSpec or Platform (for its HBM size),
+    or give `hbm_gib`; without either the capacity is reported as infinite."""
+    layout.validate(model)
+    if hbm_gib is None and device is not None:
+        dev = getattr(device, "device", device)
+        hbm_gib = float(dev.hbm_gib)
+    capacity = (hbm_gib or float("inf")) * GIB
+    one = lambda v: np.array([v])  # noqa: E731
+    arr = stage_memory_arrays(model, layout.seq_len, layout.precision, chunk_layer_counts(model, layout),
+                              layout.pp, layout.vpp, layout.schedule, tp=one(layout.tp),
+                              dp=one(layout.dp * layout.cp), cp=one(layout.cp), ep=one(layout.ep),
+                              zero_stage=one(layout.zero_stage), micro_batch=one(layout.micro_batch),
+                              num_micro_batches=one(layout.num_micro_batches),
+                              recompute=one(RECOMPUTE_ORDER.index(layout.recompute)),
+                              sequence_parallel=one(int(layout.sequence_parallel)), options=options,
+                              comm=DeviceComm.of(device) if device is not None else None,
+                              grad_bytes=one(layout.grad_bytes), fp8_param=one(int(layout.fp8_param_gather)))
+    return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
+
+
+def report_from_arrays(arr: dict[str, np.ndarray], row: int, layers_by_stage: list[list[int]], capacity_bytes: float,
+                       options: MemoryOptions = MemoryOptions()) -> MemoryReport:
+    """The MemoryReport of row `row` of `stage_memory_arrays`' answer."""
+    stages = [StageMemory(stage=s, layers=sum(layers_by_stage[s]), params=int(arr["params"][row, s]),
+                          weights_bytes=float(arr["weights"][row, s]), grads_bytes=float(arr["grads"][row, s]),
+                          optimizer_bytes=float(arr["optimizer"][row, s]),
+                          activations_bytes=float(arr["activations"][row, s]),
+                          buffers_bytes=float(arr["buffers"][row, s]), framework_bytes=float(arr["framework"][row, s]),
+                          in_flight=float(arr["in_flight"][row, s]), nccl_bytes=float(arr["nccl"][row, s]),
+                          allocator_bytes=float(arr["allocator"][row, s]),
+                          allocator_min_bytes=float(arr["allocator_min"][row, s]) if "allocator_min" in arr else 0.0)
+              for s in range(arr["params"].shape[1])]
+    return MemoryReport(stages=stages, capacity_bytes=capacity_bytes,
+                        usable_bytes=capacity_bytes * (1.0 - options.allocator_reserve), options=options)
+
+
+def check_memory(model: ModelSpec, layout: Layout, device: Any,
+                 options: MemoryOptions = MemoryOptions()) -> MemoryReport:
+    """`estimate_memory`, raising InfeasibleConfig (field 'memory') when the layout does not fit."""
+    rep = estimate_memory(model, layout, device, options)
+    if not rep.fits:
+        raise InfeasibleConfig("memory", rep.reason + ".",
+                               "raise tp or pp, use a smaller micro-batch, recomputation, sequence parallelism "
+                               "or a higher ZeRO stage.")
+    return rep
+
+
+def model_state_bytes(num_params: float, precision: str, zero_stage: int, dp: int,
+                      options: MemoryOptions = MemoryOptions()) -> float:
+    """Weights + gradients + optimizer states of `num_params` parameters on one GPU."""
+    return float(num_params) * float(np.sum(bytes_per_param(precision, zero_stage, dp, options)))
