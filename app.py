@@ -39,6 +39,10 @@ def run_dashboard() -> None:
     page = st.navigation(pages, position="top")
     try:
         page.run()
+        # the link's parameters no input read are named on the page (not after st.stop() or a rerun request:
+        # Streamlit takes no more output then)
+        from predictor_ui import urlcheck
+        urlcheck.finish()
     finally:
         if os.environ.get("PLANNER_TIMING"):  # script time per run, for the browser test's report
             heavy = [m for m in ("pandas", "lightgbm", "sklearn", "scipy.stats", "altair", "duckdb", "torch")

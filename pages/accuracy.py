@@ -8,7 +8,7 @@ from predictor.checks.validate import mark_unmodelled_host, save_validation, sum
 from predictor.model.layout_io import BATCH_COLUMNS
 from predictor.paths import ArtifactError
 from predictor.step.terms import contention_words, spread_in_words
-from predictor_ui import charts, config, data, fmt, views
+from predictor_ui import charts, config, data, fmt, urlcheck, views
 
 views.page_setup()
 
@@ -17,7 +17,7 @@ st.caption("How far to trust each platform: the operator regressors' cross-valid
            "training run in the store predicted against its measured step time, the network calibration "
            "against measured NCCL sweeps, and your own runs.")
 
-t_e2e, t_ops, t_net, t_mine = st.tabs(["End to end (measured runs)", "Operators", "Network", "Your runs"],
+t_e2e, t_ops, t_net, t_mine = urlcheck.guard().tabs(["End to end (measured runs)", "Operators", "Network", "Your runs"],
                                       key="acc_view", on_change="rerun", bind="query-params")
 
 COLS_CFG = {"mape": st.column_config.NumberColumn("MAPE", format="percent"),
@@ -312,7 +312,7 @@ if t_e2e.open:
                     "predictor ingest ../shared/datasets/vtrain/ground_truth_single.csv\n```\n\nor upload your "
                     "own under **Your runs**.", icon=":material/database:")
         else:
-            c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
+            c1, c2 = urlcheck.guard().columns([3, 2], vertical_alignment="bottom")
             # opens on the platform with the most measured runs (a saved validation breaks ties), not the
             # alphabetically first one; the address bar's ?acc_platform= wins
             first = max(plats, key=lambda p: (int(counts.get(p, 0)), p in saved_plats))
@@ -474,7 +474,7 @@ def network_tab() -> None:
                 f"sweeps: {SWEEPS}. {where}", icon=":material/lan:")
         return
     plats = chk.platform_ids()  # the one with the most measured timings first
-    c1, c2 = st.columns([3, 2], vertical_alignment="bottom")
+    c1, c2 = urlcheck.guard().columns([3, 2], vertical_alignment="bottom")
     plat = c1.selectbox("Platform", sorted(plats), index=sorted(plats).index(plats[0]), key="acc_net_platform",
                         bind="query-params", help="Platforms with a saved network calibration and measured "
                                                   "sweeps; opens on the one with the most timings")

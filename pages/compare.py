@@ -5,7 +5,7 @@ import streamlit as st
 from predictor.model.errors import InfeasibleConfig
 from predictor.plan.costing import training_estimate
 from predictor.step.memory import GIB
-from predictor_ui import charts, data, fmt, inputs, views
+from predictor_ui import charts, data, fmt, inputs, urlcheck, views
 
 views.page_setup()
 
@@ -22,10 +22,10 @@ SETUP_DEFAULTS = {
     "d": {"platform": "dgx-a100-80gb"},
 }
 
-n = st.segmented_control("Setups", [2, 3, 4], default=3, key="n", bind="query-params", required=True,
+n = urlcheck.guard().segmented_control("Setups", [2, 3, 4], default=3, key="n", bind="query-params", required=True,
                          help="How many setups to compare")
 n = int(n or 3)
-sb = st.sidebar
+sb = urlcheck.guard(st.sidebar)
 sb.subheader("Training run")
 target = inputs.target_inputs(container=sb)
 sb.caption("The token target and price apply to every setup.")

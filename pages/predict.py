@@ -4,11 +4,11 @@ import streamlit as st
 from predictor.model.errors import InfeasibleConfig
 from predictor.plan.costing import training_estimate
 from predictor.step.memory import GIB
-from predictor_ui import data, fmt, inputs, views
+from predictor_ui import data, fmt, inputs, urlcheck, views
 
 views.page_setup()
 
-sb = st.sidebar
+sb = urlcheck.guard(st.sidebar)
 sb.subheader("Model")
 model_fields = inputs.model_inputs(container=sb)
 sb.subheader("Platform")
@@ -90,7 +90,7 @@ for w in pred.warnings:
     st.warning(w, icon=":material/info:")
 
 # Lazy tabs: only the open one runs (light first paint); the open tab is part of the URL.
-t_break, t_ops, t_time, t_mem, t_data, t_export = st.tabs(
+t_break, t_ops, t_time, t_mem, t_data, t_export = urlcheck.guard().tabs(
     ["Where the time goes", "Operators", "Pipeline timeline", "Memory", "Data basis", "Export"],
     key="view", on_change="rerun", bind="query-params")
 

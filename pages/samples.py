@@ -4,7 +4,7 @@ import streamlit as st
 
 from predictor.hardware.platforms import load_platforms
 from predictor.model.ops import COLLECTIVES, OPS, SHAPE_COLUMNS
-from predictor_ui import charts, config, data, fmt, views
+from predictor_ui import charts, config, data, fmt, urlcheck, views
 from predictor_ui.curves import regressor_over_samples
 
 views.page_setup()
@@ -26,7 +26,7 @@ if samples.empty:
             f"```bash\n{config.STORE_HINT}\n```", icon=":material/database:")
     st.stop()
 
-c1, c2, c3 = st.columns(3)
+c1, c2, c3 = urlcheck.guard().columns(3)
 plats = sorted(samples["platform"].unique())
 # start on a platform with operator samples (the Predict default when it has some)
 with_ops = sorted(samples[samples["kind"] == "op"]["platform"].unique())

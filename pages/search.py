@@ -5,7 +5,7 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import model_from_fields
 from predictor.model.specs import PRECISIONS
 from predictor.plan.search import SearchSpace
-from predictor_ui import charts, data, fmt, inputs, views
+from predictor_ui import charts, data, fmt, inputs, urlcheck, views
 from predictor_ui.search_view import OBJECTIVE_LABELS
 
 views.page_setup()
@@ -14,7 +14,7 @@ BIND = "query-params"
 # Own key prefix: a row click hands plain names (model, tp, ...) to Predict through st.switch_page, which
 # cannot set query parameters that a widget on this page is bound to.
 PRE = "sr_"
-sb = st.sidebar
+sb = urlcheck.guard(st.sidebar)
 sb.subheader("Model")
 model_fields = inputs.model_inputs(PRE, container=sb)
 sb.subheader("Platform")
@@ -33,19 +33,19 @@ precision = a.selectbox("Precision", list(PRECISIONS), index=list(PRECISIONS).in
 objective = b.selectbox("Rank by", list(OBJECTIVE_LABELS), key="objective", bind=BIND,
                         help="time: step time · tokens: tokens/s · mfu: model FLOPs utilisation · "
                              "cost: GPU-hours per token")
-with sb.expander("Search space"):
-    tp_across = st.toggle("Allow TP across nodes", False, key="tp_across", bind=BIND,
+with sb.expander("Search space") as ex:
+    tp_across = ex.toggle("Allow TP across nodes", False, key="tp_across", bind=BIND,
                           help="Tensor parallelism normally stays within a node (NVLink)")
-    schedules = st.multiselect("Schedules", ["1f1b", "interleaved", "gpipe"], ["1f1b", "interleaved"],
+    schedules = ex.multiselect("Schedules", ["1f1b", "interleaved", "gpipe"], ["1f1b", "interleaved"],
                                key="schedules", bind=BIND)
-    recomputes = st.multiselect("Recomputation", ["none", "selective", "full"], ["none", "selective", "full"],
+    recomputes = ex.multiselect("Recomputation", ["none", "selective", "full"], ["none", "selective", "full"],
                                 key="recomputes", bind=BIND)
-    zeros = st.multiselect("ZeRO stages", [0, 1, 2, 3], [0, 1, 2, 3], key="zeros", bind=BIND)
-    max_mb = st.number_input("Max micro-batch", 1, 1024, 16, key="max_mb", bind=BIND)
-    uneven = st.toggle("Try uneven layer splits", True, key="uneven", bind=BIND,
+    zeros = ex.multiselect("ZeRO stages", [0, 1, 2, 3], [0, 1, 2, 3], key="zeros", bind=BIND)
+    max_mb = ex.number_input("Max micro-batch", 1, 1024, 16, key="max_mb", bind=BIND)
+    uneven = ex.toggle("Try uneven layer splits", True, key="uneven", bind=BIND,
                        help="First and last stage one layer lighter (they hold the embedding and the LM head)")
-    fw = inputs.framework_inputs(PRE, st)   # the TP overlap applies to the layouts with TP > 1 and SP
-    fw.update(inputs.precision_memory_inputs(PRE, st, precision))
+    fw = inputs.framework_inputs(PRE, ex)   # the TP overlap applies to the layouts with TP > 1 and SP
+    fw.update(inputs.precision_memory_inputs(PRE, ex, precision))
 sb.subheader("Training run")
 target = inputs.target_inputs(PRE, container=sb)
 
@@ -82,7 +82,7 @@ if res.empty or rep.feasible == 0:
     st.stop()
 
 # ---- filters on the ranked table
-f1, f2, f3, f4 = st.columns(4)
+f1, f2, f3, f4 = urlcheck.guard().columns(4)
 fits_only = f1.toggle("Only layouts that fit", True, key="fits_only", bind=BIND)
 tps = sorted(int(x) for x in res["tp"].dropna().unique())
 max_tp = f2.select_slider("Max TP", tps, value=tps[-1], key="max_tp", bind=BIND) if len(tps) > 1 else tps[0]

@@ -65,6 +65,17 @@ def check_id(platform_id: str, field: str = "platform") -> str:
     return s
 
 
+def check_platform_ids(platform: Any, field: str = "platform") -> None:
+    """Every id a platform reads files under (its own, and the platforms whose regressors, collective models
+    and network calibration it uses), checked before any path is built from one: InfeasibleConfig naming
+    `field` (for its own id) or the attribute."""
+    check_id(platform.platform_id, field)
+    for attr in ("op_models", "collective_models", "collective_calibration"):
+        other = getattr(platform, attr, None)
+        if other:
+            check_id(other, attr)
+
+
 def models_dir(override: str | os.PathLike[str] | None = None) -> Path:
     """`override`, else $PREDICTOR_MODELS_DIR, else the project's models_store/."""
     if override:

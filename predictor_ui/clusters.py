@@ -10,6 +10,7 @@ from typing import Any
 
 from predictor.hardware.platforms import Platform, load_devices, make_cluster
 from predictor.model.errors import InfeasibleConfig
+from predictor.paths import check_id
 
 # The form's fields, in the order the URL / cache key lists them.
 CUSTOM_FIELDS = ("c_name", "c_device", "c_gpn", "c_intra_bw", "c_intra_lat", "c_inter_bw", "c_inter_lat", "c_models")
@@ -30,6 +31,7 @@ def custom_platform(fields: dict[str, Any]) -> Platform:
     if gpn <= 0:
         raise InfeasibleConfig("c_gpn", "GPUs per node must be positive.", "use e.g. 8.")
     name = str(fields.get("c_name") or "custom").strip() or "custom"
+    check_id(name, "c_name")   # the cluster's name becomes the folder its files are looked up in
     intra_bw = float(fields.get("c_intra_bw") or 0)
     inter_bw = float(fields.get("c_inter_bw") or 0)
     if inter_bw <= 0:

@@ -18,7 +18,7 @@ from predictor.model.layout_io import llama_ffn, model_from_fields
 from predictor.model.presets import get_preset, list_presets
 from predictor.model.specs import PRECISIONS, RECOMPUTES, SCHEDULES
 
-from . import config, experts, fmt
+from . import config, experts, fmt, urlcheck
 from .clusters import CUSTOM_FIELDS, DASHBOARD_SOURCE, custom_platform
 
 CUSTOM = "custom"
@@ -67,7 +67,7 @@ def _fill_custom_from_preset(prefix: str) -> None:
 
 def model_inputs(prefix: str = "", container=None, default: str | None = None) -> dict[str, Any]:
     """Preset or custom transformer; returns the model fields (layout_io names)."""
-    c = container or st
+    c = urlcheck.guard(container)   # a bound widget's URL value is checked before it is built
     options = list_presets() + [CUSTOM]
     default = default or DEFAULT_SETUP["model"]
 
@@ -123,7 +123,7 @@ def platform_options() -> dict[str, Any]:
 def platform_inputs(prefix: str = "", container=None, default: str | None = None,
                     allow_custom: bool = True, describe=None) -> dict[str, Any]:
     """Catalog platform or a custom cluster. Returns {'platform': id} or {'platform': 'custom', c_*...}."""
-    c = container or st
+    c = urlcheck.guard(container)   # a bound widget's URL value is checked before it is built
     plats = platform_options()
     options = sorted(plats) + ([CUSTOM] if allow_custom else [])
     default = default if default in options else (DEFAULT_SETUP["platform"] if DEFAULT_SETUP["platform"] in options
@@ -197,7 +197,7 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     """TP, PP, CP, DP, EP, micro-batch, global batch, sequence, schedule, virtual stages, recomputation, SP, ZeRO.
     `more`: the label of a collapsed expander that holds everything after the batch sizes. `model`: the model
     fields, for the expert-parallel choices (disabled for a dense model)."""
-    c = container or st
+    c = urlcheck.guard(container)   # a bound widget's URL value is checked before it is built
     d = {**DEFAULT_SETUP, **(defaults or {})}
     out: dict[str, Any] = {}
     if show_gpus:
@@ -279,6 +279,7 @@ def query_value(name: str, value: Any) -> str:
 def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict[str, Any]:
     """The gradient precision and FP8 primary weights (the CLI's --[no-]grad-reduce-in-fp32, --fp8-param-gather):
     {grad_reduce_in_fp32 (None = the precision's default), fp8_param_gather (fp8 only)}."""
+    container = urlcheck.guard(container)
     grad = container.selectbox("FP32 gradients", list(TRI_STATE_CHOICES), key=_k(prefix, "grad_reduce_in_fp32"),
                                bind=BIND, disabled=precision == "fp32",
                                help="Gradient buffers and their data-parallel reduction in fp32 (on: Megatron-LM's "
@@ -297,7 +298,7 @@ def framework_inputs(prefix: str = "", container=None, tp_overlap_possible: bool
     --overlap-param-gather, --overlap-tp-comm): {framework, overlap_grad_reduce, overlap_param_gather (None = the
     framework's default), overlap_tp_comm}. The TP overlap is off and disabled where it cannot apply (tp 1 or no
     sequence parallelism)."""
-    c = container or st
+    c = urlcheck.guard(container)   # a bound widget's URL value is checked before it is built
     names = list(FRAMEWORKS)
     fw = c.selectbox("Framework", names, index=names.index(DEFAULT_FRAMEWORK), key=_k(prefix, "framework"),
                      bind=BIND, help="What the framework does with the data-parallel traffic and its host time: "
@@ -333,7 +334,7 @@ def _stage_ranks(out: dict[str, Any]) -> int | None:
 
 def target_inputs(prefix: str = "", container=None) -> dict[str, Any]:
     """The token target and the price per GPU-hour (None when not entered: no cost is shown)."""
-    c = container or st
+    c = urlcheck.guard(container)   # a bound widget's URL value is checked before it is built
     a, b = c.columns(2)
     tokens_b = a.number_input("Token target (billions)", 0.001, 1e6, TARGET_DEFAULT["tokens_b"],
                               key=_k(prefix, "tokens_b"), bind=BIND, help="2000 = 2T tokens")

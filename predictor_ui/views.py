@@ -10,7 +10,7 @@ import streamlit as st
 
 from predictor.model.errors import InfeasibleConfig
 
-from . import fmt
+from . import fmt, urlcheck
 from .search_view import predict_query
 
 PROVENANCE_HELP = ("**measured**: regressors trained on this device's own samples · **transferred**: another "
@@ -38,6 +38,7 @@ def page_setup() -> None:
         # the widget event that triggered the run (AppTest resets the flag on every run).
         if not list(st.session_state.keys()):
             st.rerun()
+    urlcheck.start()   # the link's dropped parameters are named here, at the top of the page
 
 
 def infeasible(e: InfeasibleConfig, where: str = "") -> None:

@@ -658,3 +658,59 @@ def test_layout_fields_survive_the_url_into_predict():
     assert (sel["Grad reduce overlap"], sel["FP32 gradients"]) == ("on", "off")
     assert {t.label: t.value for t in at.toggle}["Overlap TP communication"] is True
     assert "TP overlap" in text(at) and "gradients in bf16" in text(at)
+
+
+# --------------------------------------------------------------------------- pasted links
+def link_notes(at: AppTest) -> list[str]:
+    return [w.value for w in at.warning if w.value.startswith("Link parameter")]
+
+
+@pytest.mark.parametrize("page,query,named", [
+    (None, {"tp": "inf"}, "tp=inf"),
+    (None, {"num_gpus": "1e309"}, "num_gpus=1e309"),
+    (None, {"num_gpus": "7" * 20000}, "num_gpus=7777"),
+    (None, {"tp": "-1"}, "tp=-1"),
+    (None, {"tp": "nan"}, "tp=nan"),
+    (None, {"tp": "2.5"}, "tp=2.5"),
+    (None, {"seq_len": "4097"}, "seq_len=4097"),
+    (None, {"platform": "nope"}, "platform=nope"),
+    (None, {"sequence_parallel": "maybe"}, "sequence_parallel=maybe"),
+    (None, {"view": "Nope"}, "view=Nope"),
+    ("pages/compare.py", {"a_tp": "inf"}, "a_tp=inf"),
+    ("pages/compare.py", {"n": "9"}, "n=9"),
+    ("pages/search.py", {"sr_num_gpus": "1e309"}, "sr_num_gpus=1e309"),
+    ("pages/search.py", {"max_mb": "inf"}, "max_mb=inf"),
+    ("pages/accuracy.py", {"acc_view": "nope"}, "acc_view=nope"),
+])
+def test_a_pasted_link_with_a_bad_value_is_named_not_a_traceback_nor_a_silent_default(page, query, named):
+    """Streamlit's number input raised on an overflowing URL value (int(inf) before its finiteness check), which
+    stopped the page with the sidebar half-drawn, and replaced other bad values by the default without a word.
+    Each parameter dropped from the link is named at the top of the page, with the value used instead; the
+    sidebar is complete and the page still answers."""
+    at = run(page, query)
+    notes = link_notes(at)
+    assert len(notes) == 1 and named in notes[0] and "dropped" in notes[0] and "default" in notes[0], notes
+    clean = run(page)
+    assert len(at.sidebar.number_input) == len(clean.sidebar.number_input)
+    assert len(at.number_input) == len(clean.number_input) and len(at.selectbox) == len(clean.selectbox)
+    assert not link_notes(clean)
+    if page is None:
+        assert metric(at, "Step time") == metric(clean, "Step time")   # the default, said so above
+
+
+def test_a_good_link_is_taken_whole_and_a_mistyped_parameter_is_named():
+    at = run(query={"model": "llama3-8b", "num_gpus": 16, "tp": 2, "pp": 2, "global_batch": 64, "tpp": 4})
+    notes = link_notes(at)
+    assert len(notes) == 1 and "`tpp`" in notes[0] and "ignored" in notes[0]
+    assert "16 GPUs = TP 2 × PP 2 × CP 1 × DP 4" in text(at)
+
+
+@pytest.mark.parametrize("page,pre", [(None, ""), ("pages/search.py", "sr_")])
+def test_a_cluster_name_from_the_link_is_checked_before_it_becomes_a_path(page, pre, monkeypatch):
+    """?platform=custom&c_name=<path>: the name is refused naming c_name, and no file under it is looked for."""
+    opened: list[str] = []
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda p: opened.append(str(p)) or real_exists(p))
+    at = run(page, {f"{pre}platform": "custom", f"{pre}c_name": "../../../etc/evil"})
+    assert any("`c_name`" in w.value and "not a valid platform / cluster name" in w.value for w in at.warning)
+    assert not [p for p in opened if "evil" in p]

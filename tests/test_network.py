@@ -178,3 +178,38 @@ def test_allgather_regressor_gets_the_per_rank_input():
         # either way, gathering a bigger buffer never gets cheaper
         t2, _ = pr.time_comm(CommCall("allgather", 4 * full, "dp", "step", 1, n, nodes, g))
         assert t2 > t
+
+
+@pytest.mark.parametrize("bad", ["../../etc", "a/b", "..", "/abs", "x" * 200])
+def test_a_platform_id_is_checked_before_any_file_of_it_is_opened(bad, tmp_path, monkeypatch):
+    """A cluster name from the dashboard's URL (c_name) or a clusters file is the folder its network, host
+    overhead and speed check are looked up in: an id that is not a plain name is refused (InfeasibleConfig naming
+    the field) before a path is built from it, by the network loader, the Predictor and the custom-cluster form."""
+    from predictor.hardware import speed
+    from predictor.model.errors import InfeasibleConfig
+    from predictor.plan.predict import Predictor
+    from predictor.step import overhead
+    from predictor_ui.clusters import custom_platform
+    opened: list[str] = []
+    real_exists = Path.exists
+    monkeypatch.setattr(Path, "exists", lambda p: opened.append(str(p)) or real_exists(p))
+    plat = replace(make_cluster("h100-sxm5-80gb", 8, 450.0, 50.0, platform_id="ok"), platform_id=bad)
+    with pytest.raises(InfeasibleConfig) as e:
+        N.load_network_checked(plat, tmp_path)
+    assert e.value.field == "platform"
+    with pytest.raises(InfeasibleConfig):
+        overhead.load_host_overhead_checked(tmp_path, bad)
+    with pytest.raises(InfeasibleConfig):
+        speed.load_speed_check(tmp_path, bad)
+    with pytest.raises(InfeasibleConfig) as e:
+        Predictor(plat, tmp_path)
+    assert e.value.field == "platform" and "not a valid platform / cluster name" in e.value.problem
+    # a borrowed calibration's id too
+    with pytest.raises(InfeasibleConfig) as e:
+        Predictor(replace(plat, platform_id="ok", collective_calibration=bad), tmp_path)
+    assert e.value.field == "collective_calibration"
+    assert not [p for p in opened if "network.json" in p or "host_overhead" in p]
+    with pytest.raises(InfeasibleConfig) as e:
+        custom_platform({"c_name": bad, "c_device": "h100-sxm5-80gb", "c_gpn": 8, "c_intra_bw": 450.0,
+                         "c_inter_bw": 50.0, "c_inter_lat": 10.0, "c_models": "auto"})
+    assert e.value.field == "c_name"

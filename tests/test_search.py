@@ -250,3 +250,20 @@ def test_cli_bad_input_names_the_field(capsys):
     assert main(["search", "--model", "llama3-8b", "--platform", "dgx-a100-80gb", "--num-gpus", "x",
                  "--global-batch", "8", "--seq-len", "1024"]) == 2
     assert capsys.readouterr().err.startswith("error: num_gpus:")
+
+
+def test_cli_table_breakdown_header_names_one_category_per_number(capsys):
+    """The share column's header lists as many categories as there are numbers in its cells, in their order
+    (it once named 8 over 9 numbers after EP was added, so every column after cp was read as the wrong one)."""
+    from predictor.step.compose import CATEGORIES
+    assert main(ARGS) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(ln for ln in lines if "(%)" in ln)
+    names = head[head.index("compute"):head.index("(%)")].split(" / ")
+    assert [n.strip() for n in names] == ["compute", "host", "tp", "cp", "ep", "pp", "dp", "bubble", "opt"]
+    assert len(names) == len(CATEGORIES)
+    rows = [ln for ln in lines if ln.count(" / ") >= len(CATEGORIES) - 1 and "compute" not in ln]
+    assert rows
+    for ln in rows:
+        cell = [c for c in ln.split("│") if " / " in c][-1]
+        assert len(cell.split(" / ")) == len(CATEGORIES), ln

@@ -160,6 +160,16 @@ def _print_none_fit(rep, gpus, a) -> None:
 
 
 
+# The breakdown column's short names, one per compose.CATEGORIES entry (the header is built from the same list
+# as the numbers under it, so the two cannot drift apart).
+_SHORT_CATEGORY = {"host_overhead": "host", "optimizer": "opt"}
+
+
+def breakdown_header() -> str:
+    """'compute / host / tp / cp / ep / pp / dp / bubble / opt (%)': the share column's header."""
+    return " / ".join(_SHORT_CATEGORY.get(x, x.removesuffix("_comm")) for x in CATEGORIES) + " (%)"
+
+
 def _print_report(rep, table, cols, a) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -177,7 +187,7 @@ def _print_report(rep, table, cols, a) -> None:
             ("tflops_per_gpu", "TFLOP/s/GPU"), ("mfu", "MFU"), ("peak_mem_gib", "mem GiB")]
     extra = [(k, lbl) for k, lbl in (("days", "days"), ("gpu_hours", "GPU-h"), ("cost", "cost"),
                                      ("cost_per_mtok", "cost/Mtok")) if k in table.columns]
-    show += extra + [("_bd", "compute / host / tp / cp / pp / dp / bubble / opt (%)")]
+    show += extra + [("_bd", breakdown_header())]
     if a.all:
         show.append(("reason", "reason"))
     for _, lbl in show:

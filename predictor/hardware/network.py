@@ -49,7 +49,14 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from predictor.hardware.platforms import Platform
-from predictor.paths import ArtifactError, check_error_record, check_number, load_checked, write_text_atomic
+from predictor.paths import (
+    ArtifactError,
+    check_error_record,
+    check_number,
+    load_checked,
+    platform_dir,
+    write_text_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -560,9 +567,9 @@ def load_network_checked(platform: Platform, models_dir: str | Path) -> tuple[Ne
     field and the fallback."""
     d = Path(models_dir)
     spec = spec_network(platform)
-    own = d / platform.platform_id / NETWORK_FILE
+    own = platform_dir(platform.platform_id, d) / NETWORK_FILE   # the id checked before the path is built
     borrow = platform.collective_calibration
-    path = own if own.exists() or not borrow else d / borrow / NETWORK_FILE
+    path = own if own.exists() or not borrow else platform_dir(borrow, d) / NETWORK_FILE
     net, warn = load_network_file_checked(path)
     if warn:
         return spec, f"Network calibration not used, link specs instead: {warn}"

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from predictor.paths import ArtifactError, check_number, read_json_checked, write_json_atomic
+from predictor.paths import ArtifactError, check_number, platform_dir, read_json_checked, write_json_atomic
 
 SPEED_CHECK_FILE = "speed_check.json"
 # Beyond this the samples no longer describe the machine: re-sample rather than rescale.
@@ -83,7 +83,7 @@ def check_plausible(sc: SpeedCheck) -> None:
 
 def save_speed_check(models_dir: str | Path, sc: SpeedCheck) -> Path:
     check_plausible(sc)
-    path = Path(models_dir) / sc.platform / SPEED_CHECK_FILE
+    path = platform_dir(sc.platform, models_dir) / SPEED_CHECK_FILE
     speed_check_from_dict(json.loads(json.dumps(asdict(sc))), path)  # never write what would not load
     return write_json_atomic(path, asdict(sc))
 
@@ -139,7 +139,7 @@ def load_speed_check_checked(models_dir: str | Path, platform_id: str) -> tuple[
 def load_speed_check(models_dir: str | Path, platform_id: str) -> SpeedCheck | None:
     """The platform's saved speed check, None without one; ArtifactError (a ValueError, naming the
     file, the field and the fix) when the file is unreadable or a value is out of range."""
-    path = Path(models_dir) / platform_id / SPEED_CHECK_FILE
+    path = platform_dir(platform_id, models_dir) / SPEED_CHECK_FILE
     try:
         d = read_json_checked(path)
         return None if d is None else speed_check_from_dict(d, path, platform_id)

@@ -57,6 +57,8 @@ def _int(row: Mapping[str, Any], name: str, default: int | None = None) -> int |
         f = float(v)
     except (TypeError, ValueError):
         raise InfeasibleConfig(name, f"must be an integer, got {v!r}.") from None
+    except OverflowError:   # an integer beyond any float (e.g. a 400-digit one from a link)
+        raise InfeasibleConfig(name, f"is far too large ({len(str(v)):,} digits).") from None
     if not f.is_integer():
         raise InfeasibleConfig(name, f"must be an integer, got {v!r}.")
     return int(f)

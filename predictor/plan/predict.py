@@ -181,6 +181,7 @@ class Predictor:
         one (models_store/<platform>/speed_check.json, used when `options.speed_check`)."""
         from predictor.regress.regressors import load_bank
         self.platform = platform if isinstance(platform, Platform) else get_platform(platform)
+        paths.check_platform_ids(self.platform)   # before any file of the platform is opened
         self.models_dir = paths.models_dir(models_dir)
         self.options = platform_options(self.platform, options)
         self.bank = load_bank(self.platform.op_models, self.models_dir) if self.platform.op_models else None

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from predictor.paths import ArtifactError, check_number, load_checked, write_json_atomic
+from predictor.paths import ArtifactError, check_number, load_checked, platform_dir, write_json_atomic
 
 HOST_OVERHEAD_FILE = "host_overhead.json"
 MAX_HOST_S_PER_LAYER_PASS = 1.0   # a host second per layer pass is no framework's overhead: a corrupt file
@@ -106,7 +106,7 @@ def load_host_overhead_checked(models_dir: str | Path, platform_id: str) -> tupl
     """(overhead, None) from models_store/<platform>/host_overhead.json; (None, None) without the file;
     (None, warning) when it is unreadable or a value is out of range: the prediction then has no host
     term, and the warning (naming the file and field) says so."""
-    path = Path(models_dir) / platform_id / HOST_OVERHEAD_FILE
+    path = platform_dir(platform_id, models_dir) / HOST_OVERHEAD_FILE
     ho, warn = load_checked(path, lambda d: host_overhead_from_dict(d, path))
     if warn:
         warn = f"Host overhead not modelled: {warn}"
@@ -181,7 +181,7 @@ def fit_host_overhead(evaluate: Callable[[float, float], np.ndarray], measured_s
 
 
 def save_host_overhead(models_dir: str | Path, platform_id: str, ho: HostOverhead, report: dict[str, Any]) -> Path:
-    path = Path(models_dir) / platform_id / HOST_OVERHEAD_FILE
+    path = platform_dir(platform_id, models_dir) / HOST_OVERHEAD_FILE
     d = {**asdict(ho), "report": report,
          "model": "per chunk and micro-batch pass: T = (G**p + H**p)**(1/p), H = layers * host_s_per_layer_pass * "
                   "passes (forward 1; backward 1 + 1 per fully recomputed layer, 0.25 selective); "
