@@ -21,7 +21,8 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import MOE_ECHO_COLUMNS, blank, layout_from_fields, model_from_fields, moe_echo
 from predictor.step.compose import CATEGORIES
 
-RESULT_COLUMNS = ["step_time_s", *[f"{c}_s" for c in CATEGORIES], "tokens_per_s", "mfu", "memory_gib", "fits",
+RESULT_COLUMNS = ["step_time_s", *[f"{c}_s" for c in CATEGORIES], "tokens_per_s", "mfu", "memory_gib",
+                  "memory_allocated_gib", "memory_reserved_gib", "fits",
                   "memory_tight", "expected_error", "provenance", "warnings", "error"]
 
 
@@ -48,7 +49,8 @@ def _platform_of(row: Mapping[str, Any]) -> str:
 
 def _result(pred, allow_oom: bool) -> dict[str, Any]:
     from predictor.plan.memory_verdict import OOM_WARNING, oom_error
-    mem = {"memory_gib": pred.memory_gib, "fits": pred.fits_memory, "memory_tight": pred.memory_tight}
+    mem = {"memory_gib": pred.memory_gib, "memory_allocated_gib": pred.memory_allocated_gib,
+           "memory_reserved_gib": pred.memory_reserved_gib, "fits": pred.fits_memory, "memory_tight": pred.memory_tight}
     if not pred.fits_memory and not allow_oom:
         return {**mem, "step_time_s": None, "error": str(oom_error(pred))}
     bd = {f"{k}_s": v for k, v in pred.breakdown_s.items()}

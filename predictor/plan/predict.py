@@ -100,7 +100,9 @@ class StepPrediction:
     timeline: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     host_overhead_modelled: bool = False
-    memory_gib: float = float("nan")    # peak memory per GPU (the fullest stage)
+    memory_gib: float = float("nan")    # peak memory per GPU (the fullest stage), as nvidia-smi reports it
+    memory_allocated_gib: float = float("nan")  # the fullest stage as torch.cuda.max_memory_allocated counts it
+    memory_reserved_gib: float = float("nan")   # ... and as torch.cuda.max_memory_reserved counts it
     fits_memory: bool = True            # whether that peak fits in the device's usable memory
     memory_tight: bool = False          # fits only with the least allocator reserve seen (memory.MemoryReport.tight)
     usable_gib: float = float("nan")    # the device's memory less the allocator reserve
@@ -132,6 +134,8 @@ class StepPrediction:
         if not self.host_overhead_modelled:  # not modelled: empty, never a measured-looking 0
             d["breakdown_s"]["host_overhead"] = None
         d["memory_gib"] = self.memory_gib
+        d["memory_allocated_gib"] = self.memory_allocated_gib
+        d["memory_reserved_gib"] = self.memory_reserved_gib
         d["fits"] = self.fits_memory
         d["memory_tight"] = self.memory_tight
         d["usable_gib"] = self.usable_gib
@@ -532,6 +536,8 @@ class Predictor:
             mfu=tflops_gpu / peak, pipeline_s=float(ev.pipeline_s[r]), critical_stage=int(ev.critical_stage[r]),
             memory=memory, warnings=warnings, host_overhead_modelled=self.host_modelled,
             memory_gib=float(ev.peak_bytes[r] / GIB), fits_memory=fits, memory_tight=tight,
+            memory_allocated_gib=float(ev.peak_allocated_bytes[r] / GIB),
+            memory_reserved_gib=float(ev.peak_reserved_bytes[r] / GIB),
             usable_gib=float(ev.usable_bytes / GIB),
             hbm_gib=float(self.platform.device.hbm_gib))
 

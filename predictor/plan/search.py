@@ -516,6 +516,8 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
     for c in CATEGORIES:
         df[f"{c}_s"] = ev.breakdown_s[c]
     df["peak_mem_gib"] = ev.peak_bytes / mem.GIB
+    df["mem_allocated_gib"] = ev.peak_allocated_bytes / mem.GIB   # torch.cuda.max_memory_allocated
+    df["mem_reserved_gib"] = ev.peak_reserved_bytes / mem.GIB     # torch.cuda.max_memory_reserved
     df["mem_stage"] = ev.peak_stage
     for k, name in (("weights", "weights"), ("grads", "grads"), ("optimizer", "optimizer"),
                     ("activations", "activations"), ("buffers", "buffers"), ("nccl", "nccl"),

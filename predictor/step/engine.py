@@ -206,6 +206,9 @@ class Evaluation:
     details: dict[int, dict[str, Any]] = field(default_factory=dict)  # row -> per-chunk detail (detail=True)
 
     low_peak_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # with the least allocator reserve
+    # the fullest stage as torch counts it: torch.cuda.max_memory_allocated / max_memory_reserved
+    peak_allocated_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    peak_reserved_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def fits(self) -> np.ndarray:
@@ -526,7 +529,8 @@ class Engine:
                          usable_bytes=self.platform.device.hbm_gib * mem.GIB * (1.0 - self.mopt.allocator_reserve),
                          capacity_bytes=self.platform.device.hbm_gib * mem.GIB,
                          provenance_s=[{} for _ in range(n)], host_all_s=np.zeros(n), terms_all_s=np.zeros(n),
-                         low_peak_bytes=np.full(n, np.nan))
+                         low_peak_bytes=np.full(n, np.nan), peak_allocated_bytes=np.full(n, np.nan),
+                         peak_reserved_bytes=np.full(n, np.nan))
         if n == 0:
             return out
         rows = np.asarray(rows, dtype=np.int64)
@@ -681,6 +685,9 @@ class Engine:
         rr = np.arange(R)
         out.peak_bytes[idx] = total[rr, ps]
         out.low_peak_bytes[idx] = (total - arr["allocator"] + arr["allocator_min"]).max(axis=1)
+        allocated = np.sum([arr[k] for k in mem.ALLOCATED_PARTS], axis=0)
+        out.peak_allocated_bytes[idx] = allocated.max(axis=1)
+        out.peak_reserved_bytes[idx] = (allocated + arr["allocator"]).max(axis=1)
         out.peak_stage[idx] = ps
         for k in MEMORY_PARTS:
             out.memory_parts[k][idx] = arr[k][rr, ps]

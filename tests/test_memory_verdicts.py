@@ -1,0 +1,61 @@
+"""The memory verdict over published runs (predictor.checks.memory_verdicts), the allocated / reserved columns of
+predict-batch, and layouts that really run out of memory staying refused."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from predictor.checks.memory_verdicts import RunSet, every_known_run, judge_runs, verdict_counts
+from predictor.plan.batch import RESULT_COLUMNS, predict_records
+from tests.batch_rows import batch_row
+
+SMALL = dict(platform="dgx-a100-80gb", model="gpt3-1.3b", num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1,
+             global_batch=64, seq_len=2048)
+
+
+def test_predict_batch_reports_allocated_reserved_and_total_memory():
+    assert RESULT_COLUMNS.index("memory_allocated_gib") == RESULT_COLUMNS.index("memory_gib") + 1
+    (out,) = predict_records([batch_row(**SMALL)])
+    alloc, res, total = out["memory_allocated_gib"], out["memory_reserved_gib"], out["memory_gib"]
+    assert out["error"] == ""
+    # torch's allocated peak < its reserved peak (the caching allocator's reserve) < nvidia-smi's total
+    # (+ the CUDA context and NCCL buffers), all of one plausible size for a 1.3B model
+    assert 1.0 < alloc < res < total < 80.0
+
+
+# The ZeRO paper (Rajbhandari et al. 2020, section 1): "Basic DP does not reduce memory per device, and runs out of
+# memory for models with more than 1.4B parameters on current generation of GPUs with 32 GB memory."
+@pytest.mark.parametrize("model", ["gpt3-2.7b", "gpt3-6.7b"])
+def test_data_parallel_alone_above_1_4b_parameters_runs_out_of_memory_on_a_32gb_v100(model):
+    rs = RunSet("ZeRO paper", [batch_row(platform="dgx1-v100", model=model, num_gpus=8, tp=1, pp=1, dp=8,
+                                         micro_batch=1, global_batch=8, seq_len=1024, precision="fp16",
+                                         zero_stage=0, recompute="full", attention="unfused")], ["dp8"])
+    (row,) = judge_runs([rs]).to_dict(orient="records")
+    assert row["verdict"] == "does not fit"
+    assert row["over_gib"] > 0
+    assert row["parts"].split(",")[0].split()[0] in ("optimizer", "weights", "gradients")
+
+
+def test_a_layout_that_fits_is_judged_so_and_has_no_parts():
+    (row,) = judge_runs([RunSet("small", [batch_row(**SMALL)], ["a"])]).to_dict(orient="records")
+    assert row["verdict"] in ("fits", "tight")
+    assert row["parts"] == "" and math.isnan(row["over_gib"])
+
+
+def test_a_refused_layout_is_not_predicted_with_its_reason():
+    bad = batch_row(**{**SMALL, "tp": 3, "num_gpus": 24})
+    (row,) = judge_runs([RunSet("bad", [bad], ["x"])]).to_dict(orient="records")
+    assert row["verdict"] == "not predicted" and "tp" in row["error"]
+
+
+def test_every_catalogued_source_is_a_memory_test(tmp_path):
+    sets = [s for s in every_known_run(store_path=tmp_path / "empty.duckdb") if not s.source.startswith("store")]
+    names = [s.source for s in sets]
+    assert "published memory figures" in names
+    assert any(n.startswith("independent: llm-foundry-h100") for n in names)
+    assert "independent: NeMo / Megatron-Bridge" in names
+    assert all(len(s.records) == len(s.labels) and s.records for s in sets)
+    counts = verdict_counts(judge_runs([s for s in sets if s.source == "published memory figures"]))
+    assert list(counts.columns) == ["source", "runs", "fits", "tight", "does not fit", "not predicted"]
+    assert int(counts["runs"].sum()) == len(sets[-1].records)
