@@ -714,3 +714,18 @@ def test_a_cluster_name_from_the_link_is_checked_before_it_becomes_a_path(page, 
     at = run(page, {f"{pre}platform": "custom", f"{pre}c_name": "../../../etc/evil"})
     assert any("`c_name`" in w.value and "not a valid platform / cluster name" in w.value for w in at.warning)
     assert not [p for p in opened if "evil" in p]
+
+
+def test_the_default_page_answers_the_question_as_the_command_line_does(capsys):
+    """Same model, platform, GPUs, TP, PP and global batch: the same step time on the page and from `predict`
+    (one set of layout defaults, predictor.layout_io.LAYOUT_DEFAULTS)."""
+    import json
+
+    from predictor.cli import main
+    from predictor_ui import fmt
+    assert main(["predict", "--platform", "dgx-h100", "--model", "llama3-70b", "--num-gpus", "512", "--tp", "8",
+                 "--pp", "4", "--global-batch", "1024", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    at = run()
+    assert metric(at, "Step time") == fmt.seconds(d["step_time_s"])
+    assert f"seq {d['layout']['seq_len']}" in text(at) and "recompute none" in text(at)

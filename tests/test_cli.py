@@ -180,3 +180,75 @@ def test_the_dashboards_saved_clusters_are_the_clis_default(tmp_path, monkeypatc
     assert json.loads(capsys.readouterr().out)["platform"] == "my-h100"
     from predictor_ui import config
     assert config.clusters_file() == f
+
+
+# ---- the dashboard's question on the command line -------------------------------------------
+QUESTION = ["predict", "--platform", "dgx-h100", "--model", "llama3-70b", "--num-gpus", "512", "--tp", "8", "--pp", "4",
+            "--global-batch", "1024"]
+
+
+def test_predict_takes_the_dashboards_defaults_and_names_them(capsys):
+    """`predict` with model, platform, GPUs, tp, pp and global batch answers as the dashboard opens (one set of
+    defaults, layout_io.LAYOUT_DEFAULTS, used by both; they differed: seq 2048 / no recomputation / no SP / ZeRO-0
+    here, seq 4096 / selective / SP / ZeRO-1 there), and says which defaults it took."""
+    from predictor.layout_io import LAYOUT_DEFAULTS
+    from predictor_ui.inputs import DEFAULT_SETUP
+    rest = [k for k in LAYOUT_DEFAULTS if k not in ("tp", "pp")]   # tp and pp are part of the question
+    assert {k: DEFAULT_SETUP[k] for k in rest} == {k: LAYOUT_DEFAULTS[k] for k in rest}
+    q = dict(zip(QUESTION[1::2], QUESTION[2::2]))
+    assert {k.lstrip("-").replace("-", "_"): v for k, v in q.items()} == {
+        k: str(DEFAULT_SETUP[k]) for k in ("platform", "model", "num_gpus", "tp", "pp", "global_batch")}
+    assert main([*QUESTION, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["defaults_used"] == {"seq_len": 2048, "micro_batch": 1, "recompute": "none",
+                                  "sequence_parallel": False, "zero_stage": 0, "precision": "bf16"}
+    assert d["layout"]["seq_len"] == DEFAULT_SETUP["seq_len"] and d["layout"]["recompute"] == DEFAULT_SETUP["recompute"]
+    assert main(QUESTION) == 0
+    out = capsys.readouterr().out
+    assert "defaults taken" in out and "recompute none" in out and "--recompute" in out
+    assert main([*QUESTION, "--seq-len", "4096", "--recompute", "selective", "--sequence-parallel", "--zero-stage",
+                 "1", "--micro-batch", "1", "--precision", "bf16"]) == 0
+    assert "defaults taken" not in capsys.readouterr().out
+
+
+def test_predict_tokens_and_price_give_the_training_run(capsys):
+    assert main([*QUESTION, "--json", "--tokens", "2T", "--price", "2.5"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    t, L = d["training"], d["layout"]
+    steps = -(-2e12 // (L["global_batch"] * L["seq_len"]))
+    assert t["steps"] == steps
+    assert t["gpu_hours"] == pytest.approx(steps * d["step_time_s"] * 512 / 3600)
+    assert t["days"] == pytest.approx(steps * d["step_time_s"] / 86400)
+    assert t["cost"] == pytest.approx(2.5 * t["gpu_hours"])
+    assert main([*QUESTION, "--tokens", "2T"]) == 0
+    out = capsys.readouterr().out
+    assert f"to 2T tokens: {steps:,.0f} steps" in out and "GPU-hours" in out and "cost" not in out.split("to 2T")[1]
+    for flag, value, field in (("--tokens", "lots", "tokens"), ("--tokens", "-5", "tokens"),
+                               ("--price", "nan", "price_per_gpu_hour"), ("--price", "-1", "price_per_gpu_hour")):
+        assert main([*QUESTION, flag, value]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {field}:")
+
+
+def test_predict_batch_days_gpu_hours_and_cost_with_a_token_budget(tmp_path, capsys):
+    """--tokens / --price for every row, a `tokens` / `price_per_gpu_hour` cell for one: days, gpu_hours and cost
+    columns as `predict --tokens` gives them; a bad cell is that row's error, naming the column."""
+    rows = [_row(case_id="flag"), {**_row(case_id="own"), "tokens": "300B", "price_per_gpu_hour": "4"},
+            {**_row(case_id="bad"), "tokens": "many", "price_per_gpu_hour": ""}]
+    inp = tmp_path / "cases.csv"
+    pd.DataFrame(rows).to_csv(inp, index=False)
+    out = tmp_path / "out.csv"
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet", "--tokens", "1T",
+                 "--price", "2"]) == 0
+    res = pd.read_csv(out, keep_default_na=False).set_index("case_id")
+    assert {"days", "gpu_hours", "cost"} <= set(res.columns)
+    for case, tokens, price in (("flag", 1e12, 2.0), ("own", 3e11, 4.0)):
+        r = res.loc[case]
+        steps = -(-tokens // (16 * 2048))
+        assert float(r["gpu_hours"]) == pytest.approx(steps * float(r["step_time_s"]) * 8 / 3600)
+        assert float(r["days"]) == pytest.approx(steps * float(r["step_time_s"]) / 86400)
+        assert float(r["cost"]) == pytest.approx(price * float(r["gpu_hours"]))
+    assert res.loc["bad", "error"].startswith("tokens:")
+    # no budget anywhere: no such columns
+    pd.DataFrame([_row(case_id="plain")]).to_csv(inp, index=False)
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet"]) == 0
+    assert "days" not in pd.read_csv(out).columns
