@@ -252,3 +252,18 @@ def test_predict_batch_days_gpu_hours_and_cost_with_a_token_budget(tmp_path, cap
     pd.DataFrame([_row(case_id="plain")]).to_csv(inp, index=False)
     assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet"]) == 0
     assert "days" not in pd.read_csv(out).columns
+
+
+def test_predict_warns_when_tp_crosses_nodes_with_the_fix(capsys):
+    """perlmutter-a100 has 4 GPUs a node: TP 8 puts every layer's TP exchanges on the network (the search refuses
+    it by default); predict says so with the share of the step and the fix, and TP 4 gets no such warning."""
+    base = ["predict", "--platform", "perlmutter-a100", "--model", "llama3-8b", "--num-gpus", "32", "--pp", "1",
+            "--global-batch", "64", "--json"]
+    assert main([*base, "--tp", "8"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    w = [x for x in d["warnings"] if "crosses nodes" in x]
+    assert len(w) == 1 and "has 4 GPUs" in w[0] and "set tp to 4 or less" in w[0]
+    share = d["breakdown_s"]["tp_comm"] / d["step_time_s"]
+    assert f"({share:.0%} of the step is TP communication)" in w[0]
+    assert main([*base, "--tp", "4"]) == 0
+    assert not [x for x in json.loads(capsys.readouterr().out)["warnings"] if "crosses nodes" in x]
