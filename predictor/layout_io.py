@@ -50,7 +50,9 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
   capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
   (expert parallel: divides num_experts and tp*cp*dp). num_experts = 0 on a MoE preset makes it dense (the
-  preset's other MoE fields are dropped; ones you give are still checked)."""
+  preset's other MoE fields are dropped; ones you give are still checked); a dense row may write top_k (and the
+  expert widths) as 0 beside num_experts 0. predict-batch: with a `model` column the columns a preset fills (arch,
+  layers, hidden, heads, kv_heads, ffn_hidden, vocab) may be left out of the header."""
 
 
 def blank(v: Any) -> bool:
@@ -111,6 +113,12 @@ def moe_given(row: Mapping[str, Any]) -> dict[str, Any]:
     """The Mixture-of-Experts fields the row gives (parsed, each named on bad input); absent / empty ones left out."""
     out: dict[str, Any] = {n: _int(row, n) for n in MOE_INT_FIELDS if not blank(row.get(n))}
     out.update({n: _float(row, n) for n in MOE_FLOAT_FIELDS if not blank(row.get(n))})
+    # a dense row of a mixed dense / MoE file writes "no experts" as zeros: top_k 0 (and zero expert widths) with
+    # num_experts 0, or with no num_experts and no preset, is the same as empty
+    if out.get("num_experts") == 0 or ("num_experts" not in out and blank(row.get("model"))):
+        for n in ("top_k", "moe_ffn_hidden", "shared_ffn_hidden"):
+            if out.get(n) == 0:
+                del out[n]
     return out
 
 

@@ -267,3 +267,30 @@ def test_predict_warns_when_tp_crosses_nodes_with_the_fix(capsys):
     assert f"({share:.0%} of the step is TP communication)" in w[0]
     assert main([*base, "--tp", "4"]) == 0
     assert not [x for x in json.loads(capsys.readouterr().out)["warnings"] if "crosses nodes" in x]
+
+
+def test_predict_batch_with_a_model_column_needs_no_model_columns_and_takes_zeros_as_dense(tmp_path, capsys):
+    """A file of presets (a `model` column) does not have to carry arch, layers, hidden, ... (the preset fills
+    them); in a mixed dense / MoE file a dense row's num_experts 0 / top_k 0 means no experts (it was refused:
+    'top_k: must be a positive integer'); a row with neither a preset nor the fields is its own error."""
+    cols = ["case_id", "platform", "model", "seq_len", "num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch",
+            "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage", "precision", "num_experts", "top_k"]
+    base = {"platform": "dgx-a100-80gb", "seq_len": "2048", "num_gpus": "8", "tp": "2", "micro_batch": "1",
+            "global_batch": "16"}
+    rows = [{**base, "case_id": "dense", "model": "llama3-8b", "num_experts": "0", "top_k": "0"},
+            {**base, "case_id": "moe", "model": "mixtral-8x7b", "num_experts": "8", "top_k": "2", "tp": "8",
+             "sequence_parallel": "true"},
+            {**base, "case_id": "none", "model": ""}]
+    inp = tmp_path / "cases.csv"
+    pd.DataFrame([{c: r.get(c, "") for c in cols} for r in rows]).to_csv(inp, index=False)
+    out = tmp_path / "out.csv"
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet", "--allow-oom"]) == 0
+    res = pd.read_csv(out, keep_default_na=False).set_index("case_id")
+    for ok in ("dense", "moe"):
+        assert res.loc[ok, "error"] == "" and float(res.loc[ok, "step_time_s"]) > 0, res.loc[ok, "error"]
+    assert res.loc["none", "error"].startswith("model:")
+    # a MoE row's top_k 0 is still refused, naming it
+    rows[1]["top_k"] = "0"
+    pd.DataFrame([{c: r.get(c, "") for c in cols} for r in rows]).to_csv(inp, index=False)
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet"]) == 0
+    assert pd.read_csv(out, keep_default_na=False).set_index("case_id").loc["moe", "error"].startswith("top_k:")

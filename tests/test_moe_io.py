@@ -340,7 +340,8 @@ def test_dashboard_fp8_on_an_a100_names_precision():
 
 def test_dashboard_compare_shows_cp_and_ep_per_setup():
     from tests.test_app import run
-    q = {"n": 2, "a_model": "mixtral-8x7b", "a_ep": 4, "b_model": "llama3-8b", "b_tp": 8, "b_pp": 4}
+    q = {"n": 2, "a_model": "mixtral-8x7b", "a_ep": 4, "a_sequence_parallel": "true", "b_model": "llama3-8b",
+         "b_tp": 8, "b_pp": 4}
     at = run("pages/compare.py", q)
     t = at.table[0].value
     assert t.loc["EP (expert parallel)", "Setup A"] == "4" and t.loc["EP (expert parallel)", "Setup B"] == "1"
