@@ -729,3 +729,14 @@ def test_the_default_page_answers_the_question_as_the_command_line_does(capsys):
     at = run()
     assert metric(at, "Step time") == fmt.seconds(d["step_time_s"])
     assert f"seq {d['layout']['seq_len']}" in text(at) and "recompute none" in text(at)
+
+
+def test_error_text_is_shown_as_written_and_names_the_inputs_not_the_flags():
+    """'num_gpus: ... tp*pp = 32' went through Markdown as 'tppp = 32' (the stars became emphasis); a fix naming
+    CLI flags ('set --vpp 2 ... or use --schedule 1f1b') names the page's inputs instead."""
+    at = run(query={"num_gpus": 500})
+    w = [x.value for x in at.warning if "Infeasible input" in x.value]
+    assert len(w) == 1 and r"tp\*pp = 32" in w[0], w
+    at = run(query={"schedule": "interleaved", "vpp": 1})
+    w = [x.value for x in at.warning if "Infeasible input" in x.value]
+    assert len(w) == 1 and "**Virtual stages** 2" in w[0] and "**Schedule**" in w[0] and "--" not in w[0], w
