@@ -14,7 +14,7 @@ import streamlit as st
 from predictor.hardware.platforms import load_devices, load_platforms, save_cluster
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
-from predictor.model.layout_io import llama_ffn, model_from_fields
+from predictor.model.layout_io import LAYOUT_DEFAULTS, llama_ffn, model_from_fields
 from predictor.model.presets import get_preset, list_presets
 from predictor.model.specs import PRECISIONS, RECOMPUTES, SCHEDULES
 
@@ -24,12 +24,12 @@ from .clusters import CUSTOM_FIELDS, DASHBOARD_SOURCE, custom_platform
 CUSTOM = "custom"
 BIND = "query-params"
 
-# The planner's canonical question: Llama-3 70B on 512 H100s.
+# The planner's canonical question: Llama-3 70B on 512 H100s, TP 8 x PP 4, global batch 1024; the rest of the
+# layout as `python -m predictor predict` takes it when not given (predictor.model.layout_io.LAYOUT_DEFAULTS), so the
+# same question gets the same answer on both.
 DEFAULT_SETUP: dict[str, Any] = {
-    "model": "llama3-70b", "platform": "dgx-h100", "num_gpus": 512, "tp": 8, "pp": 4, "cp": 1, "dp": None,
-    "micro_batch": 1, "global_batch": 1024, "seq_len": 4096, "schedule": "1f1b", "vpp": 1,
-    "recompute": "selective", "sequence_parallel": True, "zero_stage": 1, "precision": "bf16",
-    "attention": "flash",
+    **LAYOUT_DEFAULTS, "model": "llama3-70b", "platform": "dgx-h100", "num_gpus": 512, "tp": 8, "pp": 4, "dp": None,
+    "global_batch": 1024,
 }
 CUSTOM_MODEL_DEFAULT = {"arch": "llama", "layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8,
                         "ffn_hidden": 14336, "vocab": 128256, "head_dim": None}

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -41,10 +42,37 @@ def page_setup() -> None:
     urlcheck.start()   # the link's dropped parameters are named here, at the top of the page
 
 
+# The command-line flags a fix may name, as the inputs they are on a page.
+FLAG_LABELS = {"--tp": "TP", "--pp": "PP", "--cp": "CP", "--dp": "DP", "--ep": "EP", "--num-gpus": "GPUs",
+               "--vpp": "Virtual stages", "--schedule": "Schedule", "--micro-batch": "Micro-batch",
+               "--global-batch": "Global batch", "--seq-len": "Sequence length", "--recompute": "Recomputation",
+               "--zero-stage": "ZeRO stage", "--sequence-parallel": "Sequence parallelism", "--precision": "Precision",
+               "--stage-layers": "Layers per stage", "--framework": "Framework", "--layers": "Layers",
+               "--hidden": "Hidden size", "--heads": "Heads", "--kv-heads": "KV heads", "--head-dim": "Head dim",
+               "--ffn-hidden": "FFN hidden", "--vocab": "Vocabulary", "--num-experts": "Experts", "--top-k": "Top-k",
+               "--model": "Model", "--platform": "Platform", "--overlap-tp-comm": "Overlap TP communication",
+               "--fp8-param-gather": "FP8 primary weights", "--grad-reduce-in-fp32": "FP32 gradients"}
+
+
+def plain(text: str) -> str:
+    """`text` (an error message) shown as written by st.markdown / st.warning: Markdown's characters escaped
+    ('tp*pp*dp = 2*4*32' was rendered as 'tpppdp = 2432')."""
+    return re.sub(r"([\\`*_{}\[\]()#+!|~<>$])", r"\\\1", str(text))
+
+
+def on_page(text: str) -> str:
+    """An error message for a page: Markdown-escaped, the command-line flags it names as the inputs they are
+    here ('set --vpp 2' -> 'set Virtual stages 2')."""
+    out = plain(text)
+    for flag, label in sorted(FLAG_LABELS.items(), key=lambda kv: -len(kv[0])):
+        out = re.sub(re.escape(plain(flag)) + r"(?![\w-])", f"**{label}**", out)
+    return out
+
+
 def infeasible(e: InfeasibleConfig, where: str = "") -> None:
     """What is wrong (the field) and how to fix it; never a traceback."""
-    fix = f"\n\n**How to fix:** {e.fix}" if getattr(e, "fix", "") else ""
-    st.warning(f"**{where}Infeasible input · `{e.field}`**: {e.problem}{fix}", icon=":material/warning:")
+    fix = f"\n\n**How to fix:** {on_page(e.fix)}" if getattr(e, "fix", "") else ""
+    st.warning(f"**{where}Infeasible input · `{e.field}`**: {on_page(e.problem)}{fix}", icon=":material/warning:")
 
 
 def failed(e: Exception, what: str, platform: str | None = None) -> None:
@@ -55,7 +83,7 @@ def failed(e: Exception, what: str, platform: str | None = None) -> None:
                      or "model" in type(e).__name__.lower()):
         hint = (f"\n\nThe trained regressors of **{platform}** do not match this version of the predictor. "
                 f"Retrain them: `.venv/bin/python -m predictor train --platform {platform}` (or on **Calibrate**).")
-    st.error(f"**{what} failed**: {type(e).__name__}: {str(e)[:400]}{hint}", icon=":material/error:")
+    st.error(f"**{what} failed**: {type(e).__name__}: {plain(str(e)[:400])}{hint}", icon=":material/error:")
 
 
 def _json_default(o: Any) -> Any:

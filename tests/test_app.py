@@ -714,3 +714,29 @@ def test_a_cluster_name_from_the_link_is_checked_before_it_becomes_a_path(page, 
     at = run(page, {f"{pre}platform": "custom", f"{pre}c_name": "../../../etc/evil"})
     assert any("`c_name`" in w.value and "not a valid platform / cluster name" in w.value for w in at.warning)
     assert not [p for p in opened if "evil" in p]
+
+
+def test_the_default_page_answers_the_question_as_the_command_line_does(capsys):
+    """Same model, platform, GPUs, TP, PP and global batch: the same step time on the page and from `predict`
+    (one set of layout defaults, predictor.model.layout_io.LAYOUT_DEFAULTS)."""
+    import json
+
+    from predictor.cli.main import main
+    from predictor_ui import fmt
+    assert main(["predict", "--platform", "dgx-h100", "--model", "llama3-70b", "--num-gpus", "512", "--tp", "8",
+                 "--pp", "4", "--global-batch", "1024", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    at = run()
+    assert metric(at, "Step time") == fmt.seconds(d["step_time_s"])
+    assert f"seq {d['layout']['seq_len']}" in text(at) and "recompute none" in text(at)
+
+
+def test_error_text_is_shown_as_written_and_names_the_inputs_not_the_flags():
+    """'num_gpus: ... tp*pp = 32' went through Markdown as 'tppp = 32' (the stars became emphasis); a fix naming
+    CLI flags ('set --vpp 2 ... or use --schedule 1f1b') names the page's inputs instead."""
+    at = run(query={"num_gpus": 500})
+    w = [x.value for x in at.warning if "Infeasible input" in x.value]
+    assert len(w) == 1 and r"tp\*pp = 32" in w[0], w
+    at = run(query={"schedule": "interleaved", "vpp": 1})
+    w = [x.value for x in at.warning if "Infeasible input" in x.value]
+    assert len(w) == 1 and "**Virtual stages** 2" in w[0] and "**Schedule**" in w[0] and "--" not in w[0], w

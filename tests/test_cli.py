@@ -180,3 +180,117 @@ def test_the_dashboards_saved_clusters_are_the_clis_default(tmp_path, monkeypatc
     assert json.loads(capsys.readouterr().out)["platform"] == "my-h100"
     from predictor_ui import config
     assert config.clusters_file() == f
+
+
+# ---- the dashboard's question on the command line -------------------------------------------
+QUESTION = ["predict", "--platform", "dgx-h100", "--model", "llama3-70b", "--num-gpus", "512", "--tp", "8", "--pp", "4",
+            "--global-batch", "1024"]
+
+
+def test_predict_takes_the_dashboards_defaults_and_names_them(capsys):
+    """`predict` with model, platform, GPUs, tp, pp and global batch answers as the dashboard opens (one set of
+    defaults, layout_io.LAYOUT_DEFAULTS, used by both; they differed: seq 2048 / no recomputation / no SP / ZeRO-0
+    here, seq 4096 / selective / SP / ZeRO-1 there), and says which defaults it took."""
+    from predictor.model.layout_io import LAYOUT_DEFAULTS
+    from predictor_ui.inputs import DEFAULT_SETUP
+    rest = [k for k in LAYOUT_DEFAULTS if k not in ("tp", "pp")]   # tp and pp are part of the question
+    assert {k: DEFAULT_SETUP[k] for k in rest} == {k: LAYOUT_DEFAULTS[k] for k in rest}
+    q = dict(zip(QUESTION[1::2], QUESTION[2::2]))
+    assert {k.lstrip("-").replace("-", "_"): v for k, v in q.items()} == {
+        k: str(DEFAULT_SETUP[k]) for k in ("platform", "model", "num_gpus", "tp", "pp", "global_batch")}
+    assert main([*QUESTION, "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["defaults_used"] == {"seq_len": 2048, "micro_batch": 1, "recompute": "none",
+                                  "sequence_parallel": False, "zero_stage": 0, "precision": "bf16"}
+    assert d["layout"]["seq_len"] == DEFAULT_SETUP["seq_len"] and d["layout"]["recompute"] == DEFAULT_SETUP["recompute"]
+    assert main(QUESTION) == 0
+    out = capsys.readouterr().out
+    assert "defaults taken" in out and "recompute none" in out and "--recompute" in out
+    assert main([*QUESTION, "--seq-len", "4096", "--recompute", "selective", "--sequence-parallel", "--zero-stage",
+                 "1", "--micro-batch", "1", "--precision", "bf16"]) == 0
+    assert "defaults taken" not in capsys.readouterr().out
+
+
+def test_predict_tokens_and_price_give_the_training_run(capsys):
+    assert main([*QUESTION, "--json", "--tokens", "2T", "--price", "2.5"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    t, L = d["training"], d["layout"]
+    steps = -(-2e12 // (L["global_batch"] * L["seq_len"]))
+    assert t["steps"] == steps
+    assert t["gpu_hours"] == pytest.approx(steps * d["step_time_s"] * 512 / 3600)
+    assert t["days"] == pytest.approx(steps * d["step_time_s"] / 86400)
+    assert t["cost"] == pytest.approx(2.5 * t["gpu_hours"])
+    assert main([*QUESTION, "--tokens", "2T"]) == 0
+    out = capsys.readouterr().out
+    assert f"to 2T tokens: {steps:,.0f} steps" in out and "GPU-hours" in out and "cost" not in out.split("to 2T")[1]
+    for flag, value, field in (("--tokens", "lots", "tokens"), ("--tokens", "-5", "tokens"),
+                               ("--price", "nan", "price_per_gpu_hour"), ("--price", "-1", "price_per_gpu_hour")):
+        assert main([*QUESTION, flag, value]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {field}:")
+
+
+def test_predict_batch_days_gpu_hours_and_cost_with_a_token_budget(tmp_path, capsys):
+    """--tokens / --price for every row, a `tokens` / `price_per_gpu_hour` cell for one: days, gpu_hours and cost
+    columns as `predict --tokens` gives them; a bad cell is that row's error, naming the column."""
+    rows = [_row(case_id="flag"), {**_row(case_id="own"), "tokens": "300B", "price_per_gpu_hour": "4"},
+            {**_row(case_id="bad"), "tokens": "many", "price_per_gpu_hour": ""}]
+    inp = tmp_path / "cases.csv"
+    pd.DataFrame(rows).to_csv(inp, index=False)
+    out = tmp_path / "out.csv"
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet", "--tokens", "1T",
+                 "--price", "2"]) == 0
+    res = pd.read_csv(out, keep_default_na=False).set_index("case_id")
+    assert {"days", "gpu_hours", "cost"} <= set(res.columns)
+    for case, tokens, price in (("flag", 1e12, 2.0), ("own", 3e11, 4.0)):
+        r = res.loc[case]
+        steps = -(-tokens // (16 * 2048))
+        assert float(r["gpu_hours"]) == pytest.approx(steps * float(r["step_time_s"]) * 8 / 3600)
+        assert float(r["days"]) == pytest.approx(steps * float(r["step_time_s"]) / 86400)
+        assert float(r["cost"]) == pytest.approx(price * float(r["gpu_hours"]))
+    assert res.loc["bad", "error"].startswith("tokens:")
+    # no budget anywhere: no such columns
+    pd.DataFrame([_row(case_id="plain")]).to_csv(inp, index=False)
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet"]) == 0
+    assert "days" not in pd.read_csv(out).columns
+
+
+def test_predict_warns_when_tp_crosses_nodes_with_the_fix(capsys):
+    """perlmutter-a100 has 4 GPUs a node: TP 8 puts every layer's TP exchanges on the network (the search refuses
+    it by default); predict says so with the share of the step and the fix, and TP 4 gets no such warning."""
+    base = ["predict", "--platform", "perlmutter-a100", "--model", "llama3-8b", "--num-gpus", "32", "--pp", "1",
+            "--global-batch", "64", "--json"]
+    assert main([*base, "--tp", "8"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    w = [x for x in d["warnings"] if "crosses nodes" in x]
+    assert len(w) == 1 and "has 4 GPUs" in w[0] and "set tp to 4 or less" in w[0]
+    share = d["breakdown_s"]["tp_comm"] / d["step_time_s"]
+    assert f"({share:.0%} of the step is TP communication)" in w[0]
+    assert main([*base, "--tp", "4"]) == 0
+    assert not [x for x in json.loads(capsys.readouterr().out)["warnings"] if "crosses nodes" in x]
+
+
+def test_predict_batch_with_a_model_column_needs_no_model_columns_and_takes_zeros_as_dense(tmp_path, capsys):
+    """A file of presets (a `model` column) does not have to carry arch, layers, hidden, ... (the preset fills
+    them); in a mixed dense / MoE file a dense row's num_experts 0 / top_k 0 means no experts (it was refused:
+    'top_k: must be a positive integer'); a row with neither a preset nor the fields is its own error."""
+    cols = ["case_id", "platform", "model", "seq_len", "num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch",
+            "vpp", "schedule", "recompute", "sequence_parallel", "zero_stage", "precision", "num_experts", "top_k"]
+    base = {"platform": "dgx-a100-80gb", "seq_len": "2048", "num_gpus": "8", "tp": "2", "micro_batch": "1",
+            "global_batch": "16"}
+    rows = [{**base, "case_id": "dense", "model": "llama3-8b", "num_experts": "0", "top_k": "0"},
+            {**base, "case_id": "moe", "model": "mixtral-8x7b", "num_experts": "8", "top_k": "2", "tp": "8",
+             "sequence_parallel": "true"},
+            {**base, "case_id": "none", "model": ""}]
+    inp = tmp_path / "cases.csv"
+    pd.DataFrame([{c: r.get(c, "") for c in cols} for r in rows]).to_csv(inp, index=False)
+    out = tmp_path / "out.csv"
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet", "--allow-oom"]) == 0
+    res = pd.read_csv(out, keep_default_na=False).set_index("case_id")
+    for ok in ("dense", "moe"):
+        assert res.loc[ok, "error"] == "" and float(res.loc[ok, "step_time_s"]) > 0, res.loc[ok, "error"]
+    assert res.loc["none", "error"].startswith("model:")
+    # a MoE row's top_k 0 is still refused, naming it
+    rows[1]["top_k"] = "0"
+    pd.DataFrame([{c: r.get(c, "") for c in cols} for r in rows]).to_csv(inp, index=False)
+    assert main(["predict-batch", "--input", str(inp), "--output", str(out), "--quiet"]) == 0
+    assert pd.read_csv(out, keep_default_na=False).set_index("case_id").loc["moe", "error"].startswith("top_k:")

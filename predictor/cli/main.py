@@ -25,8 +25,9 @@ from predictor.plan.batch import predict_rows  # noqa: F401  (re-exported: tests
 
 
 def _console():
+    """Rich console; not on a terminal (a pipe, a file) 200 columns wide, so no line breaks inside a word."""
     from rich.console import Console
-    return Console(highlight=False, soft_wrap=False)
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _progress_printer(quiet: bool):
@@ -199,9 +200,30 @@ def print_prediction(pred, console=None) -> None:
         c.print(w, markup=False)
 
 
+def _defaults_line(used: dict[str, Any]) -> str:
+    """'defaults taken ...: seq_len 2048, recompute none, ...' and the flags that set them."""
+    def word(v: Any) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v)
+    flags = ", ".join(f"--{k.replace('_', '-')}" for k in used)
+    return (f"defaults taken (the dashboard opens on them too): {', '.join(f'{k} {word(v)}' for k, v in used.items())}"
+            f"; to change them give {flags}")
+
+
+def _training_line(est, tokens: float, price: float | None) -> str:
+    from predictor.plan.costing import SUFFIX
+    unit = next(((k.upper(), v) for k, v in sorted(SUFFIX.items(), key=lambda kv: -kv[1]) if tokens >= v and k != "g"),
+                ("", 1.0))
+    cost = f", cost {est.cost:,.0f} at {price:g} per GPU-hour" if est.cost is not None else ""
+    return (f"to {tokens / unit[1]:g}{unit[0]} tokens: {est.steps:,.0f} steps, {est.days:.3g} days, "
+            f"{est.gpu_hours:,.0f} GPU-hours{cost}")
+
+
 def cmd_predict(a: argparse.Namespace) -> int:
+    from predictor.model.layout_io import defaults_used
+    from predictor.plan.costing import training_estimate, training_inputs
     from predictor.plan.predict import get_predictor
     f = _fields_from_args(a)
+    tokens, price = training_inputs(a.tokens, a.price_per_gpu_hour)
     model = model_from_fields(f)
     layout = layout_from_fields(f)
     t0 = time.perf_counter()
@@ -214,12 +236,24 @@ def cmd_predict(a: argparse.Namespace) -> int:
     if not pred.fits_memory and not a.allow_oom:
         from predictor.plan.memory_verdict import oom_error
         raise oom_error(pred)
+    est = (training_estimate(pred.step_time_s, layout.num_gpus, layout.tokens_per_step, tokens, price).scalar()
+           if tokens is not None else None)
+    used = defaults_used(f)
     if a.json:
         d = pred.to_dict(with_ops=a.ops)
         d["elapsed_s"] = elapsed
+        d["defaults_used"] = used
+        if est is not None:
+            d["training"] = est.to_dict()
         print(json.dumps(d, indent=2, default=float))
     else:
         print_prediction(pred)
+        c = _console()
+        if est is not None:
+            assert tokens is not None
+            c.print(_training_line(est, tokens, price), markup=False)
+        if used:
+            c.print(_defaults_line(used), markup=False)
     return 0
 
 
@@ -229,17 +263,20 @@ def cmd_predict_batch(a: argparse.Namespace) -> int:
     written; row problems are reported in the row's `error` and the batch goes on (exit 0)."""
     from predictor.plan.batch import output_columns, predict_records
     from predictor.plan.batch_io import AtomicCsvWriter, check_output, chunks, open_input
+    from predictor.plan.costing import training_inputs
     mopt = memory_options_from_args(a)
+    tokens, price = training_inputs(a.tokens, a.price_per_gpu_hour)
     inp, handle = open_input(a.input)
     with handle:
         out = check_output(a.output, inp.path)
-        columns = output_columns(inp.header)
+        columns = output_columns(inp.header, tokens is not None)
         t0 = time.perf_counter()
         ok = bad = oom = 0
         with AtomicCsvWriter(out, columns) as w:
             for records, errors in chunks(inp, a.chunk_rows):
                 rows = predict_records(records, a.models_dir, allow_oom=a.allow_oom, errors=errors,
-                                       clusters=clusters_file_arg(a.clusters), memory_options=mopt)
+                                       clusters=clusters_file_arg(a.clusters), memory_options=mopt,
+                                       tokens=tokens, price_per_gpu_hour=price)
                 w.write(rows)
                 ok += sum(r["error"] == "" for r in rows)
                 bad += sum(r["error"] != "" for r in rows)
@@ -372,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_moe_args(sp)
     add_memory_model_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
+    sp.add_argument("--tokens", help="tokens to train (e.g. 2T, 300B): adds steps, days and GPU-hours to them")
+    sp.add_argument("--price-per-gpu-hour", "--price", dest="price_per_gpu_hour",
+                    help="price of one GPU-hour (any currency): adds the cost (with --tokens)")
     sp.add_argument("--allow-oom", action="store_true",
                     help="print the time of a layout that does not fit in memory (with a loud warning) instead of "
                          "exiting with status 2")
@@ -387,6 +427,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fill the time of rows that do not fit in memory (fits=False, a DOES NOT FIT warning); "
                          "without it such a row's time columns stay empty and `error` says why and what to change")
     sp.add_argument("--chunk-rows", type=int, default=5000, help=argparse.SUPPRESS)
+    sp.add_argument("--tokens", help="tokens to train for every row without a `tokens` cell (e.g. 2T): adds the "
+                                     "days, gpu_hours and cost columns")
+    sp.add_argument("--price-per-gpu-hour", "--price", dest="price_per_gpu_hour",
+                    help="price of one GPU-hour for every row without a `price_per_gpu_hour` cell: fills `cost`")
     add_memory_model_args(sp)
     clusters_arg(sp)
     common(sp, store=False)

@@ -22,9 +22,24 @@ BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
 OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm", "attention",
                           "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep",
-                          "grad_reduce_in_fp32", "fp8_param_gather")
+                          "grad_reduce_in_fp32", "fp8_param_gather", "tokens", "price_per_gpu_hour")
 
-DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
+# The layout's defaults for a field not given: an omitted flag of `predict` / `search`, an empty cell of
+# predict-batch, and the dashboard's inputs as they open (predictor_ui.inputs.DEFAULT_SETUP takes them from here), so
+# the command line and the dashboard answer the same question the same way. DEFAULTS_DOC says them in words.
+LAYOUT_DEFAULTS: dict[str, Any] = {"seq_len": 2048, "tp": 1, "pp": 1, "cp": 1, "micro_batch": 1, "vpp": 1,
+                                   "schedule": "1f1b", "recompute": "none", "sequence_parallel": False,
+                                   "zero_stage": 0, "precision": "bf16", "attention": "flash", "ep": 1}
+# Of those, the ones the step time depends on most, named on the command line when taken by default.
+SHOWN_DEFAULTS = ("seq_len", "micro_batch", "recompute", "sequence_parallel", "zero_stage", "precision")
+
+
+def defaults_used(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The SHOWN_DEFAULTS the row leaves empty (so the answer rests on the default), with their values."""
+    return {k: LAYOUT_DEFAULTS[k] for k in SHOWN_DEFAULTS if blank(row.get(k))}
+
+
+DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens on the same ones):
   kv_heads = heads (MHA); ffn_hidden = 4*hidden (gpt) or the Llama rule 256*ceil(8/3*hidden/256) (llama);
   head_dim = hidden/heads (set it where heads*head_dim != hidden, e.g. Qwen3's 128); vocab = 50257;
   seq_len = 2048; tp = pp = cp = 1; dp = num_gpus/(tp*pp*cp); num_gpus = tp*pp*cp*dp;
@@ -37,7 +52,9 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags:
   moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
   capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
   (expert parallel: divides num_experts and tp*cp*dp). num_experts = 0 on a MoE preset makes it dense (the
-  preset's other MoE fields are dropped; ones you give are still checked)."""
+  preset's other MoE fields are dropped; ones you give are still checked); a dense row may write top_k (and the
+  expert widths) as 0 beside num_experts 0. predict-batch: with a `model` column the columns a preset fills (arch,
+  layers, hidden, heads, kv_heads, ffn_hidden, vocab) may be left out of the header."""
 
 
 def blank(v: Any) -> bool:
@@ -98,6 +115,12 @@ def moe_given(row: Mapping[str, Any]) -> dict[str, Any]:
     """The Mixture-of-Experts fields the row gives (parsed, each named on bad input); absent / empty ones left out."""
     out: dict[str, Any] = {n: _int(row, n) for n in MOE_INT_FIELDS if not blank(row.get(n))}
     out.update({n: _float(row, n) for n in MOE_FLOAT_FIELDS if not blank(row.get(n))})
+    # a dense row of a mixed dense / MoE file writes "no experts" as zeros: top_k 0 (and zero expert widths) with
+    # num_experts 0, or with no num_experts and no preset, is the same as empty
+    if out.get("num_experts") == 0 or ("num_experts" not in out and blank(row.get("model"))):
+        for n in ("top_k", "moe_ffn_hidden", "shared_ffn_hidden"):
+            if out.get(n) == 0:
+                del out[n]
     return out
 
 
@@ -183,9 +206,9 @@ def _given_ints_in_range(row: Mapping[str, Any]) -> None:
 
 def layout_from_fields(row: Mapping[str, Any]) -> Layout:
     _given_ints_in_range(row)
-    tp = _int(row, "tp", 1)
-    pp = _int(row, "pp", 1)
-    cp = _int(row, "cp", 1)   # context parallelism: num_gpus = tp * pp * cp * dp
+    tp = _int(row, "tp", LAYOUT_DEFAULTS["tp"])
+    pp = _int(row, "pp", LAYOUT_DEFAULTS["pp"])
+    cp = _int(row, "cp", LAYOUT_DEFAULTS["cp"])   # context parallelism: num_gpus = tp * pp * cp * dp
     num_gpus = _int(row, "num_gpus")
     dp = _int(row, "dp")
     if dp is None:
@@ -199,9 +222,9 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
             dp = num_gpus // (tp * pp * cp)
     if num_gpus is None:
         num_gpus = tp * pp * cp * dp
-    mb = _int(row, "micro_batch", 1)
-    vpp = _int(row, "vpp", 1)
-    schedule = _str(row, "schedule", "interleaved" if vpp > 1 else "1f1b")
+    mb = _int(row, "micro_batch", LAYOUT_DEFAULTS["micro_batch"])
+    vpp = _int(row, "vpp", LAYOUT_DEFAULTS["vpp"])
+    schedule = _str(row, "schedule", "interleaved" if vpp > 1 else LAYOUT_DEFAULTS["schedule"])
     stage_layers = row.get("stage_layers")
     if not blank(stage_layers):
         try:
@@ -211,13 +234,16 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
     else:
         stage_layers = None
     return Layout(num_gpus=num_gpus, tp=tp, pp=pp, dp=dp, micro_batch=mb,
-                  global_batch=_int(row, "global_batch", mb * dp), seq_len=_int(row, "seq_len", 2048), vpp=vpp,
-                  schedule=schedule, recompute=_str(row, "recompute", "none"),
-                  sequence_parallel=_bool(row, "sequence_parallel", False), zero_stage=_int(row, "zero_stage", 0),
-                  precision=_str(row, "precision", "bf16"), stage_layers=stage_layers,
+                  global_batch=_int(row, "global_batch", mb * dp),
+                  seq_len=_int(row, "seq_len", LAYOUT_DEFAULTS["seq_len"]), vpp=vpp,
+                  schedule=schedule, recompute=_str(row, "recompute", LAYOUT_DEFAULTS["recompute"]),
+                  sequence_parallel=_bool(row, "sequence_parallel", LAYOUT_DEFAULTS["sequence_parallel"]),
+                  zero_stage=_int(row, "zero_stage", LAYOUT_DEFAULTS["zero_stage"]),
+                  precision=_str(row, "precision", LAYOUT_DEFAULTS["precision"]), stage_layers=stage_layers,
                   framework=_str(row, "framework", DEFAULT_FRAMEWORK),
                   overlap_grad_reduce=_opt_bool(row, "overlap_grad_reduce"),
-                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp, ep=_int(row, "ep", 1),
+                  overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp,
+                  ep=_int(row, "ep", LAYOUT_DEFAULTS["ep"]),
                   overlap_tp_comm=_bool(row, "overlap_tp_comm", False),
                   grad_reduce_in_fp32=_opt_bool(row, "grad_reduce_in_fp32"),
                   fp8_param_gather=_bool(row, "fp8_param_gather", False))

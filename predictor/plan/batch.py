@@ -26,12 +26,18 @@ RESULT_COLUMNS = ["step_time_s", *[f"{c}_s" for c in CATEGORIES], "tokens_per_s"
                   "memory_tight", "expected_error", "provenance", "warnings", "error"]
 
 
-def output_columns(header: Iterable[str]) -> list[str]:
-    """The output header: the input's columns, MOE_ECHO_COLUMNS where a row can be a MoE model, RESULT_COLUMNS."""
+# With a token budget (a `tokens` column or predict-batch --tokens): the training run to it, as `predict --tokens`.
+TRAINING_COLUMNS = ["days", "gpu_hours", "cost"]
+
+
+def output_columns(header: Iterable[str], tokens: bool = False) -> list[str]:
+    """The output header: the input's columns, MOE_ECHO_COLUMNS where a row can be a MoE model, RESULT_COLUMNS,
+    TRAINING_COLUMNS where the input has a `tokens` column or `tokens` (a budget for every row) is set."""
     cols = list(header)
     if "model" in cols or any(c in cols for c in MOE_ECHO_COLUMNS):
         cols += [c for c in MOE_ECHO_COLUMNS if c not in cols]
-    return cols + [c for c in RESULT_COLUMNS if c not in cols]
+    extra = TRAINING_COLUMNS if tokens or "tokens" in cols else []
+    return cols + [c for c in [*RESULT_COLUMNS, *extra] if c not in cols]
 
 
 def _echo(out: dict[str, Any], model, layout) -> None:
@@ -65,22 +71,29 @@ def _result(pred, allow_oom: bool) -> dict[str, Any]:
 def predict_records(records: Iterable[Mapping[str, Any]], models_dir: str | None = None, *, allow_oom: bool = False,
                     progress: Callable[[int, int, str], None] | None = None,
                     errors: Mapping[int, str] | None = None, clusters: str | None = None,
-                    memory_options: Any = None) -> list[dict[str, Any]]:
+                    memory_options: Any = None, tokens: float | None = None,
+                    price_per_gpu_hour: float | None = None) -> list[dict[str, Any]]:
     """One output dict per input record: the record's cells, then RESULT_COLUMNS (None where empty).
     `errors` maps record indexes to a message decided before parsing (e.g. a CSV line with too many
     cells): those rows are not parsed and get that message. `memory_options`: a memory.MemoryOptions for every
-    row (default MemoryOptions())."""
+    row (default MemoryOptions()). `tokens` / `price_per_gpu_hour`: the token budget and price of every row whose
+    `tokens` / `price_per_gpu_hour` cell is empty; with a budget the row gets days, GPU-hours and (with a price)
+    cost of the training run (TRAINING_COLUMNS)."""
+    from predictor.plan.costing import training_estimate, training_inputs
     from predictor.plan.predict import get_predictor
     records = list(records)
     errors = errors or {}
     n = len(records)
     out: list[dict[str, Any]] = [{**dict(r), **dict.fromkeys(RESULT_COLUMNS)} for r in records]
     by_platform: dict[str, list[tuple[int, Any, Any]]] = {}
+    budget: dict[int, tuple[float | None, float | None]] = {}
     for i, row in enumerate(records):
         if i in errors:
             out[i]["error"] = errors[i]
             continue
         try:
+            t, cost = training_inputs(row.get("tokens"), row.get("price_per_gpu_hour"))
+            budget[i] = (tokens if t is None else t, price_per_gpu_hour if cost is None else cost)
             plat = _platform_of(row)
             model = model_from_fields(row)
             layout = layout_from_fields(row)
@@ -111,8 +124,12 @@ def predict_records(records: Iterable[Mapping[str, Any]], models_dir: str | None
             for i, _, _ in ok:
                 out[i]["error"] = str(e)
             continue
-        for (i, _m, _L), p in zip(ok, preds):
+        for (i, _m, L), p in zip(ok, preds):
             out[i].update(_result(p, allow_oom))
+            t, price = budget.get(i, (None, None))
+            if t is not None and out[i]["step_time_s"] is not None:
+                est = training_estimate(p.step_time_s, L.num_gpus, L.tokens_per_step, t, price).scalar()
+                out[i].update(days=est.days, gpu_hours=est.gpu_hours, cost=est.cost)
         done += len(items)
         if progress:
             progress(done, n, "rows predicted")

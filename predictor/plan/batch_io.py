@@ -143,11 +143,18 @@ def _chain(first, rest):
     yield from rest
 
 
+# The columns a preset (a `model` cell) fills.
+PRESET_FILLED_COLUMNS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+
+
 def check_header(path: Path, header: list[str]) -> None:
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
         raise InfeasibleConfig("input", f"{path} repeats columns {dup}.", "keep one column of each name.")
-    missing = [c for c in BATCH_COLUMNS if c not in header]
+    # a `model` column names presets: the columns a preset fills may be left out (a row without one gets an error
+    # naming the field it lacks)
+    preset_filled = PRESET_FILLED_COLUMNS if "model" in header else ()
+    missing = [c for c in BATCH_COLUMNS if c not in header and c not in preset_filled]
     if missing:
         raise InfeasibleConfig("input", f"{path} lacks columns {missing}.",
                                f"the header must hold: {','.join(BATCH_COLUMNS)} (optional: "

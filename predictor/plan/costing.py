@@ -36,6 +36,33 @@ def parse_count(text: str | float | int | None) -> float | None:
     return float(mt.group(1)) * SUFFIX[mt.group(2)]
 
 
+def training_inputs(tokens: Any, price: Any) -> tuple[float | None, float | None]:
+    """(tokens to train, price per GPU-hour) from a flag or a cell ('2T', '300B', 2e12; a price >= 0), None where
+    empty; InfeasibleConfig naming `tokens` / `price_per_gpu_hour` and the fix otherwise."""
+    import math
+
+    from predictor.model.errors import InfeasibleConfig
+    empty = lambda v: v is None or (isinstance(v, float) and math.isnan(v)) or str(v).strip() == ""  # noqa: E731
+    t = p = None
+    if not empty(tokens):
+        try:
+            t = parse_count(tokens)
+        except ValueError as e:
+            raise InfeasibleConfig("tokens", str(e), "write the token budget as e.g. 2T, 300B or 2e12.") from None
+        if t is None or not math.isfinite(t) or t <= 0:
+            raise InfeasibleConfig("tokens", f"must be a positive number of tokens, got {tokens!r}.",
+                                   "write the token budget as e.g. 2T, 300B or 2e12.")
+    if not empty(price):
+        try:
+            p = float(price)
+        except (TypeError, ValueError):
+            p = math.nan
+        if not math.isfinite(p) or p < 0:
+            raise InfeasibleConfig("price_per_gpu_hour", f"must be a number >= 0, got {price!r}.",
+                                   "give the price of one GPU-hour, e.g. 2.5.")
+    return t, p
+
+
 @dataclass
 class TrainingEstimate:
     step_time_s: Any

@@ -514,6 +514,13 @@ class Predictor:
             aw = alignment_warning(model, layout)
             if aw:
                 warnings.append(aw)
+        gpn = self.platform.gpus_per_node
+        if layout.tp > gpn > 0:   # the search refuses this unless asked (SearchSpace.tp_within_node)
+            tp_share = float(ev.breakdown_s["tp_comm"][r]) / step
+            warnings.append(f"TP {layout.tp} crosses nodes: a node of {self.platform.platform_id} has {gpn} GPUs, so "
+                            "every layer's tensor-parallel exchanges run over the inter-node network "
+                            f"({tp_share:.0%} of the step is TP communication). Fix: set tp to {gpn} or less and "
+                            "put the other GPUs into pp or dp.")
         if model.is_moe:
             from predictor.model.moe import routing_note
             warnings.append(routing_note(model, layout))
