@@ -82,8 +82,12 @@ if res.empty or rep.feasible == 0:
     st.stop()
 
 # ---- filters on the ranked table
-f1, f2, f3, f4 = urlcheck.guard().columns(4)
-fits_only = f1.toggle("Only layouts that fit", True, key="fits_only", bind=BIND)
+f0, f1, f2, f3, f4 = urlcheck.guard().columns(5)
+fits_only = f0.toggle("Only layouts that fit", True, key="fits_only", bind=BIND)
+no_tight = f1.toggle("Leave out tight layouts", True, key="no_tight", bind=BIND,
+                     help="Tight: above the usable memory with the caching allocator's typical reserve; it fits only "
+                          "if the allocator fragments as little as runs tuned to the edge. Off: they are listed, "
+                          "marked in the 'tight' column and in the chart.")
 tps = sorted(int(x) for x in res["tp"].dropna().unique())
 max_tp = f2.select_slider("Max TP", tps, value=tps[-1], key="max_tp", bind=BIND) if len(tps) > 1 else tps[0]
 pps = sorted(int(x) for x in res["pp"].dropna().unique())
@@ -93,16 +97,25 @@ top = f4.number_input("Show top", 5, 5000, 50, step=5, key="top", bind=BIND)
 view = res
 if fits_only:
     view = view[view["fits"].astype(bool)]
+if no_tight and "memory_tight" in view:
+    view = view[~view["memory_tight"].astype(bool)]
 view = view[(view["tp"] <= max_tp) & (view["pp"] <= max_pp)]
 view = view.head(int(top)).reset_index(drop=True)
 if view.empty:
-    st.warning("No layout passes these filters. **How to fix:** raise Max TP / Max PP, or turn off 'Only layouts "
-               "that fit' to see why layouts run out of memory.", icon=":material/filter_alt_off:")
+    st.warning("No layout passes these filters. **How to fix:** raise Max TP / Max PP, turn off 'Leave out tight "
+               "layouts', or turn off 'Only layouts that fit' to see why layouts run out of memory.",
+               icon=":material/filter_alt_off:")
     st.stop()
 
 best = view.iloc[0]
+best_tight = bool(best.get("memory_tight", False))
+if best_tight:
+    st.warning("**The best layout here is tight**: it fits only if the caching allocator fragments as little as runs "
+               "tuned to the edge do (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps). Leave headroom, or "
+               "turn on 'Leave out tight layouts' for the best layout with the typical reserve.",
+               icon=":material/memory:")
 c = st.columns(4)
-c[0].metric("Best step time", fmt.seconds(float(best["step_time_s"])), charts._layout_label(best),
+c[0].metric("Best step time (tight)" if best_tight else "Best step time", fmt.seconds(float(best["step_time_s"])), charts._layout_label(best),
             delta_color="off", delta_arrow="off", border=True)
 c[1].metric("Tokens / s", fmt.count(float(best["tokens_per_s"])), f"MFU {fmt.pct(float(best['mfu']), 1)}",
             delta_color="off", delta_arrow="off", border=True)

@@ -397,6 +397,8 @@ def search_scatter(df: pd.DataFrame, capacity_gib: float | None = None, selected
     d["layout"] = d.apply(_layout_label, axis=1) if len(d) else []
     d["fits_label"] = d["fits"].map({True: "fits", False: "does not fit"}).fillna("unknown") if "fits" in d \
         else "unknown"
+    if "memory_tight" in d:   # fits only with the least allocator reserve: coloured apart
+        d.loc[d["memory_tight"].fillna(False).astype(bool) & (d["fits_label"] == "fits"), "fits_label"] = "tight"
     d["selected"] = d["rank"] == selected_rank if selected_rank is not None and "rank" in d else False
     tips = [alt.Tooltip("rank:Q"), alt.Tooltip("layout:N"), alt.Tooltip("step_time_s:Q", format=".4g"),
             alt.Tooltip("peak_mem_gib:Q", format=".3g", title="memory per GPU (GiB)")]
@@ -406,8 +408,8 @@ def search_scatter(df: pd.DataFrame, capacity_gib: float | None = None, selected
         x=alt.X("peak_mem_gib:Q", title="memory per GPU (GiB)"),
         y=alt.Y("step_time_s:Q", title="step time (s)", scale=alt.Scale(zero=False)),
         color=alt.Color("fits_label:N", title=None,
-                        scale=alt.Scale(domain=["fits", "does not fit", "unknown"],
-                                        range=["#2e7d32", "#d62728", "#9e9e9e"]),
+                        scale=alt.Scale(domain=["fits", "tight", "does not fit", "unknown"],
+                                        range=["#2e7d32", "#f9a825", "#d62728", "#9e9e9e"]),
                         legend=alt.Legend(orient="bottom")),
         size=alt.condition("datum.selected", alt.value(260), alt.value(70)),
         tooltip=tips,

@@ -740,3 +740,19 @@ def test_error_text_is_shown_as_written_and_names_the_inputs_not_the_flags():
     at = run(query={"schedule": "interleaved", "vpp": 1})
     w = [x.value for x in at.warning if "Infeasible input" in x.value]
     assert len(w) == 1 and "**Virtual stages** 2" in w[0] and "**Schedule**" in w[0] and "--" not in w[0], w
+
+
+def test_search_leaves_tight_layouts_out_by_default_and_says_so_when_shown():
+    q = {"sr_model": "llama3-70b", "sr_platform": "dgx-h100", "sr_num_gpus": 512, "sr_global_batch": 1024,
+         "sr_seq_len": 4096}
+    at = run("pages/search.py", q)
+    if any("not installed in this build" in i.value for i in at.info):
+        pytest.skip("predictor.plan.search is not available")
+    assert not at.exception
+    assert not at.dataframe[0].value["memory_tight"].any()
+    assert STEP_RE.match(metric(at, "Best step time"))
+    at.toggle(key="no_tight").set_value(False).run()
+    assert not at.exception
+    assert at.dataframe[0].value["memory_tight"].any()
+    assert STEP_RE.match(metric(at, "Best step time (tight)"))
+    assert any("best layout here is tight" in w.value for w in at.warning)

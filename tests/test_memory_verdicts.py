@@ -59,3 +59,34 @@ def test_every_catalogued_source_is_a_memory_test(tmp_path):
     counts = verdict_counts(judge_runs([s for s in sets if s.source == "published memory figures"]))
     assert list(counts.columns) == ["source", "runs", "fits", "tight", "does not fit", "not predicted"]
     assert int(counts["runs"].sum()) == len(sets[-1].records)
+
+
+def test_search_can_leave_out_tight_layouts_keeping_them_in_the_table_unranked():
+    from predictor.model.presets import get_preset
+    from predictor.plan.search import SearchSpace, search
+    args = dict(model=get_preset("llama3-70b"), platform="dgx-h100", num_gpus=512, global_batch=1024, seq_len=4096,
+                top_k=3, refine=False)
+    plain = search(**args).table
+    assert bool(plain.loc[0, "memory_tight"])          # the case: the fastest layout is a tight one
+    rep = search(**args, space=SearchSpace(leave_out_tight=True))
+    t = rep.table
+    ranked = t[t["rank"] > 0]
+    assert len(ranked) and not ranked["memory_tight"].any() and ranked["fits"].all()
+    assert not any(r.memory.tight for r in rep.top)
+    left_out = t[t["fits"] & t["memory_tight"]]
+    assert len(left_out) == int(plain["memory_tight"].sum()) and (left_out["rank"] == 0).all()
+    assert left_out["reason"].str.startswith("tight, left out").all()
+    # the best untight layout is slower than the tight one it replaces, never faster
+    assert t.loc[0, "step_time_s"] >= plain.loc[0, "step_time_s"]
+
+
+def test_the_scatter_colours_tight_layouts_apart():
+    import pandas as pd
+
+    from predictor_ui.charts import search_scatter
+    df = pd.DataFrame({"rank": [1, 2, 0], "tp": [8, 8, 8], "pp": [1, 2, 1], "dp": [1, 1, 1], "micro_batch": [1, 1, 1],
+                       "step_time_s": [1.0, 1.1, 0.9], "peak_mem_gib": [70.0, 78.0, 90.0], "fits": [True, True, False],
+                       "memory_tight": [False, True, False]})
+    labels = search_scatter(df, capacity_gib=80).to_dict()["datasets"]
+    values = next(iter(labels.values()))
+    assert [v["fits_label"] for v in values] == ["fits", "tight", "does not fit"]

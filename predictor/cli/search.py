@@ -80,6 +80,7 @@ def cmd_search(a: argparse.Namespace) -> int:
                         recompute=rc, sequence_parallel=sp,
                         zero_stage=_ints(a.zero_stage, "zero_stage") or (0, 1, 2, 3), schedules=schedules,
                         uneven_splits=not a.no_uneven, tp_within_node=not a.tp_across_nodes, precision=a.precision,
+                        leave_out_tight=a.leave_out_tight,
                         framework=get_framework(a.framework or DEFAULT_FRAMEWORK).name,
                         overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm),
                         grad_reduce_in_fp32=a.grad_reduce_in_fp32, fp8_param_gather=bool(a.fp8_param_gather))
@@ -325,6 +326,9 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--schedules", default="1f1b,interleaved", help="subset of 1f1b,interleaved,gpipe")
     g.add_argument("--no-uneven", action="store_true", help="do not try edge-light uneven layer splits")
     g.add_argument("--tp-across-nodes", action="store_true", help="allow tensor parallelism across nodes")
+    g.add_argument("--leave-out-tight", action="store_true",
+                   help="rank only layouts that fit with the caching allocator's typical reserve (tight ones, which "
+                        "fit only if it fragments as little as runs tuned to the edge, stay in --all unranked)")
     add_memory_model_args(sp)
     add_moe_args(sp)
     sp.add_argument("--no-refine", action="store_true", help="skip the exact re-prediction of the top K")

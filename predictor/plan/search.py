@@ -88,6 +88,9 @@ class SearchSpace:
     overlap_tp_comm: bool = False             # Transformer Engine's TP overlap on every layout with tp > 1 and SP
     grad_reduce_in_fp32: bool | None = None   # Layout.grad_reduce_in_fp32 on every layout (None: the precision's)
     fp8_param_gather: bool = False            # FP8 primary weights on every layout (precision fp8 only)
+    # leave out of the ranking the layouts that fit only if the caching allocator fragments less than it typically
+    # does (memory_tight); they stay in the table, unranked, with the reason
+    leave_out_tight: bool = False
 
 
 @dataclass
@@ -469,7 +472,7 @@ def search(model: ModelSpec, platform: str | Platform | Predictor, num_gpus: int
     timings["evaluate"] = time.perf_counter() - t1
     t2 = time.perf_counter()
     table = _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_to_train,
-                   price_per_gpu_hour, objective)
+                   price_per_gpu_hour, objective, space.leave_out_tight)
     _add_error_band(table, model, P, eng, arr, structs, seq_len, precision, band_rows)
     timings["table"] = time.perf_counter() - t2
     t3 = time.perf_counter()
@@ -481,7 +484,8 @@ def search(model: ModelSpec, platform: str | Platform | Predictor, num_gpus: int
                         top=top, exclusions=excl, elapsed_s=time.perf_counter() - t0, timings_s=timings)
 
 
-def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_to_train, price, objective):
+def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_to_train, price, objective,
+           leave_out_tight=False):
     n = len(arr)
     sid = arr[:, 6]
     s_vpp = np.array([s.vpp for s in structs] or [1], dtype=np.int64)
@@ -550,15 +554,21 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         reason[i] = (f"out of memory: stage {ev.peak_stage[i]} needs {peak_gib[i]:.1f} GiB > {u_txt} GiB usable "
                      f"({names[a]} {gib[i, a]:.1f}, {names[b]} {gib[i, b]:.1f}, {names[c]} {gib[i, c]:.1f} GiB)")
         kind[i] = "out of memory, mostly " + dom[i]
+    ranked = fits & ~ev.tight if leave_out_tight else fits
+    for i in np.nonzero(fits & ~ranked)[0]:
+        reason[i] = (f"tight, left out: {peak_gib[i]:.1f} GiB > {u_txt} GiB usable with the allocator's typical "
+                     f"reserve; fits only with the least ({ev.low_peak_bytes[i] / mem.GIB:.1f} GiB)")
+        kind[i] = "tight (left out)"
+    df["ranked"] = ranked
     df["reason"] = pd.Series(reason, dtype=object)
     df["reject_kind"] = pd.Series(kind, dtype=object)
     df["capacity_gib"] = ev.capacity_bytes / mem.GIB
     df["usable_gib"] = ev.usable_bytes / mem.GIB
     key, asc = OBJECTIVES[objective]
     vals = df[key].to_numpy()
-    order = np.lexsort(((vals if asc else -vals), ~df["fits"].to_numpy()))
+    order = np.lexsort(((vals if asc else -vals), ~df["fits"].to_numpy(), ~df["ranked"].to_numpy()))
     df = df.iloc[order].reset_index(drop=True)
-    df.insert(0, "rank", np.where(df["fits"], np.cumsum(df["fits"].to_numpy()), 0))
+    df.insert(0, "rank", np.where(df["ranked"], np.cumsum(df["ranked"].to_numpy()), 0))
     return df
 
 
@@ -566,7 +576,7 @@ def _add_error_band(table: pd.DataFrame, model, P: Predictor, eng, arr, structs,
     """`expected_error` (and `provenance`) for the best `n` feasible rows; NaN / '' for the rest."""
     table["expected_error"] = np.nan
     table["provenance"] = ""
-    best = table.index[table["fits"].to_numpy()][:max(0, n)]
+    best = table.index[table["ranked"].to_numpy()][:max(0, n)]
     if not len(best):
         return
     src = table.loc[best, "_row"].to_numpy()
@@ -621,7 +631,7 @@ def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:
 
 
 def _top_results(model, P, table, top_k, objective, refine, mopt, tokens_to_train, price) -> list[SearchResult]:
-    feas = table[table["fits"]]
+    feas = table[table["ranked"]]
     k = top_k if top_k > 0 else 10
     res = []
     for i, row in feas.head(k).iterrows():
