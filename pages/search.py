@@ -115,7 +115,8 @@ if best_tight:
                "turn on 'Leave out tight layouts' for the best layout with the typical reserve.",
                icon=":material/memory:")
 c = st.columns(4)
-c[0].metric("Best step time (tight)" if best_tight else "Best step time", fmt.seconds(float(best["step_time_s"])), charts._layout_label(best),
+c[0].metric("Best step time (tight)" if best_tight else "Best step time", fmt.seconds(float(best["step_time_s"])),
+            charts._layout_label(best),
             delta_color="off", delta_arrow="off", border=True)
 c[1].metric("Tokens / s", fmt.count(float(best["tokens_per_s"])), f"MFU {fmt.pct(float(best['mfu']), 1)}",
             delta_color="off", delta_arrow="off", border=True)
