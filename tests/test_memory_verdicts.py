@@ -90,3 +90,34 @@ def test_the_scatter_colours_tight_layouts_apart():
     labels = search_scatter(df, capacity_gib=80).to_dict()["datasets"]
     values = next(iter(labels.values()))
     assert [v["fits_label"] for v in values] == ["fits", "tight", "does not fit"]
+
+
+def test_mpt_runs_keep_no_dropout_masks_as_their_configs_say():
+    from predictor.checks.independent import load_sources, memory_options_of
+    from predictor.samples.formats.sources import load_source_definitions
+    from predictor.step.memory import MemoryOptions
+    for src in (load_sources()["llm-foundry-h100"], load_source_definitions()["llm-foundry"]):
+        assert memory_options_of(src) == MemoryOptions(dropout=False)
+        assert "attn_pdrop" in src["memory"]["dropout"]["cite"]
+    assert memory_options_of(load_source_definitions()["vtrain"]) == MemoryOptions()
+    # what the fact changes: MPT-1B, seq 2048, micro-batch 20 (published on 16-64 H100s) keeps fewer bytes
+    row = batch_row(platform="dgx-h100", arch="gpt", layers=24, hidden=2048, heads=16, kv_heads=16,
+                    ffn_hidden=8192, vocab=50368, seq_len=2048, num_gpus=16, tp=1, pp=1, dp=16, micro_batch=20,
+                    global_batch=320, zero_stage=3, framework="fsdp", attention="triton")
+    with_masks, without = (judge_runs([RunSet("mpt", [row], ["1b"], opts)]).iloc[0]
+                           for opts in (MemoryOptions(), MemoryOptions(dropout=False)))
+    assert without["memory_allocated_gib"] < with_masks["memory_allocated_gib"] - 2.0
+    assert with_masks["verdict"] == "does not fit" and without["verdict"] in ("fits", "tight")
+
+
+def test_a_memory_fact_that_names_no_option_is_refused(tmp_path, monkeypatch):
+    import json
+
+    from predictor.samples.formats import sources
+    from predictor.samples.formats.common import SourceDefinitionError
+    defs = json.loads(sources.PUBLISHED_SOURCES_FILE.read_text())
+    defs["sources"]["llm-foundry"]["memory"] = {"dropuot": {"value": False, "cite": "x"}}
+    bad = tmp_path / "published_sources.json"
+    bad.write_text(json.dumps(defs))
+    with pytest.raises(SourceDefinitionError, match=r"sources\.llm-foundry\.memory\.dropuot: give one of dropout"):
+        sources.load_source_definitions(bad)

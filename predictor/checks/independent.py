@@ -23,6 +23,8 @@ import numpy as np
 import pandas as pd
 
 from predictor import paths
+from predictor.samples.formats.sources import MEMORY_FACTS
+from predictor.step.memory import MemoryOptions
 
 CATALOG = paths.CATALOG_DIR / "independent_runs.json"
 MFU_TOLERANCE = 0.03
@@ -62,6 +64,13 @@ class IndependentCheck:
                          "not_fitting": int((~ok["fits"].astype(bool)).sum()),
                          "tight": int(ok["memory_tight"].astype(bool).sum()) if "memory_tight" in ok else 0})
         return pd.DataFrame(rows)
+
+
+def memory_options_of(src: dict[str, Any]) -> MemoryOptions:
+    """The memory options a source's cited `memory` facts set (e.g. `dropout` false: MPT trains without dropout),
+    the defaults for the rest."""
+    facts = src.get("memory") or {}
+    return MemoryOptions(**{name: bool(f["value"]) for name, f in facts.items() if name in MEMORY_FACTS})
 
 
 def load_sources(path: Path = CATALOG) -> dict[str, dict[str, Any]]:
@@ -116,7 +125,8 @@ def run_check(source_id: str = "llm-foundry-h100", *, platform: str | None = Non
     src = load_sources(path)[source_id]
     d, dropped = published_runs(src)
     plat = platform or src["platform"]
-    out = pd.DataFrame(predict_records(batch_rows(d, src, plat), models_dir, allow_oom=True))
+    out = pd.DataFrame(predict_records(batch_rows(d, src, plat), models_dir, allow_oom=True,
+                                       memory_options=memory_options_of(src)))
     d["platform"] = plat
     d["predicted_s"] = pd.to_numeric(out["step_time_s"], errors="coerce")
     d["memory_gib"] = pd.to_numeric(out["memory_gib"], errors="coerce")

@@ -23,6 +23,7 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import layout_from_fields, model_from_fields
 from predictor.plan.batch import predict_records
 from predictor.plan.predict import get_predictor
+from predictor.samples.formats.sources import load_source_definitions
 from predictor.samples.store import StoreError, read_measured_runs
 from predictor.step.memory import GIB, MEMORY_PART_LABELS, MemoryOptions
 
@@ -47,10 +48,12 @@ def _store_runs(store_path: str | Path | None) -> list[RunSet]:
         return []
     if runs.empty:
         return []
+    defs = load_source_definitions()
     out = []
     for src, g in runs.groupby(runs["source_id"].fillna(runs["source"]).astype(str), sort=True):
         recs = g.to_dict(orient="records")
-        out.append(RunSet(f"store: {src}", recs, [str(r.get("run_id", i)) for i, r in enumerate(recs)]))
+        out.append(RunSet(f"store: {src}", recs, [str(r.get("run_id", i)) for i, r in enumerate(recs)],
+                          independent.memory_options_of(defs.get(str(src), {}))))
     return out
 
 
@@ -59,7 +62,8 @@ def _independent_runs() -> list[RunSet]:
     for sid, src in independent.load_sources().items():
         d, _dropped = independent.published_runs(src)
         rows: list[dict[str, Any]] = list(independent.batch_rows(d, src, str(src["platform"])))
-        out.append(RunSet(f"independent: {sid}", rows, [str(r.get("case_id", i)) for i, r in enumerate(rows)]))
+        out.append(RunSet(f"independent: {sid}", rows, [str(r.get("case_id", i)) for i, r in enumerate(rows)],
+                          independent.memory_options_of(src)))
     doc = independent_nemo.load()
     pr = independent_nemo.published_runs(doc)
     recs: list[dict[str, Any]] = []

@@ -19,6 +19,8 @@ from predictor.model.specs import (
 from predictor.samples.formats.common import PUBLISHED_RULE_NAMES, SourceDefinitionError
 
 PUBLISHED_SOURCES_FILE = paths.CATALOG_DIR / "published_sources.json"
+# what a source's `memory` facts may set (predictor.step.memory.MemoryOptions fields, each true / false, cited)
+MEMORY_FACTS = ("dropout",)
 
 
 @lru_cache(maxsize=4)
@@ -55,6 +57,11 @@ def _load_source_definitions(path: str, mtime: float) -> dict[str, dict[str, Any
                 if v not in allowed:
                     raise SourceDefinitionError(f"{where}: sources.{sid}.{key}.{k}: {v!r} is not one of "
                                                 f"{', '.join(allowed)}")
+        for name, fact in (d.get("memory") or {}).items():
+            if name not in MEMORY_FACTS or not isinstance(fact, dict) or not isinstance(fact.get("value"), bool) \
+                    or not fact.get("cite"):
+                raise SourceDefinitionError(f"{where}: sources.{sid}.memory.{name}: give one of "
+                                            f"{', '.join(MEMORY_FACTS)} with a true / false 'value' and its 'cite'")
         facts = d.get("facts") or {}
         for name, fact in facts.items():
             if not isinstance(fact, dict) or "value" not in fact or not fact.get("cite"):
