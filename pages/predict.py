@@ -120,6 +120,14 @@ if t_ops.open:
         views.table(charts.ops_frame(pred.ops, stage, 1000).drop(columns=["rank"]), "operators", "t_ops",
                     column_config={"seconds": st.column_config.NumberColumn(format="%.4g"),
                                    "total": st.column_config.NumberColumn(format="%.4g")})
+        per_step = charts.ops_frame(pred.ops, stage, 1000, per="step")
+        if len(per_step):
+            st.markdown("**Once per step on this stage** (the data-parallel gradient / parameter traffic, the "
+                        "optimizer, the embedding all-reduce: not per micro-batch)")
+            st.altair_chart(charts.ops_chart(pred.ops, stage, top, per="step"), width="stretch")
+            views.table(per_step.drop(columns=["rank"]), "operators_per_step", "t_ops_step",
+                        column_config={"seconds": st.column_config.NumberColumn(format="%.4g"),
+                                       "total": st.column_config.NumberColumn(format="%.4g")})
 
 if t_time.open:
     with t_time:

@@ -209,9 +209,12 @@ def _fmt_seconds(v: float) -> str:
 
 
 # --------------------------------------------------------------------------- operators
-def ops_frame(ops: pd.DataFrame, stage: int | None = None, top: int = 15) -> pd.DataFrame:
-    """Seconds per operator and phase on one stage (all chunks), per micro-batch, ranked by total."""
+def ops_frame(ops: pd.DataFrame, stage: int | None = None, top: int = 15, per: str = "micro-batch") -> pd.DataFrame:
+    """Seconds per operator and phase on one stage (all chunks), ranked by total: the calls of every micro-batch
+    (`per` 'micro-batch') or those made once per step (`per` 'step': data-parallel traffic, optimizer)."""
     df = ops if stage is None else ops[ops["stage"] == stage]
+    if "per" in df:
+        df = df[df["per"] == per]
     df = df[df["seconds_total"] > 0]
     g = (df.groupby(["op", "phase"], as_index=False)
          .agg(seconds=("seconds_total", "sum"), calls=("count", "sum"),
@@ -227,12 +230,12 @@ def ops_frame(ops: pd.DataFrame, stage: int | None = None, top: int = 15) -> pd.
     return g.sort_values(["rank", "phase"]).reset_index(drop=True)
 
 
-def ops_chart(ops: pd.DataFrame, stage: int | None = None, top: int = 15) -> alt.Chart:
+def ops_chart(ops: pd.DataFrame, stage: int | None = None, top: int = 15, per: str = "micro-batch") -> alt.Chart:
     """Ranked horizontal bars: the operators that cost most, split into forward / backward / recompute."""
-    df = ops_frame(ops, stage, top)
+    df = ops_frame(ops, stage, top, per)
     order = list(dict.fromkeys(df["op"])) if len(df) else []
     return alt.Chart(df, height=alt.Step(22)).mark_bar().encode(
-        x=alt.X("sum(seconds):Q", title="seconds per micro-batch on this stage"),
+        x=alt.X("sum(seconds):Q", title=f"seconds per {'step' if per == 'step' else 'micro-batch'} on this stage"),
         y=alt.Y("op:N", sort=order, title=None),
         color=alt.Color("phase:N", scale=_scale(PHASE_COLORS, df["phase"] if len(df) else []),
                         legend=alt.Legend(orient="bottom")),

@@ -183,18 +183,26 @@ def print_prediction(pred, console=None) -> None:
             continue  # no context parallelism: no ring
         t.add_row(k, f"{v:.4g}", f"{v / pred.step_time_s:.1%}")
     c.print(t)
-    agg: dict[tuple[str, str, str], float] = {}
-    for r in pred.op_rows:  # (stage, chunk, part, phase, op, pass, category, count, each, total, provenance, cv)
-        if r[0] == pred.critical_stage:
-            k = (r[4], r[3], r[10])
-            agg[k] = agg.get(k, 0.0) + r[9]
-    top = sorted(agg.items(), key=lambda kv: -kv[1])[:12]
-    t2 = Table(title=f"Top operators on the critical stage {pred.critical_stage} (per micro-batch)")
-    for col in ("op", "phase", "seconds", "provenance"):
-        t2.add_column(col)
-    for (op, phase, prov), secs in top:
-        t2.add_row(op, phase, f"{secs:.4g}", prov)
-    c.print(t2)
+    from rich.markup import escape
+
+    from predictor.plan.predict import PER_MICRO_BATCH, PER_STEP
+    for per, title, n in ((PER_MICRO_BATCH, "Top operators on the critical stage {} (per micro-batch)", 12),
+                          (PER_STEP, "Once per step on the critical stage {} (gradient / parameter traffic, "
+                                     "optimizer)", 6)):
+        agg: dict[tuple[str, str, str], float] = {}
+        for r in pred.op_rows:  # (stage, chunk, part, phase, op, pass, category, count, each, total, provenance,
+            if r[0] == pred.critical_stage and r[12] == per:   # cv, per)
+                k = (r[4], r[3], r[10])
+                agg[k] = agg.get(k, 0.0) + r[9]
+        top = sorted(agg.items(), key=lambda kv: -kv[1])[:n]
+        if not top:
+            continue
+        t2 = Table(title=title.format(pred.critical_stage))
+        for col in ("op", "phase", "seconds", "provenance"):
+            t2.add_column(col)
+        for (op, phase, prov), secs in top:   # escaped: "reducescatter[dp]" is not a style tag
+            t2.add_row(escape(op), phase, f"{secs:.4g}", escape(prov))
+        c.print(t2)
     for w in pred.warnings:  # once, after the tables (markup off: a warning may contain [brackets])
         c.print("warning: ", style="yellow", end="")
         c.print(w, markup=False)

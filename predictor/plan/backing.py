@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from predictor.step.terms import DEFAULT_HOST
+
 if TYPE_CHECKING:
     from predictor.plan.predict import Predictor
 
@@ -46,11 +48,20 @@ def describe_backing(pr: Predictor) -> PlatformBacking:
         src = pr.network.intra.source
         coll = "analytic " + (f"(calibrated: {src})" if pr.network.calibrated else "(link specs)")
     host = pr.host
+    # GPU platforms without a fit of their own take the per-framework host terms of the end-to-end fit
+    terms_host = {fw: t for fw, t in (pr.terms.host.items() if pr.terms is not None else []) if t.active}
     if host is not None:
         cv = f", CV MAPE {host.cv_mape:.1%} on held-out models" if host.cv_mape is not None else ""
         runs = f" on {host.fitted_on_runs:,} measured runs" if host.fitted_on_runs else " on measured runs"
         host_s = (f"fitted{runs}: {host.host_s_per_layer_pass * 1e3:.2f} ms per layer pass, blended with the GPU "
                   f"time (p = {host.blend_p:g}){cv}")
+    elif terms_host:
+        n_runs = sum(pr.terms.fitted_on.values()) if pr.terms is not None else 0
+        per_fw = ", ".join(f"{'other frameworks (pooled)' if fw == DEFAULT_HOST else fw} "
+                           f"{t.host_s_per_layer_pass * 1e3:.2f} ms" for fw, t in sorted(terms_host.items()))
+        host_s = (f"from the end-to-end terms (framework_terms.json, fitted on {n_runs:,} measured GPU runs, scored "
+                  f"leave-one-source-out): per layer pass {per_fw}, blended with the GPU time; this platform has no "
+                  "host-overhead fit of its own (`python -m predictor calibrate-host` on its runs makes one)")
     else:
         host_s = ("not modelled on this platform (no fitted host overhead): predictions with short kernels "
                   "(small models, micro-batch 1, high TP) may be low; fit one with "
@@ -68,7 +79,7 @@ def describe_backing(pr: Predictor) -> PlatformBacking:
              "collectives": ("measured + analytic" if pr.coll_bank is not None else
                              "analytic (calibrated)" if pr.network.calibrated else "analytic (link specs)"),
              "host_overhead": (f"{host.host_s_per_layer_pass * 1e3:.2f} ms/layer pass" if host is not None
-                               else "not modelled"),
+                               else "end-to-end terms (per framework)" if terms_host else "not modelled"),
              "machine_speed": f"x{pr.speed.speed_factor:.3f}" if pr.speed is not None else "-",
              "end_to_end": f"MAPE {err[0]:.1%} ({err[1]} runs)" if err is not None else "not validated"}
     return PlatformBacking(kind=kind, operators=ops, collectives=coll, host_overhead=host_s, machine_speed=speed,

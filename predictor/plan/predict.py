@@ -77,7 +77,10 @@ UNVALIDATED_COMPOSITION_ERROR = 0.15
 # Below this much GPU work per layer forward, host (framework) time matters (predictor.step.overhead).
 SHORT_LAYER_PASS_S = 2e-3
 OP_COLUMNS = ["stage", "chunk", "part", "phase", "op", "pass", "category", "count", "seconds_each", "seconds_total",
-              "provenance", "cv_mape"]
+              "provenance", "cv_mape", "per"]
+# `per`: how often a row's calls happen: every micro-batch (its count is per micro-batch) or once per step (the
+# data-parallel gradient / parameter traffic, the optimizer, the embedding all-reduce)
+PER_MICRO_BATCH, PER_STEP = "micro-batch", "step"
 
 
 @dataclass
@@ -567,10 +570,10 @@ class Predictor:
                 c, t, prov = tc.call, tc.seconds, tc.provenance
                 if isinstance(c, CommCall):
                     rows.append((stage, chunk, c.group, c.phase, f"{c.collective}[{c.group}]", c.phase,
-                                 cats[c.group], c.count * k, t, t * c.count * k, prov, None))
+                                 cats[c.group], c.count * k, t, t * c.count * k, prov, None, PER_MICRO_BATCH))
                 else:
                     rows.append((stage, chunk, c.part, c.phase, c.op, c.pass_, "compute", c.count * k, t,
-                                 t * c.count * k, prov, tc.raw_error))
+                                 t * c.count * k, prov, tc.raw_error, PER_MICRO_BATCH))
         for i in range(nch):
             stage, chunk, n = i % S.pp, i // S.pp, S.counts[i]
             n_dense = dense_counts[i]
@@ -585,30 +588,30 @@ class Predictor:
             if n_p2p and det["p2p_s"] > 0:
                 for ph in ("fwd", "bwd"):
                     rows.append((stage, chunk, "pp", ph, "p2p[pp]", ph, "pp_comm", n_p2p, det["p2p_s"],
-                                 det["p2p_s"] * n_p2p, self._p2p_prov(layout, parts.p2p_bytes), None))
+                                 det["p2p_s"] * n_p2p, self._p2p_prov(layout, parts.p2p_bytes), None, PER_MICRO_BATCH))
             for ph in ("fwd", "bwd"):
                 h = float(det[ph]["host_overhead"][i])
                 if h > 0:
                     rows.append((stage, chunk, "layer", ph, "host overhead", ph, "host_overhead", 1, h, h,
-                                 HOST_PROVENANCE, self.host.cv_mape if self.host else None))
+                                 HOST_PROVENANCE, self.host.cv_mape if self.host else None, PER_MICRO_BATCH))
             cls = self.engine.chunk_class(model, layout.seq_len, layout.precision, row, S.pp, det["classes"][i])
             for tc in cls.calls:
                 c, t, prov = tc.call, tc.seconds, tc.provenance
                 if isinstance(c, CommCall):
                     rows.append((stage, chunk, c.group, c.phase, f"{c.collective}[{c.group}]", c.phase,
-                                 "dp_comm", c.count, t, t * c.count, prov, None))
+                                 "dp_comm", c.count, t, t * c.count, prov, None, PER_STEP))
                 else:
                     rows.append((stage, chunk, c.part, "step", c.op, c.pass_, "optimizer", c.count, t, t * c.count,
-                                 prov, tc.raw_error))
+                                 prov, tc.raw_error, PER_STEP))
             if acc_k > 0:   # the gradient accumulation pass after every micro-batch but the first: per micro-batch
                 for tc in cls.accum_calls:   # (m - 1) / m of it, as the engine puts it on each backward
                     c, t = tc.call, tc.seconds
                     rows.append((stage, chunk, c.part, "bwd", f"grad_accum ({c.op})", c.pass_, "compute",
-                                 c.count * acc_k, t, t * c.count * acc_k, tc.provenance, tc.raw_error))
+                                 c.count * acc_k, t, t * c.count * acc_k, tc.provenance, tc.raw_error, PER_MICRO_BATCH))
             if (i == 0 or i == nch - 1) and det["tails"]["embedding_sync_s"][stage] > 0:
                 t_emb = self.engine._emb[(model, layout.tp, S.pp, layout.dp * layout.cp, layout.precision)]
                 rows.append((stage, chunk, "embedding", "step", "allreduce[embedding]", "step", "dp_comm", 1,
-                             t_emb[0], t_emb[0], t_emb[1], None))
+                             t_emb[0], t_emb[0], t_emb[1], None, PER_STEP))
         return rows
 
     def _p2p_prov(self, layout: Layout, nbytes: int) -> str:
