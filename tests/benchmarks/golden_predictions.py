@@ -80,10 +80,18 @@ def compare_rows(rows: list[dict[str, str]], path: Path) -> int:
     with path.open(newline="") as f:
         old = {r["key"]: {k: v for k, v in r.items() if v != ""} for r in csv.DictReader(f)}
     new = {r["key"]: {k: v for k, v in r.items() if v != ""} for r in rows}
-    differ = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    def numbers(r: dict[str, str] | None) -> dict[str, str] | None:
+        return None if r is None else {k: v for k, v in r.items() if k != "warnings"}
+    differ = [k for k in sorted(set(old) | set(new)) if numbers(old.get(k)) != numbers(new.get(k))]
+    warned = [k for k in sorted(set(old) & set(new)) if k not in differ and old[k] != new[k]]
     for k in differ[:20]:
         print(f"differs: {k}\n  before: {old.get(k)}\n  after:  {new.get(k)}")
-    print(f"{len(new)} predictions, {len(old)} in {path}: {len(differ)} differ")
+    for k in warned[:3]:
+        added = set(new[k].get("warnings", "").split(" | ")) - set(old[k].get("warnings", "").split(" | "))
+        gone = set(old[k].get("warnings", "").split(" | ")) - set(new[k].get("warnings", "").split(" | "))
+        print(f"warnings only: {k}\n  added: {sorted(added - {''})}\n  gone:  {sorted(gone - {''})}")
+    print(f"{len(new)} predictions, {len(old)} in {path}: {len(differ)} differ in a number or an error, "
+          f"{len(warned)} more in their warnings only")
     return 1 if differ else 0
 
 
