@@ -11,7 +11,7 @@ from typing import Any
 
 import streamlit as st
 
-from predictor.hardware.platforms import load_devices, load_platforms, save_cluster
+from predictor.hardware.platforms import load_devices, load_platforms, save_cluster, supported_precisions
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
 from predictor.model.layout_io import llama_ffn, model_from_fields
@@ -193,10 +193,11 @@ def platform_key(fields: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- layout
 def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | None = None,
                   show_gpus: bool = True, stage_layers: bool = False, more: str | None = None,
-                  model: dict[str, Any] | None = None) -> dict[str, Any]:
+                  model: dict[str, Any] | None = None, precisions: list[str] | None = None) -> dict[str, Any]:
     """TP, PP, CP, DP, EP, micro-batch, global batch, sequence, schedule, virtual stages, recomputation, SP, ZeRO.
     `more`: the label of a collapsed expander that holds everything after the batch sizes. `model`: the model
-    fields, for the expert-parallel choices (disabled for a dense model)."""
+    fields, for the expert-parallel choices (disabled for a dense model). `precisions`: the precisions the picker
+    offers (the selected device's, `precision_choices`); default all."""
     c = container or st
     d = {**DEFAULT_SETUP, **(defaults or {})}
     out: dict[str, Any] = {}
@@ -227,8 +228,15 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
         seqs = sorted(seqs + [d["seq_len"]])
     out["seq_len"] = a.selectbox("Sequence length", seqs, index=seqs.index(d["seq_len"]), key=_k(prefix, "seq_len"),
                                  bind=BIND)
-    out["precision"] = b.selectbox("Precision", list(PRECISIONS), index=list(PRECISIONS).index(d["precision"]),
-                                   key=_k(prefix, "precision"), bind=BIND)
+    choices = list(precisions) if precisions else list(PRECISIONS)
+    first = d["precision"] if d["precision"] in choices else ("bf16" if "bf16" in choices else choices[0])
+    pkey = _k(prefix, "precision")
+    if pkey in st.session_state and st.session_state[pkey] not in choices:  # another device's format: reset it
+        st.session_state[pkey] = first
+    out["precision"] = b.selectbox("Precision", choices, index=choices.index(first), key=pkey, bind=BIND,
+                                   help="fp8: per-tensor scaled FP8 GEMMs; mxfp8: MX FP8 (Blackwell) / blockwise "
+                                        "FP8 (Hopper); nvfp4: NVFP4 GEMMs (Blackwell). Only the formats the "
+                                        "selected GPU runs are offered.")
     out["schedule"] = a.selectbox("Schedule", list(SCHEDULES), index=list(SCHEDULES).index(d["schedule"]),
                                   key=_k(prefix, "schedule"), bind=BIND,
                                   help="gpipe: all forwards then all backwards; 1f1b: one forward one backward; "
@@ -274,6 +282,15 @@ def query_value(name: str, value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def precision_choices(platform: Any) -> list[str] | None:
+    """The precisions the platform's device runs (predictor.hardware.platforms.supported_precisions); None (all)
+    when the platform cannot be resolved (its own error is shown by the prediction)."""
+    try:
+        return supported_precisions(platform.device) or None
+    except Exception:  # noqa: BLE001 - a half-entered custom platform: offer everything, the prediction says why
+        return None
 
 
 def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict[str, Any]:
