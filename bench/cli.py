@@ -180,7 +180,7 @@ def cmd_ring(a) -> int:
 
 def cmd_gpu_quick(a) -> int:
     """One unattended pass over a lent GPU within --budget-s (bench/sampling/gpu_quick.py)."""
-    from bench.sampling.gpu_quick import default_platform, describe, run_quick
+    from bench.sampling.gpu_quick import default_platform, describe, process_age_s, run_quick
     if a.device.startswith("cuda"):
         import torch
         if not torch.cuda.is_available():
@@ -194,7 +194,8 @@ def cmd_gpu_quick(a) -> int:
     if out is None:
         return 2
     run = run_quick(out, platform=platform, device=a.device, dtype=a.dtype, profile=a.profile,
-                    budget_s=a.budget_s, sustained_s=a.sustained_s, phases=tuple(a.phases), seed=a.seed, log=_log)
+                    budget_s=a.budget_s, sustained_s=a.sustained_s, phases=tuple(a.phases), seed=a.seed, log=_log,
+                    already_spent_s=process_age_s())
     print(describe(run))
     return 0 if run["stopped"] == "all phases finished" else 3
 

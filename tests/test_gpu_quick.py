@@ -200,3 +200,25 @@ def test_unknown_phase_and_missing_gpu_are_refused(tmp_path):
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="--device cpu --profile tiny"):
             GQ.run_quick(tmp_path, device="cuda", profile="tiny", **QUIET)
+
+
+def test_flash_without_gqa_times_expanded_heads_and_says_so(tmp_path, monkeypatch):
+    """Where SDPA's flash backend refuses enable_gqa, the shape is timed on K / V expanded to every head (recorded in
+    `gqa_expanded`), its row keeping the model's kv_heads."""
+    from bench.kernels import opbench
+    real = opbench.build
+
+    def no_gqa(op, shape, dtype="fp32", device="cpu"):
+        if op == "flash_attn" and shape.get("kv_heads") != shape.get("heads"):
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return real(op, shape, dtype, device)
+    monkeypatch.setattr(opbench, "build", no_gqa)
+    run = GQ.run_quick(tmp_path, device="cpu", profile="tiny", budget_s=30, phases=("attention",), **QUIET)
+    assert run["stopped"] == "all phases finished" and run["phases"]["attention"]["skipped_points"] == 0
+    df = store_io.read_shards(tmp_path, "ops")
+    gqa = df["kv_heads"] != df["heads"]
+    assert gqa.any() and df.loc[gqa, "gqa_expanded"].all() and not df.loc[~gqa, "gqa_expanded"].any()
+
+
+def test_the_cli_counts_its_start_up_against_the_budget():
+    assert 0 < GQ.process_age_s() < 24 * 3600

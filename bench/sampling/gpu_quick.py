@@ -186,8 +186,17 @@ def build_passes(p: DesignPoint, dtype: str, device: str) -> dict[str, tuple[Cal
     from bench.kernels import opbench
     shape: dict[str, int | None] = {k: v for k, v in p.shape.items() if v is not None}
     if p.op == "flash_attn":
-        with _flash_only():
-            passes = dict(opbench.build(p.op, shape, dtype, device))
+        try:
+            with _flash_only():
+                passes = dict(opbench.build(p.op, shape, dtype, device))
+        except RuntimeError:
+            # SDPA's GQA (enable_gqa) runs on the flash backend only, from torch 2.5: where it does not, the same
+            # kernel on K / V expanded to every query head (what FlashAttention computes for GQA; the row says so)
+            if shape.get("kv_heads") in (None, shape.get("heads")):
+                raise
+            with _flash_only():
+                passes = dict(opbench.build(p.op, {**shape, "kv_heads": shape["heads"]}, dtype, device))
+            passes["gqa_expanded"] = (lambda: None, lambda _: None)
         return {ps: (_in_ctx(_flash_only, s), _in_ctx(_flash_only, r)) for ps, (s, r) in passes.items()}
     passes = dict(opbench.build(p.op, shape, dtype, device))
     if p.op in GEMM_OPS:
@@ -336,6 +345,18 @@ def _stop_on_signals(state: dict[str, Any], hard_stop_s: float | None) -> Iterat
             signal.signal(s, h)
 
 
+def process_age_s() -> float:
+    """Seconds since this process started (Linux /proc; 0 where unknown): the CLI counts its own start-up, torch's
+    import included, against the budget."""
+    import os
+    try:
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def default_platform(device_name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", (device_name or "gpu").lower()).strip("-")
     return f"quick-{slug}"[:60].rstrip("-")
@@ -345,12 +366,14 @@ def run_quick(out_dir: str | Path, *, platform: str | None = None, device: str =
               profile: str | QuickProfile = "gpu", budget_s: float = DEFAULT_BUDGET_S,
               sustained_s: float | None = None, phases: tuple[str, ...] = PHASES, seed: int = 0,
               telemetry: Telemetry | None = None, clock: Callable[[], float] = time.monotonic,
-              log: Callable[[str], None] = print, handle_signals: bool = True, machine: Any = None) -> dict[str, Any]:
-    """Run the phases into `out_dir` within `budget_s` (measured by `clock` from the call), flushing each phase's
-    shards before the next; returns this run's manifest entry. Phases finished by an earlier run into the same
-    folder are skipped, as are shapes already measured."""
+              log: Callable[[str], None] = print, handle_signals: bool = True, machine: Any = None,
+              already_spent_s: float = 0.0) -> dict[str, Any]:
+    """Run the phases into `out_dir` within `budget_s` (measured by `clock` from the call, less `already_spent_s`
+    spent before it, e.g. the process's start-up), flushing each phase's shards before the next; returns this run's
+    manifest entry. Phases finished by an earlier run into the same folder are skipped, as are shapes already
+    measured."""
     import torch
-    t0 = clock()
+    t0 = clock() - already_spent_s
     prof = PROFILES[profile] if isinstance(profile, str) else profile
     unknown = [ph for ph in phases if ph not in PHASES]
     if unknown:
@@ -385,7 +408,8 @@ def run_quick(out_dir: str | Path, *, platform: str | None = None, device: str =
     provenance["telemetry_reader"] = tel.kind
     run: dict[str, Any] = {"run_id": run_id, "kind": "gpu-quick", "started_at": store_io.now_iso(),
                            "platform": platform, "device": device, "dtype": dtype, "profile": prof.name,
-                           "budget_s": budget_s, "sustained_s": sustain, "phases_asked": list(phases),
+                           "budget_s": budget_s, "spent_before_start_s": round(already_spent_s, 1),
+                           "sustained_s": sustain, "phases_asked": list(phases),
                            "phases_already_finished": sorted(finished), "provenance": provenance, "gpu": gpu,
                            "facts": facts, "machine_id": here.id,
                            "timing": f"warm-up 2, median of 3..30 repeats (target {prof.target_s} s, at most "
@@ -421,7 +445,7 @@ def run_quick(out_dir: str | Path, *, platform: str | None = None, device: str =
 
     stopped = "all phases finished"
     current = None
-    ctx = _stop_on_signals(state, budget_s + 30.0) if handle_signals else nullcontext()
+    ctx = _stop_on_signals(state, max(1.0, deadline - clock()) + 30.0) if handle_signals else nullcontext()
     try:
         with ctx:
             todo_sampling = [ph for ph in SAMPLING_PHASES if ph in phases and ph not in finished]
@@ -489,6 +513,7 @@ def _sample_phase(phase: str, prof: QuickProfile, seed: int, dtype: str, device:
         reached += 1
         try:
             kernels = build_passes(p, dtype, device)
+            expanded = kernels.pop("gqa_expanded", None) is not None
             res = {ps: time_call(run, setup, device=device, target_s=prof.target_s, max_total_s=prof.max_total_s)
                    for ps, (setup, run) in kernels.items()}
         except (RuntimeError, MemoryError, ValueError) as exc:  # OOM, no flash kernel for the shape: skip it
@@ -501,7 +526,9 @@ def _sample_phase(phase: str, prof: QuickProfile, seed: int, dtype: str, device:
         del kernels
         if time.monotonic() - last_read >= prof.window_s:
             reading, last_read = tel.read(), time.monotonic()
-        extra_cols = {f"{k}_s": res[k].median_s for k in ("dgrad", "wgrad") if k in res}
+        extra_cols: dict[str, Any] = {f"{k}_s": res[k].median_s for k in ("dgrad", "wgrad") if k in res}
+        if p.op == "flash_attn":
+            extra_cols["gqa_expanded"] = expanded
         for ps in P.OPS[p.op].passes:
             if p.key(ps, dtype) in done:
                 continue
@@ -510,7 +537,8 @@ def _sample_phase(phase: str, prof: QuickProfile, seed: int, dtype: str, device:
                          "duration_s": tm.median_s, "source": source, "measured_at": store_io.now_iso(),
                          "design_index": p.index, "reps": tm.reps, "iqr_s": tm.iqr_s, "min_s": tm.min_s,
                          "phase": phase, "model": p.extra["model"], "device": device,
-                         **(extra_cols if ps == "bwd" else {}), **reading})
+                         **{k: v for k, v in extra_cols.items() if ps == "bwd" or not k.endswith("grad_s")},
+                         **reading})
             done.add(p.key(ps, dtype))
             n_rows += 1
         measured += 1
