@@ -228,15 +228,7 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
         seqs = sorted(seqs + [d["seq_len"]])
     out["seq_len"] = a.selectbox("Sequence length", seqs, index=seqs.index(d["seq_len"]), key=_k(prefix, "seq_len"),
                                  bind=BIND)
-    choices = list(precisions) if precisions else list(PRECISIONS)
-    first = d["precision"] if d["precision"] in choices else ("bf16" if "bf16" in choices else choices[0])
-    pkey = _k(prefix, "precision")
-    if pkey in st.session_state and st.session_state[pkey] not in choices:  # another device's format: reset it
-        st.session_state[pkey] = first
-    out["precision"] = b.selectbox("Precision", choices, index=choices.index(first), key=pkey, bind=BIND,
-                                   help="fp8: per-tensor scaled FP8 GEMMs; mxfp8: MX FP8 (Blackwell) / blockwise "
-                                        "FP8 (Hopper); nvfp4: NVFP4 GEMMs (Blackwell). Only the formats the "
-                                        "selected GPU runs are offered.")
+    out["precision"] = precision_picker(b, _k(prefix, "precision"), d["precision"], precisions)
     out["schedule"] = a.selectbox("Schedule", list(SCHEDULES), index=list(SCHEDULES).index(d["schedule"]),
                                   key=_k(prefix, "schedule"), bind=BIND,
                                   help="gpipe: all forwards then all backwards; 1f1b: one forward one backward; "
@@ -282,6 +274,19 @@ def query_value(name: str, value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def precision_picker(container: Any, key: str, default: str, precisions: list[str] | None = None) -> str:
+    """The precision selectbox offering `precisions` (the selected device's, `precision_choices`; default all); a
+    value left from another device that this one cannot run falls back to `default` (or bf16)."""
+    choices = list(precisions) if precisions else list(PRECISIONS)
+    first = default if default in choices else ("bf16" if "bf16" in choices else choices[0])
+    if key in st.session_state and st.session_state[key] not in choices:
+        st.session_state[key] = first
+    return container.selectbox("Precision", choices, index=choices.index(first), key=key, bind=BIND,
+                               help="fp8: per-tensor scaled FP8 GEMMs; mxfp8: MX FP8 (Blackwell) / blockwise FP8 "
+                                    "(Hopper); nvfp4: NVFP4 GEMMs (Blackwell). Only the formats the selected GPU "
+                                    "runs are offered.")
 
 
 def precision_choices(platform: Any) -> list[str] | None:

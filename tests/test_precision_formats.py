@@ -148,17 +148,23 @@ def test_search_with_nvfp4_on_b200():
 
 
 def test_dashboard_offers_only_the_devices_precisions():
-    from streamlit.testing.v1 import AppTest
+    from tests.test_app import run
 
-    from tests.test_app import APP
-
-    def options(platform: str) -> list[str]:
-        at = AppTest.from_file(APP, default_timeout=120)
-        at.query_params["platform"] = platform
-        at.run()
-        assert not at.exception, [e.value for e in at.exception]
+    def options(platform: str, page: str | None = None) -> list[str]:
+        q = {"sr_platform": platform, "sr_num_gpus": 16, "sr_global_batch": 32} if page else {"platform": platform}
+        at = run(page, q)
         return list(next(s for s in at.selectbox if s.label == "Precision").options)
     assert options("dgx-b200")[-3:] == ["fp8", "mxfp8", "nvfp4"]
     h = options("dgx-h100")
     assert "mxfp8" in h and "nvfp4" not in h
     assert not {"fp8", "mxfp8", "nvfp4"} & set(options("dgx-a100-80gb"))
+    assert options("dgx-b200", "pages/search.py")[-1] == "nvfp4"
+    assert "nvfp4" not in options("dgx-h100", "pages/search.py")
+
+
+def test_dashboard_predicts_nvfp4_on_b200():
+    from tests.test_app import metric, run
+    at = run(query={"platform": "dgx-b200", "model": "llama3-8b", "num_gpus": 8, "tp": 1, "pp": 1,
+                    "global_batch": 64, "seq_len": 4096, "sequence_parallel": "false", "precision": "nvfp4"})
+    assert next(s for s in at.selectbox if s.label == "Precision").value == "nvfp4"
+    assert metric(at, "Step time")
