@@ -99,8 +99,7 @@ class ScaledFormat:
     value_bytes: float         # one quantized element
     scale_bytes: float         # scale bytes per element (block scales; 0 for per-tensor scaling)
     label: str
-    kinds: tuple[str, ...]     # devices.json `scaled_formats` values that run it ("" = needs only an fp8 peak)
-    assumed_error: float
+    assumed_error: float       # expected relative error of one of its GEMM times (derived, never measured)
 
     @property
     def cast_bytes_per_element(self) -> float:
@@ -114,10 +113,10 @@ class ScaledFormat:
 
 
 FORMATS: dict[str, ScaledFormat] = {
-    "fp8": ScaledFormat("fp8", 1.0, 0.0, "FP8 (per-tensor delayed / current scaling)", ("",), FP8_ASSUMED_ERROR),
+    "fp8": ScaledFormat("fp8", 1.0, 0.0, "FP8 (per-tensor delayed / current scaling)", FP8_ASSUMED_ERROR),
     "mxfp8": ScaledFormat("mxfp8", 1.0, 1.0 / 32, "MXFP8 / blockwise FP8 (one scale per 32 elements, or FP32 per "
-                                                   "1x128 tile on Hopper)", ("mx", "blockwise"), FP8_ASSUMED_ERROR),
-    "nvfp4": ScaledFormat("nvfp4", 0.5, 1.0 / 16, "NVFP4 (E2M1, one E4M3 scale per 16 elements)", ("mx",),
+                                                   "1x128 tile on Hopper)", FP8_ASSUMED_ERROR),
+    "nvfp4": ScaledFormat("nvfp4", 0.5, 1.0 / 16, "NVFP4 (E2M1, one E4M3 scale per 16 elements)",
                           NVFP4_ASSUMED_ERROR),
 }
 LOW_PRECISIONS = tuple(FORMATS)
