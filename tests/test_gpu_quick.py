@@ -222,3 +222,9 @@ def test_flash_without_gqa_times_expanded_heads_and_says_so(tmp_path, monkeypatc
 
 def test_the_cli_counts_its_start_up_against_the_budget():
     assert 0 < GQ.process_age_s() < 24 * 3600
+
+
+def test_nvml_index_follows_cuda_visible_devices():
+    assert GQ.nvml_index(0, "") == 0 and GQ.nvml_index(1, "") == 1
+    assert GQ.nvml_index(0, "3,5") == 3 and GQ.nvml_index(1, "3,5") == 5
+    assert GQ.nvml_index(0, "GPU-1234abcd") == 0  # UUIDs: left to the driver's order

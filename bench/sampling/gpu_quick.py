@@ -89,6 +89,7 @@ class QuickProfile:
     sustained_n: int                                # square GEMM size of the sustained phase
     target_s: float                                 # timing: measured time per pass and shape
     max_total_s: float                              # timing: at most this per pass and shape
+    max_reps: int                                   # timing: at most this many repeats (their inputs stay alive)
     window_s: float                                 # sustained: seconds per telemetry window
 
 
@@ -104,9 +105,9 @@ def _profiles() -> dict[str, QuickProfile]:
     return {
         "gpu": QuickProfile("gpu", real, (1, 2, 4, 8), ((1, 4096), (1, 8192), (2, 8192), (1, 16384)),
                             ((1, 4096), (2, 8192), (1, 16384)), sustained_n=8192, target_s=0.05, max_total_s=1.0,
-                            window_s=1.0),
+                            max_reps=10, window_s=1.0),
         "tiny": QuickProfile("tiny", tiny, (1, 2), ((1, 32), (2, 32)), ((1, 32), (2, 16)), sustained_n=64,
-                             target_s=0.002, max_total_s=0.05, window_s=0.1),
+                             target_s=0.002, max_total_s=0.05, max_reps=10, window_s=0.1),
     }
 
 
@@ -307,12 +308,22 @@ class FakeTelemetry(Telemetry):
         return {"driver": "fake", "max_sm_clock_mhz": 1980.0, "power_limit_w": 700.0, "gpu_name": "fake"}
 
 
+def nvml_index(cuda_index: int, visible: str | None = None) -> int:
+    """NVML / nvidia-smi index of CUDA device `cuda_index`: through CUDA_VISIBLE_DEVICES where it lists indexes."""
+    import os
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    ids = [v.strip() for v in (vis or "").split(",") if v.strip()]
+    if ids and all(v.isdigit() for v in ids) and cuda_index < len(ids):
+        return int(ids[cuda_index])
+    return cuda_index
+
+
 def choose_telemetry(device: str) -> tuple[Telemetry, str]:
     """(reader, why): NVML where pynvml imports and initialises, else nvidia-smi where it is on PATH, else none;
     the fake reader on a CPU device."""
     if not device.startswith("cuda"):
         return FakeTelemetry(), "device is not a GPU: fixed fake figures"
-    index = int(device.split(":")[1]) if ":" in device else 0
+    index = nvml_index(int(device.split(":")[1]) if ":" in device else 0)
     try:
         return NvmlTelemetry(index), "pynvml imported and initialised"
     except Exception as exc:  # noqa: BLE001 - ImportError, NVMLError...: fall back, say why
@@ -382,7 +393,8 @@ def run_quick(out_dir: str | Path, *, platform: str | None = None, device: str =
         if not torch.cuda.is_available():
             raise RuntimeError("gpu-quick --device cuda: torch.cuda.is_available() is False (use --device cpu "
                                "--profile tiny to try it without a GPU)")
-        torch.cuda.set_device(torch.device(device))
+        from bench.sampling.sampler import rank_device
+        device = rank_device(device)  # "cuda" -> "cuda:<LOCAL_RANK>", made current
         torch.backends.cuda.matmul.allow_tf32 = False
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -412,8 +424,8 @@ def run_quick(out_dir: str | Path, *, platform: str | None = None, device: str =
                            "sustained_s": sustain, "phases_asked": list(phases),
                            "phases_already_finished": sorted(finished), "provenance": provenance, "gpu": gpu,
                            "facts": facts, "machine_id": here.id,
-                           "timing": f"warm-up 2, median of 3..30 repeats (target {prof.target_s} s, at most "
-                                     f"{prof.max_total_s} s per shape and pass); CUDA events on a GPU",
+                           "timing": f"warm-up 2, median of 3..{prof.max_reps} repeats (target {prof.target_s} s, "
+                                     f"at most {prof.max_total_s} s per shape and pass); CUDA events on a GPU",
                            "phases": {}}
     state: dict[str, Any] = {"signal": None}
     phase_log: dict[str, Any] = dict(prev)
@@ -514,7 +526,8 @@ def _sample_phase(phase: str, prof: QuickProfile, seed: int, dtype: str, device:
         try:
             kernels = build_passes(p, dtype, device)
             expanded = kernels.pop("gqa_expanded", None) is not None
-            res = {ps: time_call(run, setup, device=device, target_s=prof.target_s, max_total_s=prof.max_total_s)
+            res = {ps: time_call(run, setup, device=device, target_s=prof.target_s, max_total_s=prof.max_total_s,
+                                 max_reps=prof.max_reps)
                    for ps, (setup, run) in kernels.items()}
         except (RuntimeError, MemoryError, ValueError) as exc:  # OOM, no flash kernel for the shape: skip it
             skipped.append({"op": p.op, "shape": {k: v for k, v in p.shape.items() if v is not None},
