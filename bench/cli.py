@@ -1,4 +1,4 @@
-"""`python -m bench ...`: info, device, ops, collectives, grouped-gemm, ring, context, curve, fit-network,
+"""`python -m bench ...`: info, device, ops, collectives, grouped-gemm, gpu-quick, ring, context, curve, fit-network,
 cpu-platform, speed-check, sampled-on, host-floor.
 
 Sample sets belong to one machine (predictor.hardware.machine): without --out a platform's set is
@@ -176,6 +176,28 @@ def cmd_ring(a) -> int:
              budget_s=a.budget_s, reps=a.reps, threads=a.threads, log=_log)
     _end_process_group()
     return 0
+
+
+def cmd_gpu_quick(a) -> int:
+    """One unattended pass over a lent GPU within --budget-s (bench/sampling/gpu_quick.py)."""
+    from bench.sampling.gpu_quick import default_platform, describe, process_age_s, run_quick
+    if a.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            print("bench gpu-quick: torch.cuda.is_available() is False; nothing sampled (--device cpu --profile "
+                  "tiny tries it without a GPU)", file=sys.stderr)
+            return 2
+        platform = a.platform or default_platform(torch.cuda.get_device_name(torch.device(a.device)))
+    else:
+        platform = a.platform or "quick-cpu"
+    out = sample_dir(a, platform)
+    if out is None:
+        return 2
+    run = run_quick(out, platform=platform, device=a.device, dtype=a.dtype, profile=a.profile,
+                    budget_s=a.budget_s, sustained_s=a.sustained_s, phases=tuple(a.phases), seed=a.seed, log=_log,
+                    already_spent_s=process_age_s())
+    print(describe(run))
+    return 0 if run["stopped"] == "all phases finished" else 3
 
 
 def cmd_speed_check(a) -> int:
@@ -391,6 +413,23 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--no-progress", action="store_true")
     _common(sp)
     sp.set_defaults(fn=cmd_grouped_gemm)
+
+    from bench.sampling import gpu_quick as GQ
+    sp = sub.add_parser("gpu-quick", help="one unattended pass over a lent GPU in --budget-s (default 480 s): "
+                                          "training GEMMs (fwd, dgrad, wgrad), flash attention, RMSNorm / SwiGLU "
+                                          "/ cross-entropy, a 60 s sustained GEMM with clocks, power, temperature")
+    sp.add_argument("--platform", help="default quick-<device name>")
+    sp.add_argument("--out", help="default bench/samples/<platform>")
+    sp.add_argument("--device", default="cuda", help="cuda | cuda:N | cpu (with --profile tiny: a try-out)")
+    sp.add_argument("--dtype", default="bf16", choices=["fp32", "fp16", "bf16"])
+    sp.add_argument("--profile", default="gpu", choices=sorted(GQ.PROFILES))
+    sp.add_argument("--budget-s", type=float, default=GQ.DEFAULT_BUDGET_S,
+                    help="the whole command stops by then, start-up included (default %(default)s)")
+    sp.add_argument("--sustained-s", type=float, help=f"sustained GEMM seconds (default {GQ.DEFAULT_SUSTAINED_S:g}, "
+                                                      f"at most {GQ.SUSTAINED_MAX_SHARE:.0%} of the budget)")
+    sp.add_argument("--phases", nargs="+", default=list(GQ.PHASES), choices=list(GQ.PHASES))
+    sp.add_argument("--seed", type=int, default=0)
+    sp.set_defaults(fn=cmd_gpu_quick)
 
     sp = sub.add_parser("ring", help="one ring-attention step (context parallelism) over the job's ranks: attention "
                                      "blocks, the K/V exchange and both overlapped (run under torchrun)")

@@ -15,7 +15,11 @@ sb.subheader("Platform")
 plat_fields = inputs.platform_inputs(container=sb)
 key = inputs.platform_key(plat_fields)
 sb.subheader("Layout")
-layout_fields = inputs.layout_inputs(container=sb, stage_layers=True, model=model_fields)
+try:
+    _precisions = inputs.precision_choices(data.resolve_platform(key))
+except Exception:  # noqa: BLE001 - an unknown / half-entered platform: the prediction below says why
+    _precisions = None
+layout_fields = inputs.layout_inputs(container=sb, stage_layers=True, model=model_fields, precisions=_precisions)
 sb.subheader("Training run")
 target = inputs.target_inputs(container=sb)
 

@@ -3,7 +3,6 @@ import streamlit as st
 
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import model_from_fields
-from predictor.model.specs import PRECISIONS
 from predictor.plan.search import SearchSpace
 from predictor_ui import charts, data, fmt, inputs, urlcheck, views
 from predictor_ui.search_view import OBJECTIVE_LABELS
@@ -28,8 +27,11 @@ global_batch = a.number_input("Global batch", 1, 10_000_000, d["global_batch"], 
                               help="Sequences per optimizer step")
 seqs = list(inputs.SEQ_LENS)
 seq_len = b.selectbox("Sequence length", seqs, index=seqs.index(d["seq_len"]), key=PRE + "seq_len", bind=BIND)
-precision = a.selectbox("Precision", list(PRECISIONS), index=list(PRECISIONS).index(d["precision"]),
-                        key=PRE + "precision", bind=BIND)
+try:
+    _precisions = inputs.precision_choices(data.resolve_platform(key))
+except Exception:  # noqa: BLE001 - an unknown / half-entered platform: the search below says why
+    _precisions = None
+precision = inputs.precision_picker(a, PRE + "precision", d["precision"], _precisions)
 objective = b.selectbox("Rank by", list(OBJECTIVE_LABELS), key="objective", bind=BIND,
                         help="time: step time · tokens: tokens/s · mfu: model FLOPs utilisation · "
                              "cost: GPU-hours per token")

@@ -11,7 +11,7 @@ from typing import Any
 
 import streamlit as st
 
-from predictor.hardware.platforms import load_devices, load_platforms, save_cluster
+from predictor.hardware.platforms import load_devices, load_platforms, save_cluster, supported_precisions
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
 from predictor.model.layout_io import LAYOUT_DEFAULTS, llama_ffn, model_from_fields
@@ -193,10 +193,11 @@ def platform_key(fields: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- layout
 def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | None = None,
                   show_gpus: bool = True, stage_layers: bool = False, more: str | None = None,
-                  model: dict[str, Any] | None = None) -> dict[str, Any]:
+                  model: dict[str, Any] | None = None, precisions: list[str] | None = None) -> dict[str, Any]:
     """TP, PP, CP, DP, EP, micro-batch, global batch, sequence, schedule, virtual stages, recomputation, SP, ZeRO.
     `more`: the label of a collapsed expander that holds everything after the batch sizes. `model`: the model
-    fields, for the expert-parallel choices (disabled for a dense model)."""
+    fields, for the expert-parallel choices (disabled for a dense model). `precisions`: the precisions the picker
+    offers (the selected device's, `precision_choices`); default all."""
     c = urlcheck.guard(container)   # a bound widget's URL value is checked before it is built
     d = {**DEFAULT_SETUP, **(defaults or {})}
     out: dict[str, Any] = {}
@@ -227,8 +228,7 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
         seqs = sorted(seqs + [d["seq_len"]])
     out["seq_len"] = a.selectbox("Sequence length", seqs, index=seqs.index(d["seq_len"]), key=_k(prefix, "seq_len"),
                                  bind=BIND)
-    out["precision"] = b.selectbox("Precision", list(PRECISIONS), index=list(PRECISIONS).index(d["precision"]),
-                                   key=_k(prefix, "precision"), bind=BIND)
+    out["precision"] = precision_picker(b, _k(prefix, "precision"), d["precision"], precisions)
     out["schedule"] = a.selectbox("Schedule", list(SCHEDULES), index=list(SCHEDULES).index(d["schedule"]),
                                   key=_k(prefix, "schedule"), bind=BIND,
                                   help="gpipe: all forwards then all backwards; 1f1b: one forward one backward; "
@@ -274,6 +274,28 @@ def query_value(name: str, value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def precision_picker(container: Any, key: str, default: str, precisions: list[str] | None = None) -> str:
+    """The precision selectbox offering `precisions` (the selected device's, `precision_choices`; default all); a
+    value left from another device that this one cannot run falls back to `default` (or bf16)."""
+    choices = list(precisions) if precisions else list(PRECISIONS)
+    first = default if default in choices else ("bf16" if "bf16" in choices else choices[0])
+    if key in st.session_state and st.session_state[key] not in choices:
+        st.session_state[key] = first
+    return container.selectbox("Precision", choices, index=choices.index(first), key=key, bind=BIND,
+                               help="fp8: per-tensor scaled FP8 GEMMs; mxfp8: MX FP8 (Blackwell) / blockwise FP8 "
+                                    "(Hopper); nvfp4: NVFP4 GEMMs (Blackwell). Only the formats the selected GPU "
+                                    "runs are offered.")
+
+
+def precision_choices(platform: Any) -> list[str] | None:
+    """The precisions the platform's device runs (predictor.hardware.platforms.supported_precisions); None (all)
+    when the platform cannot be resolved (its own error is shown by the prediction)."""
+    try:
+        return supported_precisions(platform.device) or None
+    except Exception:  # noqa: BLE001 - a half-entered custom platform: offer everything, the prediction says why
+        return None
 
 
 def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict[str, Any]:

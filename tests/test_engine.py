@@ -43,6 +43,16 @@ def test_search_and_predict_are_one_engine_in_fp8(name, platform, n, gb, seq, fw
     _search_and_predict_agree(name, platform, n, gb, seq, fw, "fp8")
 
 
+@pytest.mark.parametrize("name,platform,n,gb,seq,fw,precision", [
+    ("llama3-70b", "dgx-h100", 256, 512, 8192, "megatron", "mxfp8"),      # Hopper blockwise FP8
+    ("gpt3-2.7b", "dgx-b200", 48, 96, 2048, "deepspeed", "mxfp8"),        # Blackwell MXFP8
+    ("qwen3-30b-a3b", "dgx-b200", 32, 128, 4096, "megatron", "nvfp4"),    # Blackwell NVFP4, MoE
+])
+def test_search_and_predict_are_one_engine_in_block_scaled_formats(name, platform, n, gb, seq, fw, precision):
+    """The same agreement for mxfp8 / nvfp4 layouts (predictor.step.fp8)."""
+    _search_and_predict_agree(name, platform, n, gb, seq, fw, precision)
+
+
 def _search_and_predict_agree(name, platform, n, gb, seq, fw, precision):
     P = get_predictor(platform)
     model = get_preset(name)

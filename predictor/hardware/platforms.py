@@ -27,6 +27,7 @@ from typing import Any
 
 from predictor import paths
 from predictor.model.errors import InfeasibleConfig
+from predictor.model.specs import PRECISIONS
 
 CATALOG_DIR = paths.CATALOG_DIR
 GENERIC_PREFIX = "generic:"
@@ -63,6 +64,9 @@ class DeviceSpec:
     notes: tuple[str, ...] = ()
     kernel_utilization: dict[str, float] = field(default_factory=dict)  # e.g. {"flash_attn": 0.35}
     unsupported_kernels: dict[str, str] = field(default_factory=dict)   # op -> why it cannot run
+    # block-scaled GEMM formats the device runs: precision -> how ("blockwise": Hopper's FP8 with per-tile scales
+    # applied between MMAs; "mx": Blackwell's block-scaled MMA); predictor.step.fp8
+    scaled_formats: dict[str, str] = field(default_factory=dict)
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak in FLOP/s for a precision (fp16/bf16 share tensor-core peak)."""
@@ -92,6 +96,20 @@ class DeviceSpec:
             raise InfeasibleConfig("precision", f"{self.name} has no FP8 tensor cores (no fp8 peak in devices.json).",
                                    "use bf16, or a Hopper/Blackwell/MI300 device (FP8 training needs FP8 tensor "
                                    "cores: H100/H200/GH200, B200/GB200, Ada L40S/L4, MI300X/MI325X).")
+        if precision in SCALED_FORMATS and not why:
+            what = SCALED_FORMATS[precision]
+            if precision not in self.scaled_formats:
+                others = [p for p in ("fp8", "bf16") if p == "bf16" or self.peak_tflops.get("fp8")]
+                raise InfeasibleConfig("precision", f"{self.name} cannot run {precision} ({what}): no such "
+                                                    "tensor-core format on this GPU (scaled_formats in devices.json).",
+                                       f"use {' or '.join(others)}, or a GPU that runs {precision}: "
+                                       f"{', '.join(devices_with_format(precision)) or 'none in the catalog'}.")
+            need = ("fp8", "fp4") if precision == "nvfp4" else ("fp8",)
+            missing = [k for k in need if not self.peak_tflops.get(k)]
+            if missing:
+                raise InfeasibleConfig("precision", f"{self.name} lists {precision} but has no "
+                                                    f"{'/'.join(missing)} peak in devices.json.",
+                                       f"add peak_tflops.{missing[0]} (dense TFLOP/s, from the datasheet).")
         if why:
             raise InfeasibleConfig("precision", f"{self.name} does not support {precision}: {why}",
                                    "pick a precision the device supports (see devices.json) or another platform.")
@@ -248,7 +266,47 @@ def _device_from(device_id: str, raw: dict[str, Any], origin: str = "") -> Devic
                                             f"{device_id}.kernel_utilization", strict=True)
                             for k in (raw.get("kernel_utilization") or {})},
         unsupported_kernels={str(k): str(v) for k, v in (raw.get("unsupported_kernels") or {}).items()},
+        scaled_formats=_scaled_formats(raw.get("scaled_formats"), origin, device_id),
     )
+
+
+# precision -> what it is; the kinds a device's `scaled_formats` may give each (predictor.step.fp8 FORMATS)
+SCALED_FORMATS = {"mxfp8": "MXFP8 / blockwise FP8 GEMMs", "nvfp4": "NVFP4 GEMMs"}
+SCALED_FORMAT_KINDS = {"mxfp8": ("mx", "blockwise"), "nvfp4": ("mx",)}
+
+
+def _scaled_formats(raw: Any, origin: str, device_id: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise InfeasibleConfig(_where(origin, device_id, "scaled_formats"), "must be a mapping precision -> kind.",
+                               'e.g. {"mxfp8": "mx", "nvfp4": "mx"} (Blackwell) or {"mxfp8": "blockwise"} (Hopper).')
+    out = {}
+    for k, v in raw.items():
+        kinds = SCALED_FORMAT_KINDS.get(str(k))
+        if kinds is None or str(v) not in kinds:
+            raise InfeasibleConfig(_where(origin, device_id, f"scaled_formats.{k}"), f"{k}: {v!r} is not known.",
+                                   "use " + "; ".join(f"{p}: {' or '.join(ks)}" for p, ks in
+                                                      SCALED_FORMAT_KINDS.items()) + ".")
+        out[str(k)] = str(v)
+    return out
+
+
+def devices_with_format(precision: str) -> list[str]:
+    """Catalog device ids that run `precision` (mxfp8 / nvfp4)."""
+    return [k for k, d in load_devices().items() if precision in d.scaled_formats]
+
+
+def supported_precisions(device: DeviceSpec) -> list[str]:
+    """The training precisions (predictor.model.specs.PRECISIONS) `device` can run, in that order."""
+    out = []
+    for p in PRECISIONS:
+        try:
+            device.check_precision(p)
+        except InfeasibleConfig:
+            continue
+        out.append(p)
+    return out
 
 
 def _link_from(raw: dict[str, Any] | None, origin: str = "", entry: str = "", which: str = "") -> LinkSpec:

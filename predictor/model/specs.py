@@ -19,18 +19,20 @@ from predictor.model.stages import interleaved_split
 ARCHS = ("gpt", "llama")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTES = ("none", "selective", "full")
-PRECISIONS = ("fp16", "bf16", "fp32", "fp8")
+PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "mxfp8", "nvfp4")
 # fp8: Transformer-Engine-style FP8 training (predictor.step.fp8): FP8 GEMMs in the transformer layers' linear layers,
 # BF16 master weights and BF16 everything else, so a tensor outside those GEMMs is 2 bytes as in bf16.
+# mxfp8 (MX FP8 on Blackwell, blockwise FP8 on Hopper) and nvfp4 (Blackwell): the same GEMMs block-scaled, the rest
+# BF16 likewise (predictor.step.fp8; which device runs which: `scaled_formats` in devices.json).
 ATTENTION_IMPLS = ("flash", "triton", "unfused")
 # FlashAttention kernels (no s^2 score matrix kept): FlashAttention-2/3 CUDA ("flash") or the Triton implementation
 # ("triton", as MPT / llm-foundry ran it); "unfused" is Megatron's QK^T + fused scale-mask-softmax + AV.
 FLASH_IMPLS = ("flash", "triton")
-BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 2}
+BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 2, "mxfp8": 2, "nvfp4": 2}
 # Gradient element size held between backward and the optimizer, and reduced over data parallel:
 # Megatron-LM forces fp32 gradient accumulation and reduction for bf16, torchtitan / llm-foundry
 # FSDP reduce in fp32 by default; fp16 (DeepSpeed, Megatron fp16) keeps fp16 gradients.
-GRAD_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4, "fp8": 4}
+GRAD_BYTES = {"bf16": 4, "fp16": 2, "fp32": 4, "fp8": 4, "mxfp8": 4, "nvfp4": 4}
 
 
 def grad_comm_bytes(precision: str, grad_reduce_in_fp32: bool | None = None) -> int:

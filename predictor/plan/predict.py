@@ -282,10 +282,10 @@ class Predictor:
             ideal = self._achievable_floor_s(op, pass_, arrays, base)
             # no tensor-core kernel below MAMF; none for unaligned shapes below the FP32 peak (predictor.step.alignment)
             secs = np.maximum(np.maximum(secs, ideal), simt_floor_s(op, pass_, arrays, self.platform.device, base))
-            if fp8.is_fp8_gemm(op, precision):  # the BF16 GEMM time x the MAMF ratio + the FP8 casts
+            if fp8.is_fp8_gemm(op, precision):  # the BF16 GEMM time x the format's ratio + the cast passes
                 secs, ideal, how = fp8.gemm_times(op, pass_, arrays, secs, self.platform.device,
-                                                  self.achievable_flops(base))
-                prov, err = f"{prov} ({how})", max(err or 0.0, fp8.FP8_ASSUMED_ERROR)
+                                                  self.achievable_flops(base), precision)
+                prov, err = f"{prov} ({how})", max(err or 0.0, fp8.FORMATS[precision].assumed_error)
             if op == "flash_attn" and not self._flash_samples_causal(pass_):
                 # samples (or the roofline) of the non-causal kernel; a decoder's causal kernel computes only the
                 # blocks on and below the diagonal

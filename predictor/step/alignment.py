@@ -21,7 +21,7 @@ from predictor.model.specs import Layout, ModelSpec
 
 ALIGN_ELEMENTS = 8
 # the precisions whose GEMMs run on the tensor cores (fp32 GEMMs do not need the alignment)
-TENSOR_CORE_PRECISIONS = ("fp16", "bf16", "fp8")
+TENSOR_CORE_PRECISIONS = ("fp16", "bf16", "fp8", "mxfp8", "nvfp4")
 
 
 def uses_tensor_cores(precision: str) -> bool:

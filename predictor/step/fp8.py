@@ -38,9 +38,41 @@ tables do), so it can exceed the BF16 MAMF share; the FP8 GEMM floor keeps it at
 Memory (predictor.step.memory): BF16 weights + an FP8 copy of every transformer-layer GEMM weight (+1 byte per GEMM
 parameter, sharded like the weights; TE keeps it, and its transpose is transient), the GEMM inputs saved for
 backward in FP8 (TE saves the FP8 cast of the input; 1 byte instead of 2), the rest BF16.
+
+Block-scaled recipes (`precision="mxfp8"`, `precision="nvfp4"`): the same GEMMs (`FP8_GEMM_OPS`) under TE's
+`MXFP8BlockScaling` / `Float8BlockScaling` / `NVFP4BlockScaling` recipes, everything else BF16 as above. Which
+device runs which is `scaled_formats` in devices.json ("blockwise": Hopper; "mx": Blackwell's block-scaled
+tensor-core MMA); a device without it is refused (InfeasibleConfig on `precision`, naming the GPUs that have it).
+
+  mxfp8 on Blackwell ("mx"): MXFP8, E4M3 values with one E8M0 scale byte per 32 elements (OCP Microscaling Formats
+        v1.0), for the forward and both backward GEMMs. Blackwell's tensor cores apply the block scales in the MMA at
+        the FP8 rate (B200 / GB200 datasheets list one dense FP8/FP6 peak), so the compute share takes the FP8
+        ratio r as for fp8.
+  mxfp8 on Hopper ("blockwise"): DeepSeek-V3-style blockwise FP8 (TE Float8BlockScaling): 1x128 activation tiles and
+        128x128 weight blocks with FP32 scales (4 bytes per 128 elements = 1/32 byte per element, as MX), applied by
+        CUDA cores between the tensor-core MMAs ("promotion"). Hopper has no block-scaled MMA, so the compute share
+        runs at r / HOPPER_BLOCKWISE_EFFICIENCY, the efficiency being DeepGEMM's best dense blockwise FP8 rate on
+        H800 (README: "1350+ FP8 TFLOPS"; H800's SXM tensor cores are H100's) over the per-tensor FP8 MAMF of H100
+        SXM (1402.6, ml-engineering): 0.963.
+  nvfp4 (Blackwell only, "mx"): NVFP4, E2M1 values (half a byte) with one E4M3 scale byte per 16 elements and one FP32
+        scale per tensor (NVIDIA, "Pretraining LLMs with NVFP4", 2025; TE NVFP4BlockScaling), for all three GEMMs.
+        No FP4 MAMF is published: r_nvfp4 = r_fp8 x peak_fp8 / peak_fp4 (the datasheets' dense peaks, B200 4.5 /
+        9 PFLOP/s), i.e. FP4 kernels assumed to reach the share of their peak that FP8 kernels reach of theirs.
+        The 16-point random Hadamard transform of the wgrad inputs is fused into the quantize kernel in TE (not
+        charged separately); layers a recipe keeps in BF16 (the paper keeps the last few) are not modelled.
+
+  Cast / scale passes (TE's quantize kernels are memory-bound passes over the tensor): read BF16 (2 B), write a
+  rowwise and a columnwise quantized copy (block scaling runs along K, which differs for X and X^T), each with its
+  scales, per element  2 + 2 x (value bytes + scale bytes):  fp8 4, mxfp8 4.0625, nvfp4 3.125 bytes, on the same
+  tensors as fp8 (X and W forward, dY backward).
+  Provenance: "<bf16 provenance> (<format> derived: <rule>)"; expected error FP8_ASSUMED_ERROR (mxfp8) and
+  NVFP4_ASSUMED_ERROR (nvfp4: a peak ratio, no measured MAMF).
+  Memory: the saved GEMM inputs and the extra weight copies at value + scale bytes (mxfp8 1 + 1/32, nvfp4 0.5 + 1/16)
+  per element instead of fp8's 1.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -54,15 +86,68 @@ FP8_PROVENANCE = "FP8 from BF16 samples x MAMF ratio"
 FP8_PEAK_PROVENANCE = "FP8 from BF16 samples x peak ratio (no published FP8 MAMF)"
 FP8_ASSUMED_ERROR = 0.25    # expected relative error of an FP8 GEMM time: not measured, so not the BF16 CV MAPE
 CAST_BYTES_PER_ELEMENT = 4.0  # read BF16 (2) + write the FP8 copy (1) and its transpose (1)
+NVFP4_ASSUMED_ERROR = 0.35  # nvfp4 GEMMs rest on a datasheet peak ratio, no measured FP4 MAMF
+# DeepGEMM (github.com/deepseek-ai/DeepGEMM README): "1350+ FP8 TFLOPS" dense blockwise-scaled FP8 on H800, over the
+# per-tensor FP8 MAMF of H100 SXM, 1402.6 TFLOP/s (ml-engineering mamf_fp8.csv)
+HOPPER_BLOCKWISE_EFFICIENCY = 1350.0 / 1402.6
+
+
+@dataclass(frozen=True)
+class ScaledFormat:
+    """A low-precision GEMM recipe: the bytes of one value and of its scales per element."""
+    precision: str
+    value_bytes: float         # one quantized element
+    scale_bytes: float         # scale bytes per element (block scales; 0 for per-tensor scaling)
+    label: str
+    assumed_error: float       # expected relative error of one of its GEMM times (derived, never measured)
+
+    @property
+    def cast_bytes_per_element(self) -> float:
+        """Read BF16 + a rowwise and a columnwise quantized copy with their scales."""
+        return 2.0 + 2.0 * (self.value_bytes + self.scale_bytes)
+
+    @property
+    def stored_bytes_per_element(self) -> float:
+        """One quantized copy with its scales (a saved GEMM input, an extra weight copy)."""
+        return self.value_bytes + self.scale_bytes
+
+
+FORMATS: dict[str, ScaledFormat] = {
+    "fp8": ScaledFormat("fp8", 1.0, 0.0, "FP8 (per-tensor delayed / current scaling)", FP8_ASSUMED_ERROR),
+    "mxfp8": ScaledFormat("mxfp8", 1.0, 1.0 / 32, "MXFP8 / blockwise FP8 (one scale per 32 elements, or FP32 per "
+                                                   "1x128 tile on Hopper)", FP8_ASSUMED_ERROR),
+    "nvfp4": ScaledFormat("nvfp4", 0.5, 1.0 / 16, "NVFP4 (E2M1, one E4M3 scale per 16 elements)",
+                          NVFP4_ASSUMED_ERROR),
+}
+LOW_PRECISIONS = tuple(FORMATS)
+
+
+def is_low_precision(precision: str) -> bool:
+    """fp8, mxfp8, nvfp4: the transformer layers' GEMMs in a scaled low-precision format, the rest BF16."""
+    return precision in FORMATS
 
 
 def base_precision(precision: str) -> str:
-    """The precision the regressors are asked for: bf16 under fp8 (everything but the FP8 GEMMs is BF16)."""
-    return COMPUTE_PRECISION if precision == "fp8" else precision
+    """The precision the regressors are asked for: bf16 under fp8 / mxfp8 / nvfp4 (everything but their GEMMs is
+    BF16)."""
+    return COMPUTE_PRECISION if is_low_precision(precision) else precision
 
 
 def is_fp8_gemm(op: str, precision: str) -> bool:
-    return precision == "fp8" and op in FP8_GEMM_OPS
+    """Whether `op` runs in the low-precision format of `precision` (fp8, mxfp8 or nvfp4)."""
+    return is_low_precision(precision) and op in FP8_GEMM_OPS
+
+
+def saved_input_bytes(precision: str, default: float) -> float:
+    """Bytes per element of a low-precision GEMM's input saved for backward (fp8 1, mxfp8 1 + 1/32, nvfp4
+    0.5 + 1/16); `default` (the precision's element size) otherwise."""
+    f = FORMATS.get(precision)
+    return f.stored_bytes_per_element if f else default
+
+
+def weight_copy_bytes(precision: str) -> float:
+    """Bytes per GEMM parameter of one quantized weight copy (fp8 1)."""
+    return FORMATS[precision].stored_bytes_per_element
 
 
 def matmul_ratio(device: Any) -> tuple[float, bool]:
@@ -78,19 +163,51 @@ def matmul_ratio(device: Any) -> tuple[float, bool]:
     return float(pb) / float(pf), False
 
 
-def cast_bytes(op: str, pass_: str, shapes: Any) -> np.ndarray:
-    """HBM bytes of the FP8 cast / transpose kernels one call of GEMM `op` adds (see the module docstring)."""
+def format_ratio(device: Any, precision: str) -> tuple[float, str]:
+    """(t_compute(format) / t_compute(BF16), the rule in words) for the GEMMs of `precision` on `device`
+    (see the module docstring)."""
+    r, from_mamf = matmul_ratio(device)
+    if precision == "fp8":
+        return r, FP8_PROVENANCE if from_mamf else FP8_PEAK_PROVENANCE
+    basis = "FP8 MAMF ratio" if from_mamf else "FP8 peak ratio (no published FP8 MAMF)"
+    kind = scaled_format_kind(device, precision)
+    if precision == "mxfp8":
+        if kind == "blockwise":
+            return r / HOPPER_BLOCKWISE_EFFICIENCY, (
+                f"blockwise FP8 derived: BF16 samples x {basis} / {HOPPER_BLOCKWISE_EFFICIENCY:.3f} (Hopper scales "
+                "on CUDA cores, DeepGEMM rate) + cast/scale passes")
+        return r, f"MXFP8 derived: BF16 samples x {basis} (block-scaled MMA at the FP8 rate) + cast/scale passes"
+    if precision == "nvfp4":
+        p8, p4 = device.peak_tflops.get("fp8"), device.peak_tflops.get("fp4")
+        if not p8 or not p4:
+            raise ValueError(f"{device.name} has no fp8 / fp4 peak")
+        return r * float(p8) / float(p4), (f"NVFP4 derived: BF16 samples x {basis} x peak fp8/fp4 "
+                                           f"{float(p8):g}/{float(p4):g} (datasheet) + cast/scale passes")
+    raise ValueError(f"{precision} is not a low-precision GEMM format ({', '.join(LOW_PRECISIONS)})")
+
+
+def scaled_format_kind(device: Any, precision: str) -> str:
+    """How `device` runs `precision` ("" for fp8: per-tensor scaling needs only FP8 tensor cores)."""
+    if precision == "fp8":
+        return ""
+    return str((getattr(device, "scaled_formats", None) or {}).get(precision, ""))
+
+
+def cast_bytes(op: str, pass_: str, shapes: Any, precision: str = "fp8") -> np.ndarray:
+    """HBM bytes of the cast / transpose / scale kernels one call of GEMM `op` adds (see the module docstring)."""
     d = features._dims(features.shape_arrays(shapes))
     M, N, K, _ = features.gemm_mnk(op, d)
+    per = CAST_BYTES_PER_ELEMENT if precision == "fp8" else FORMATS[precision].cast_bytes_per_element
     if pass_ == "bwd":
-        return CAST_BYTES_PER_ELEMENT * M * N
-    return CAST_BYTES_PER_ELEMENT * (M * K + K * N)
+        return per * M * N
+    return per * (M * K + K * N)
 
 
-def gemm_times(op: str, pass_: str, shapes: Any, t_bf16: np.ndarray, device: Any, ach_bf16: float | None
-               ) -> tuple[np.ndarray, np.ndarray, str]:
-    """(seconds per call, FP8 floor seconds, provenance suffix) of FP8 GEMM `op` from its BF16 time `t_bf16`."""
-    r, from_mamf = matmul_ratio(device)
+def gemm_times(op: str, pass_: str, shapes: Any, t_bf16: np.ndarray, device: Any, ach_bf16: float | None,
+               precision: str = "fp8") -> tuple[np.ndarray, np.ndarray, str]:
+    """(seconds per call, floor seconds, provenance suffix) of the low-precision GEMM `op` (fp8, mxfp8, nvfp4) from
+    its BF16 time `t_bf16`."""
+    r, how = format_ratio(device, precision)
     flops, byts = features.op_work(op, shapes, COMPUTE_PRECISION, pass_)
     flops, byts = np.asarray(flops, dtype="float64"), np.asarray(byts, dtype="float64")
     ach = ach_bf16 or device.peak_flops(COMPUTE_PRECISION)
@@ -99,13 +216,14 @@ def gemm_times(op: str, pass_: str, shapes: Any, t_bf16: np.ndarray, device: Any
     f_c = t_c / np.maximum(t_c + t_m, 1e-30)
     floor = flops / (ach / r)
     t = np.maximum(np.asarray(t_bf16, dtype="float64") * (1.0 - f_c * (1.0 - r)), floor)
-    t = t + cast_bytes(op, pass_, shapes) / bw
-    return t, floor, FP8_PROVENANCE if from_mamf else FP8_PEAK_PROVENANCE
+    t = t + cast_bytes(op, pass_, shapes, precision) / bw
+    return t, floor, how
 
 
 def mfu_peak_precision(precision: str) -> str:
-    """Which dense peak MFU is reported against: BF16 for fp8 runs (NVIDIA's convention), else the precision's."""
-    return COMPUTE_PRECISION if precision == "fp8" else precision
+    """Which dense peak MFU is reported against: BF16 for fp8 / mxfp8 / nvfp4 runs (NVIDIA's convention), else the
+    precision's."""
+    return COMPUTE_PRECISION if is_low_precision(precision) else precision
 
 
 def layer_gemm_params_per_gpu(model: Any, tp: int, moe: bool = False, ep: int = 1) -> float:

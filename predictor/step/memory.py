@@ -298,7 +298,7 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     # fp8 (predictor.step.fp8): the inputs of the FP8 GEMMs are kept as their FP8 casts, 1 byte (Transformer Engine's
     # Linear / LayerNormLinear / LayerNormMLP save the FP8 input, `inputmat` / `ln_out` / `fc2` input, for the
     # wgrad GEMM); everything else stays BF16
-    g = 1 if precision == "fp8" else e
+    g = fp8.saved_input_bytes(precision, e)  # mxfp8 / nvfp4: their values + block scales
     # replicated: both norm inputs, the QKV input, the MLP input, the two residual dropout masks
     replicated = sbh * (2 * e + g + g) + sbh * 2 * mask
     # sharded: Q, K, V (GQA: kv heads per rank), attention output (out-proj input), MLP intermediates
@@ -653,7 +653,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     z3 = ((zero == 3) & (dp > 1)).astype(float)[:, None]
     buffers += sharded * unit * g_row[:, None] + z3 * options.zero3_live_units * unit * e
     weights = stage_rest * bpp[:, 0:1] + stage_experts * bpp_e[:, 0:1]
-    if precision == "fp8":
+    if fp8.is_low_precision(precision):
         # + the FP8 weight and its FP8 transpose / columnwise copy of every transformer-layer GEMM weight (2 bytes
         # per GEMM parameter, sharded like the weights)
         gemm = np.array([fp8.layer_gemm_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
@@ -662,7 +662,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
         w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
         # FP8 primary weights: the GEMM weights are the FP8 weight and its transpose only, no BF16 copy beside
         # them (2 bytes per GEMM parameter in all, as a BF16 weight): nothing is added
-        copies = FP8_WEIGHT_COPIES * (1.0 - f8p) * w_share
+        # (mxfp8 / nvfp4: each copy at the format's value + scale bytes per parameter; fp8: 1)
+        copies = FP8_WEIGHT_COPIES * fp8.weight_copy_bytes(precision) * (1.0 - f8p) * w_share
         weights = (weights + (copies * gemm)[:, None] * (dense_c @ onehot)[None, :]
                    + (copies * gemm_moe)[:, None] * (moe_c @ onehot)[None, :])
     out = {"weights": weights, "grads": stage_rest * bpp[:, 1:2] + stage_experts * bpp_e[:, 1:2],
