@@ -99,11 +99,12 @@ def test_predict_first_paint_interactions_and_infeasible(server, page):
     assert page.get_by_text("pipeline bubble").first.is_visible()  # the breakdown bar's legend
     shot(page, "predict")
 
-    # a later interaction: TP 8 -> 4 (the caption and the URL follow)
-    dt = timed_change(page, lambda: set_number(page, "TP", 4),
-                      "() => document.body.innerText.includes('TP 4 × PP 4 × CP 1 × DP 32')")
-    TIMINGS["predict_change_tp_s"] = dt
-    page.wait_for_function("() => location.search.includes('tp=4')", timeout=10_000)
+    # a later interaction: PP 4 -> 8 (the caption and the URL follow; on the default ZeRO-0 layout TP 4 would not
+    # fit, and the page would rightly say so instead of a step time)
+    dt = timed_change(page, lambda: set_number(page, "PP", 8),
+                      "() => document.body.innerText.includes('TP 8 × PP 8 × CP 1 × DP 8')")
+    TIMINGS["predict_change_pp_s"] = dt
+    page.wait_for_function("() => location.search.includes('pp=8')", timeout=10_000)
     step2 = harness.metric_value(page, "Step time")
     assert STEP_RE.match(step2), step2
     no_errors(page)
