@@ -499,3 +499,19 @@ def test_breakdown_table_leaves_out_the_cp_row_without_context_parallelism():
     assert "cp_comm" not in set(charts.breakdown_table(bd, 1.3, cp=1)["category_id"])
     assert "cp_comm" in set(charts.breakdown_table({**bd, "cp_comm": 0.05}, 1.35, cp=2)["category_id"])
     assert "cp_comm" in set(charts.breakdown_table(bd, 1.3)["category_id"])  # unknown cp (Compare): all rows
+
+
+def test_one_large_paper_error_does_not_stretch_the_operator_chart():
+    s = pd.DataFrame({"platform": ["vista-gh200"] * 3, "kind": ["op"] * 3, "model": ["linear", "optimizer", "gelu"],
+                      "pass": ["fwd", "step", "fwd"], "cv_mape": [0.04, 0.09, 0.02],
+                      "paper_best_error": [0.03, 66.9, None], "n_samples": [100, 100, 100]})
+    d = charts.op_error_chart(s).to_dict()
+    x = d["layer"][0]["encoding"]["x"]
+    assert x["scale"]["clamp"] is True and x["scale"]["domain"][1] < 0.2   # the bars' range, not 6,690 %
+    assert d["layer"][1]["encoding"]["x"]["scale"] == x["scale"]          # ticks share it (clamped at the end)
+
+
+def test_the_error_histogram_counts_whole_runs():
+    df = pd.DataFrame({"signed_error": [0.01, -0.02, 0.05], "platform": ["a", "a", "a"]})
+    y = charts.error_hist(df).to_dict()["encoding"]["y"]
+    assert y["axis"]["tickMinStep"] == 1 and y["axis"]["format"] == "d"
