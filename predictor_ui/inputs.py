@@ -204,7 +204,9 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     if show_gpus:
         out["num_gpus"] = c.number_input("GPUs", 1, 1_000_000, d["num_gpus"], key=_k(prefix, "num_gpus"), bind=BIND,
                                          help="Total GPUs = TP × PP × CP × DP.")
-    a, b, f, e = c.columns(4)
+    # two to a row: four number inputs side by side in the sidebar cut "32" to "3" at 1366 px (#36)
+    a, b = c.columns(2)
+    f, e = c.columns(2)
     out["tp"] = a.number_input("TP", 1, 512, d["tp"], key=_k(prefix, "tp"), bind=BIND, help="Tensor-parallel degree")
     out["pp"] = b.number_input("PP", 1, 512, d["pp"], key=_k(prefix, "pp"), bind=BIND, help="Pipeline stages")
     out["cp"] = f.number_input("CP", 1, 1024, d.get("cp", 1), key=_k(prefix, "cp"), bind=BIND,
