@@ -191,7 +191,7 @@ def check_consistent(runs: Sequence[OwnRun]) -> None:
 
 
 # ---- the fit ----------------------------------------------------------------------------------------------
-class _Evaluator:
+class RunEvaluator:
     """Every run's step time under given terms, composed by the engine as `predict` composes it."""
 
     def __init__(self, predictor: Predictor, runs: Sequence[OwnRun]):
@@ -221,7 +221,7 @@ def prior_terms(pr: Predictor) -> EndToEndTerms:
     return t
 
 
-def _active(runs: Sequence[OwnRun], platform: Platform) -> list[TermPrior]:
+def active_terms(runs: Sequence[OwnRun], platform: Platform) -> list[TermPrior]:
     spans = any(r.layout.num_gpus > platform.gpus_per_node for r in runs)
     return [p for p in TERM_PRIORS if p.name != "network_factor" or spans]
 
@@ -251,7 +251,7 @@ def _host_value(t: EndToEndTerms, fw: str, name: str) -> float:
     return float(getattr(h, name)) if h is not None else 0.0
 
 
-def fit_own_terms(evaluate: _Evaluator, prior: EndToEndTerms, active: Sequence[TermPrior], meas: np.ndarray,
+def fit_own_terms(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrior], meas: np.ndarray,
                   frameworks: Sequence[str], mask: np.ndarray | None = None
                   ) -> tuple[EndToEndTerms, np.ndarray, np.ndarray]:
     """(terms, z, posterior sd per active term in log units) fitted on the runs of `mask` (None: all)."""
@@ -300,10 +300,10 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
         pr.check_runs(r.layout)
         plat.device.check_precision(r.layout.precision)
     prior = prior_terms(pr)
-    ev = _Evaluator(pr, runs)
+    ev = RunEvaluator(pr, runs)
     meas = np.array([r.step_time_s for r in runs])
     frameworks = sorted({r.layout.framework for r in runs})
-    active = _active(runs, plat)
+    active = active_terms(runs, plat)
     say(f"{len(runs)} runs prepared on {plat.platform_id}; fitting {len(active)} terms")
     before = ev(prior)
     terms, _z, post = fit_own_terms(ev, prior, active, meas, frameworks)
