@@ -53,6 +53,12 @@ HOST_SHIFT_S = {"host_s_per_layer_pass": 2e-5, "host_s_per_micro_batch": 1e-3}  
 Progress = Callable[[str], None]
 
 
+COMPUTE_SCALE = "compute_scale"   # one factor on every kind of GPU work: what a few runs identify first
+COMPUTE_SCALE_SD = 0.15
+KIND_SD = 0.1                      # each kind's departure from the common scale
+HOST_SD = 0.7
+
+
 @dataclass(frozen=True)
 class TermPrior:
     name: str
@@ -62,11 +68,13 @@ class TermPrior:
 
 
 TERM_PRIORS = (
-    TermPrior("gemm_factor", "tensor-core GEMM time x", 0.15, math.log(2.0)),
-    TermPrior("attention_factor", "attention kernel time x", 0.25, math.log(3.0)),
-    TermPrior("memory_factor", "memory-bound operator time x", 0.25, math.log(3.0)),
-    TermPrior("host_s_per_layer_pass", "host seconds per layer pass", 1.0, 3.0),
-    TermPrior("host_s_per_micro_batch", "host seconds per micro-batch", 1.0, 3.0),
+    TermPrior(COMPUTE_SCALE, "all GPU operator time x (each kind's factor below on top)", COMPUTE_SCALE_SD,
+              math.log(2.0)),
+    TermPrior("gemm_factor", "tensor-core GEMM time x", KIND_SD, math.log(2.0)),
+    TermPrior("attention_factor", "attention kernel time x", KIND_SD, math.log(2.0)),
+    TermPrior("memory_factor", "memory-bound operator time x", KIND_SD, math.log(2.0)),
+    TermPrior("host_s_per_layer_pass", "host seconds per layer pass", HOST_SD, 3.0),
+    TermPrior("host_s_per_micro_batch", "host seconds per micro-batch", HOST_SD, 3.0),
     TermPrior("network_factor", "inter-node collective time x (1 / efficiency)", 0.3, math.log(3.0)),
 )
 IDENTIFIED_SD_RATIO = 0.5    # identified: the posterior sd at most this share of the prior sd
@@ -230,11 +238,15 @@ def _terms_at(prior: EndToEndTerms, active: Sequence[TermPrior], z: np.ndarray, 
               ) -> EndToEndTerms:
     kinds: dict[str, Any] = {}
     host_z: dict[str, float] = {}
-    for p, v in zip(active, z):
-        if p.name.startswith("host_"):
-            host_z[p.name] = float(v)
+    zs = dict(zip((p.name for p in active), (float(v) for v in z)))
+    common = zs.pop(COMPUTE_SCALE, 0.0)
+    for name in ("gemm_factor", "attention_factor", "memory_factor"):
+        kinds[name] = float(getattr(prior, name) * math.exp(common + zs.pop(name, 0.0)))
+    for name, v in zs.items():
+        if name.startswith("host_"):
+            host_z[name] = v
         else:
-            kinds[p.name] = float(getattr(prior, p.name) * math.exp(v))
+            kinds[name] = float(getattr(prior, name) * math.exp(v))
     host = dict(prior.host)
     for fw in frameworks:
         h = prior.host_for(fw) or HostTerm()
@@ -306,13 +318,15 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
     active = active_terms(runs, plat)
     say(f"{len(runs)} runs prepared on {plat.platform_id}; fitting {len(active)} terms")
     before = ev(prior)
-    terms, _z, post = fit_own_terms(ev, prior, active, meas, frameworks)
+    terms, z_fit, post = fit_own_terms(ev, prior, active, meas, frameworks)
     after = ev(terms)
     fits = []
     for p, ps in zip(active, post):
         if p.name.startswith("host_"):
             fw = frameworks[0]
             pv, v = _host_value(prior, fw, p.name), _host_value(terms, fw, p.name)
+        elif p.name == COMPUTE_SCALE:
+            pv, v = 1.0, float(np.exp(z_fit[[q.name for q in active].index(COMPUTE_SCALE)]))
         else:
             pv, v = float(getattr(prior, p.name)), float(getattr(terms, p.name))
         fits.append(TermFit(p.name, p.words, pv, v, p.prior_sd, float(ps),
