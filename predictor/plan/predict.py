@@ -730,8 +730,8 @@ def own_runs_band(rec: dict[str, Any], model: ModelSpec, layout: Layout, gpus_pe
     if loro is None:
         return shipped_err, (f"calibrated on {n} of your runs: no held-out error from a single run, so the shipped "
                              f"band; {shipped_basis}")
-    base = float(loro)
-    how = [f"calibrated on {n} of your runs: held-out error {base:.1%} (each run predicted by terms fitted "
+    base = max(float(loro), OWN_RUNS_MIN_ERROR)
+    how = [f"calibrated on {n} of your runs: held-out error {float(loro):.1%} (each run predicted by terms fitted "
            f"without it, mean signed {float(rec.get('held_out_mean_signed') or 0.0):+.1%})"]
     if not known_model:
         if lomo is not None and float(lomo) > base:
@@ -750,7 +750,7 @@ def own_runs_band(rec: dict[str, Any], model: ModelSpec, layout: Layout, gpus_pe
         k = 1.0 + OWN_RUNS_WIDEN_PER_DOUBLING * math.log2(nodes / max_nodes)
         base *= k
         how.append(f"{nodes} nodes, more than any run ({max_nodes}): x{k:.2f}")
-    err = max(base, OWN_RUNS_MIN_ERROR)
+    err = base
     if layout.framework not in (rec.get("frameworks") or []):
         err = max(err, shipped_err)
         how.append(f"framework {layout.framework} not among the runs': at least the shipped band {shipped_err:.0%}")
