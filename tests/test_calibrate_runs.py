@@ -204,3 +204,31 @@ def test_kind_factors_scale_the_compute_they_name():
     assert compute(gemm_factor=1.5, attention_factor=1.5, memory_factor=1.5) == pytest.approx(1.5 * c1, rel=1e-9)
     g, a, mm = compute(gemm_factor=2.0) - c1, compute(attention_factor=2.0) - c1, compute(memory_factor=2.0) - c1
     assert g > 0 and a > 0 and mm > 0 and g + a + mm == pytest.approx(c1, rel=1e-9)   # the kinds add up to compute
+
+
+def test_the_calibrate_page_fits_shows_each_run_and_saves(user, monkeypatch):
+    from streamlit.testing.v1 import AppTest
+    monkeypatch.setenv("PREDICTOR_STORE", str(user / "store" / "samples.duckdb"))
+    runs = _runs(user / "runs.csv", LAYOUTS[:3]).read_bytes()
+    before = _tree_hash(MODELS)
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=120)
+    at.run()
+    at.switch_page("pages/calibrate.py")
+    at.run()
+    at.file_uploader(key="own_runs_file").set_value(("runs.csv", runs, "text/csv")).run()
+    at.selectbox(key="own_base").set_value(BASE).run()
+    at.button(key="own_fit").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    assert list(table["line"]) == [2, 3, 4] and (table["after_error"].abs() < table["before_error"].abs()).all()
+    assert "identified" in at.dataframe[1].value.to_string()
+    assert not (user / "clusters.json").exists()   # fitting saves nothing
+    at.text_input(key="own_new").set_value(BASE).run()
+    at.button(key="own_save").click().run()
+    assert any("shipped platform" in w.value for w in at.warning) and not (user / "clusters.json").exists()
+    at.text_input(key="own_new").set_value("page-a100").run()
+    at.button(key="own_save").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Saved **page-a100**" in s.value for s in at.success)
+    assert "page-a100" in json.loads((user / "clusters.json").read_text())
+    assert _tree_hash(MODELS) == before
