@@ -68,7 +68,7 @@ class TermPrior:
 
 
 TERM_PRIORS = (
-    TermPrior(COMPUTE_SCALE, "all GPU operator time x (each kind's factor below on top)", COMPUTE_SCALE_SD,
+    TermPrior(COMPUTE_SCALE, "all operator time x (the kinds below: this x their own)", COMPUTE_SCALE_SD,
               math.log(2.0)),
     TermPrior("gemm_factor", "tensor-core GEMM time x", KIND_SD, math.log(2.0)),
     TermPrior("attention_factor", "attention kernel time x", KIND_SD, math.log(2.0)),
