@@ -232,3 +232,11 @@ def test_the_calibrate_page_fits_shows_each_run_and_saves(user, monkeypatch):
     assert any("Saved **page-a100**" in s.value for s in at.success)
     assert "page-a100" in json.loads((user / "clusters.json").read_text())
     assert _tree_hash(MODELS) == before
+
+
+def test_a_dry_run_reports_and_writes_nothing(user, capsys):
+    runs = _runs(user / "runs.csv", LAYOUTS[:2])
+    assert main(["calibrate-runs", "--runs", str(runs), "--platform", BASE, "--dry-run", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "before" in out and "leave-one-run-out" in out and "dry run: nothing written" in out
+    assert not (user / "clusters.json").exists() and not (user / "user_models").exists()

@@ -153,6 +153,10 @@ def cmd_calibrate_runs(a: argparse.Namespace) -> int:
     if cal.terms_path:
         print(f"saved {cal.new} (a user platform; {cal.base} is untouched): {cal.clusters_path}, {cal.terms_path}\n"
               f"use it with --platform {cal.new}")
+        from predictor import paths
+        if a.user_models_dir and paths.user_models_dir(a.user_models_dir) != paths.user_models_dir():
+            print(f"note: predictions find its terms where ${paths.ENV_USER_MODELS_DIR} points: set "
+                  f"{paths.ENV_USER_MODELS_DIR}={a.user_models_dir}")
     else:
         print("(dry run: nothing written)")
     return 0
