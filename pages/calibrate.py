@@ -21,6 +21,66 @@ st.caption("Bring your own measurements: the Parquet / CSV files `bench/` writes
            "samples, or measured runs). They are checked, ingested into the sample store, and the platform's "
            "regressors retrained, after which every page predicts from them.")
 
+
+def own_runs_section() -> None:
+    """Calibrate on your own measured runs (predictor.calibrate.runs): each run before / after, then save as a new
+    user platform; the shipped platform is never changed."""
+    from predictor.calibrate.runs import calibrate_runs, terms_table
+    up = st.file_uploader("Measured runs (CSV: the predict-batch columns plus `step_time_s`, `source` optional)",
+                          type=["csv"], key="own_runs_file")
+    plats = sorted(load_platforms(config.clusters_file_arg()))
+    a, b = st.columns(2)
+    base = a.selectbox("Measured on (the platform the runs start from)", plats, key="own_base",
+                       index=plats.index("dgx-a100-80gb") if "dgx-a100-80gb" in plats else 0)
+    new = b.text_input("Save as (a new platform name)", key="own_new", placeholder="e.g. my-a100-cluster")
+    if up is None:
+        st.caption("One row per measured run; a few runs are enough to move the terms they can tell (the table "
+                   "below says which), the rest stay at the base platform's.")
+        return
+    kw = {"models_dir": config.models_dir_arg(), "clusters": config.clusters_file()}
+    sig = (up.name, up.size, base)
+    if st.button("Fit on these runs (nothing saved)", key="own_fit", icon=":material/tune:") or (
+            st.session_state.get("own_sig") == sig and st.session_state.get("own_cal") is not None):
+        if st.session_state.get("own_sig") != sig or st.session_state.get("own_cal") is None:
+            try:
+                with st.spinner("fitting and scoring leave-one-run-out..."):
+                    st.session_state["own_cal"] = calibrate_runs(up.getvalue(), base, None, save=False, **kw)
+                st.session_state["own_sig"] = sig
+            except InfeasibleConfig as e:
+                st.session_state["own_cal"] = None
+                views.infeasible(e)
+                return
+        cal = st.session_state["own_cal"]
+        rec = cal.record
+        t = cal.table[["line", "source", "model", "gpus", "layout", "measured_s", "before_s", "after_s", "held_out_s",
+                       "before_error", "after_error", "held_out_error"]]
+        views.table(t, "own_runs", "own_table",
+                    column_config={c: st.column_config.NumberColumn(format="percent")
+                                   for c in ("before_error", "after_error", "held_out_error")})
+        views.table(terms_table(cal.fits), "own_terms", "own_terms_table")
+        held = rec["held_out_mape"]
+        st.markdown(f"MAPE before {rec['before_mape']:.1%} (mean signed {rec['before_mean_signed']:+.1%}), after "
+                    f"{rec['in_sample_mape']:.1%} in-sample; "
+                    + (f"**held out {held:.1%}** (each run predicted by terms fitted without it)" if held is not None
+                       else "one run: no held-out error"))
+        if st.button(f"Save as {new or '...'}", key="own_save", type="primary", disabled=not new.strip(),
+                     icon=":material/save:"):
+            try:
+                saved = calibrate_runs(up.getvalue(), base, new.strip(), save=True, **kw)
+            except InfeasibleConfig as e:
+                views.infeasible(e)
+                return
+            data.clear_all()
+            st.success(f"Saved **{saved.new}** (calibrated on {rec['runs']} of your runs; {base} is unchanged): "
+                       f"`{saved.clusters_path}`, `{saved.terms_path}`.", icon=":material/check_circle:")
+            st.page_link("pages/predict.py", label=f"Predict on {saved.new}", icon=":material/speed:",
+                         query_params={"platform": saved.new})
+
+
+with st.expander("Calibrate on your own runs: a new platform, the shipped one unchanged",
+                 expanded=st.session_state.get("own_runs_file") is not None):
+    own_runs_section()
+
 store = config.store_path()
 exists = store.exists()
 st.markdown(f"Sample store: `{store}`" + ("" if exists else " (does not exist yet: the first ingest creates it)"))

@@ -33,6 +33,7 @@ from predictor.model.errors import InfeasibleConfig
 ENV_MODELS_DIR = "PREDICTOR_MODELS_DIR"
 ENV_STORE = "PREDICTOR_STORE"
 ENV_CLUSTERS = "PREDICTOR_CLUSTERS"
+ENV_USER_MODELS_DIR = "PREDICTOR_USER_MODELS_DIR"
 REPO_DIR = Path(__file__).resolve().parent.parent
 PACKAGED_MODELS_DIR = REPO_DIR / "models_store"
 DEFAULT_STORE = REPO_DIR / "data" / "samples.duckdb"
@@ -45,6 +46,7 @@ NETWORK = "network.json"                    # predictor.hardware.network_fit: ca
 SPEED_CHECK = "speed_check.json"            # predictor.hardware.speed: this machine's speed today (git-ignored)
 VALIDATION = "validation.json"              # predictor.checks.validate: end-to-end error of the platform
 VALIDATION_RUNS = "validation_runs.csv"     # predictor.checks.validate: the per-run results behind it
+OWN_RUNS_TERMS = "own_runs_terms.json"      # predictor.calibrate.runs: a user platform's terms fitted on its runs
 # Whole-folder artifacts (in <models_dir>/)
 TRANSFER_VALIDATION = "transfer_validation.json"  # tests/benchmarks/transfer_accuracy.py
 NETWORK_VALIDATION = "network_validation.json"    # tests/benchmarks/collective_accuracy.py
@@ -123,6 +125,20 @@ def clusters_file(override: str | os.PathLike[str] | None = None) -> Path:
         return Path(override).expanduser()
     env = os.environ.get(ENV_CLUSTERS)
     return Path(env).expanduser() if env else store_path().parent / "clusters.local.json"
+
+
+def user_models_dir(override: str | os.PathLike[str] | None = None) -> Path:
+    """Where platforms calibrated on a user's own runs keep their terms (never the shipped models_store/):
+    `override`, else $PREDICTOR_USER_MODELS_DIR, else user_models/ beside the clusters file."""
+    if override:
+        return Path(override).expanduser()
+    env = os.environ.get(ENV_USER_MODELS_DIR)
+    return Path(env).expanduser() if env else clusters_file().parent / "user_models"
+
+
+def user_artifact(platform_id: str, name: str, override: str | os.PathLike[str] | None = None) -> Path:
+    """<user models dir>/<platform>/<name>, the id checked before the path is built."""
+    return platform_dir(platform_id, user_models_dir(override)) / name
 
 
 def clusters_file_arg(override: str | os.PathLike[str] | None = None) -> str | None:

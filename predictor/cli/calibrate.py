@@ -106,3 +106,77 @@ def add_check_independent_parser(sub: Any, common: Any) -> None:
     sp.add_argument("--save", action="store_true", help="write models_store/independent_checks.json")
     common(sp, store=False)
     sp.set_defaults(func=cmd_check_independent)
+
+
+def cmd_calibrate_runs(a: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from predictor.calibrate.runs import calibrate_runs, terms_table
+    log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
+    cal = calibrate_runs(Path(a.runs), a.platform, a.save_as, models_dir=a.models_dir, clusters=a.clusters,
+                         user_dir=a.user_models_dir, save=not a.dry_run, progress=log)
+    rec = cal.record
+    if a.json:
+        print(json.dumps({"record": rec, "terms": cal.terms.to_dict(), "per_run": cal.table.to_dict(orient="records"),
+                          "terms_file": str(cal.terms_path) if cal.terms_path else None,
+                          "clusters_file": str(cal.clusters_path) if cal.clusters_path else None},
+                         indent=2, default=float))
+        return 0
+    import pandas as pd
+    t = cal.table
+    shown = pd.DataFrame({"line": t["line"], "source": t["source"], "model": t["model"], "gpus": t["gpus"],
+                          "layout": t["layout"], "measured s": t["measured_s"].map("{:.4g}".format),
+                          f"{cal.base} s": t["before_s"].map("{:.4g}".format),
+                          "calibrated s": t["after_s"].map("{:.4g}".format),
+                          "before": t["before_error"].map("{:+.1%}".format),
+                          "after": t["after_error"].map("{:+.1%}".format),
+                          "held out": t["held_out_error"].map(lambda v: "-" if v != v else f"{v:+.1%}")})
+    print(f"{rec['runs']} runs on {cal.base}: each run before (the terms of {cal.base}) and after calibration, "
+          "and held out (predicted by terms fitted without it)")
+    print(shown.to_string(index=False))
+    tt = terms_table(cal.fits)
+    tt["prior"] = tt["prior"].map("{:.4g}".format)
+    tt["fitted"] = tt["fitted"].map("{:.4g}".format)
+    tt["prior_sd"] = tt["prior_sd"].map("{:.2f}".format)
+    tt["posterior_sd"] = tt["posterior_sd"].map("{:.2f}".format)
+    print("\nterms (sd: log units; identified where the runs at least halve the prior's sd)")
+    print(tt.to_string(index=False))
+
+    def pct(v: Any) -> str:
+        return "-" if v is None else f"{v:.1%}"
+    print(f"\nMAPE before {pct(rec['before_mape'])} (mean signed {rec['before_mean_signed']:+.1%}), in-sample after "
+          f"{pct(rec['in_sample_mape'])} ({rec['in_sample_mean_signed']:+.1%}); leave-one-run-out "
+          f"{pct(rec['held_out_mape'])}" + (f" ({rec['held_out_mean_signed']:+.1%})" if rec['held_out_mape'] is not None
+                                              else " (one run: none)")
+          + (f"; leave-one-model-out {pct(rec['held_out_model_mape'])} over {rec['models']} models"
+             if rec["held_out_model_mape"] is not None else ""))
+    if cal.terms_path:
+        print(f"saved {cal.new} (a user platform; {cal.base} is untouched): {cal.clusters_path}, {cal.terms_path}\n"
+              f"use it with --platform {cal.new}")
+        from predictor import paths
+        if a.user_models_dir and paths.user_models_dir(a.user_models_dir) != paths.user_models_dir():
+            print(f"note: predictions find its terms where ${paths.ENV_USER_MODELS_DIR} points: set "
+                  f"{paths.ENV_USER_MODELS_DIR}={a.user_models_dir}")
+    else:
+        print("(dry run: nothing written)")
+    return 0
+
+
+def add_calibrate_runs_parser(sub: Any, common: Any) -> None:
+    from predictor.cli.search import clusters_arg
+    sp = sub.add_parser("calibrate-runs",
+                        help="fit a platform's end-to-end terms on your own measured runs and save the result as a "
+                             "new user platform (the shipped one is never changed)",
+                        description="RUNS.csv: the predict-batch columns plus step_time_s (source optional), one row "
+                                    "per measured run. Fits the sustained speed per kind of work, the host time per "
+                                    "layer pass and per micro-batch and (runs across nodes) the network efficiency, "
+                                    "pulled towards BASE's values; scores them leave-one-run-out.")
+    sp.add_argument("--runs", required=True, help="CSV of measured runs")
+    sp.add_argument("--platform", required=True, help="BASE: the platform the runs were measured on")
+    sp.add_argument("--save-as", help="NEW: the name of the calibrated user platform (not a shipped one)")
+    sp.add_argument("--user-models-dir", help="where NEW's terms go (default: $PREDICTOR_USER_MODELS_DIR, else "
+                                              "user_models/ beside the clusters file)")
+    sp.add_argument("--dry-run", action="store_true", help="fit and report, write nothing")
+    clusters_arg(sp)
+    common(sp, store=False)
+    sp.set_defaults(func=cmd_calibrate_runs)

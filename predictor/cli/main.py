@@ -464,6 +464,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_calibrate_framework_parser(sub, common)
     from predictor.cli.calibrate import add_check_independent_parser
     add_check_independent_parser(sub, common)
+    from predictor.cli.calibrate import add_calibrate_runs_parser
+    add_calibrate_runs_parser(sub, common)
     return p
 
 

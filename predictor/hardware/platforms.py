@@ -155,6 +155,7 @@ class Platform:
     overlaps_comm_with_compute: bool = True
     user_defined: bool = False
     notes: tuple[str, ...] = ()
+    calibrated_from: str | None = None   # a user platform calibrated on its own runs: the platform it started from
 
     def nodes_for(self, ranks: int) -> int:
         return max(1, -(-ranks // self.gpus_per_node))
@@ -405,7 +406,7 @@ def _platform_from(pid: str, raw: dict[str, Any], devices: dict[str, DeviceSpec]
         raise InfeasibleConfig(_where(origin, pid, "intra_node.bandwidth_gbps"),
                                f"{gpn} GPUs per node need an intra-node link bandwidth > 0.",
                                "give the per-GPU, one-direction GB/s of the node's GPU fabric (NVLink, xGMI or PCIe).")
-    if inter.bandwidth_gbps <= 0 and user:
+    if inter.bandwidth_gbps <= 0 and user and raw.get("calibrated_from") is None:
         raise InfeasibleConfig(_where(origin, pid, "inter_node.bandwidth_gbps"),
                                "is missing or not positive.",
                                "give the per-GPU, one-direction network GB/s (400 Gb/s = 50).")
@@ -423,7 +424,14 @@ def _platform_from(pid: str, raw: dict[str, Any], devices: dict[str, DeviceSpec]
                                f"must be true or false, got {overlap!r}.",
                                "write true (GPUs: collectives hide behind compute) or false (they share the "
                                "compute's cores).")
+    base = raw.get("calibrated_from")
+    if base is not None:
+        if not user:
+            raise InfeasibleConfig(_where(origin, pid, "calibrated_from"), "only a user platform is calibrated on "
+                                   "its own runs.", "remove the field from the catalog entry.")
+        base = paths.check_id(str(base), _where(origin, pid, "calibrated_from"))
     return Platform(
+        calibrated_from=base,
         platform_id=pid, description=str(raw.get("description", "")), device=device,
         gpus_per_node=gpn, intra_node=intra, inter_node=inter,
         op_models=op_models, collective_models=raw.get("collective_models"),
@@ -460,10 +468,20 @@ def _resolve_sources(p: Platform, cites: dict[str, str]) -> Platform:
     return replace(p, sources=tuple(cites.get(s, s) for s in p.sources))
 
 
+def shipped_cluster_entries() -> dict[str, Any]:
+    """The catalog's cluster entries (the shipped platforms), id -> raw entry."""
+    return _read_catalog_file(CATALOG_DIR / "clusters.json")
+
+
+def is_shipped(platform_id: str) -> bool:
+    """Whether `platform_id` names a platform the project ships (the catalog's clusters, or a generic id)."""
+    return str(platform_id).startswith(GENERIC_PREFIX) or str(platform_id) in shipped_cluster_entries()
+
+
 @lru_cache(maxsize=8)
 def load_platforms(extra_file: str | None = None) -> dict[str, Platform]:
     devices = dict(load_devices())
-    raw = _read_catalog_file(CATALOG_DIR / "clusters.json")
+    raw = shipped_cluster_entries()
     cites = _source_keys(CATALOG_DIR / "clusters.json")
     out = {pid: _resolve_sources(_platform_from(pid, r, devices, "clusters.json"), cites) for pid, r in raw.items()}
     if extra_file:
@@ -544,6 +562,10 @@ def cluster_entry(p: Platform, sources: tuple[str, ...] | None = None) -> dict[s
                                           **({"nvls_min_gpus": p.nvls_min_gpus} if p.nvls_min_gpus else {})}
     if not p.overlaps_comm_with_compute:
         entry["overlaps_comm_with_compute"] = False
+    if p.collective_calibration:
+        entry["collective_calibration"] = p.collective_calibration
+    if p.calibrated_from:
+        entry["calibrated_from"] = p.calibrated_from
     return entry
 
 

@@ -82,5 +82,13 @@ def describe_backing(pr: Predictor) -> PlatformBacking:
                                else "end-to-end terms (per framework)" if terms_host else "not modelled"),
              "machine_speed": f"x{pr.speed.speed_factor:.3f}" if pr.speed is not None else "-",
              "end_to_end": f"MAPE {err[0]:.1%} ({err[1]} runs)" if err is not None else "not validated"}
+    rec = getattr(pr, "own_runs", None)
+    if rec is not None:   # a platform calibrated on the user's own runs (predictor.calibrate.runs)
+        held = rec.get("held_out_mape")
+        held_s = f"held-out error {held:.1%}" if held is not None else "no held-out error (one run)"
+        e2e = (f"calibrated on {rec.get('runs')} of your runs from {p.calibrated_from} ({rec.get('fitted_at', '')}): "
+               f"{held_s}, in-sample {float(rec.get('in_sample_mape') or 0):.1%}; " + e2e)
+        short["end_to_end"] = f"{rec.get('runs')} own runs: " + (f"held out {held:.1%}" if held is not None
+                                                                  else "no held-out error")
     return PlatformBacking(kind=kind, operators=ops, collectives=coll, host_overhead=host_s, machine_speed=speed,
                            end_to_end=e2e, short=short)

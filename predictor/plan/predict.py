@@ -56,7 +56,7 @@ from predictor.step.engine import (
 )
 from predictor.step.memory import GIB, MemoryOptions, MemoryReport, report_from_arrays
 from predictor.step.overhead import load_host_overhead_checked
-from predictor.step.terms import causal_attention_factors, host_share_bin, load_terms_checked
+from predictor.step.terms import causal_attention_factors, host_share_bin, load_own_terms_checked, load_terms_checked
 
 PAPER_SOURCE_PREFIX = "arXiv 2509.22832"  # regressors.PAPER_SOURCE: the paper's (non-causal) samples
 
@@ -210,6 +210,12 @@ class Predictor:
         else:
             self.terms, warn = load_terms_checked(self.models_dir)
             self._note(warn)
+        self.own_runs: dict[str, Any] | None = None   # a platform calibrated on its own runs: what they gave
+        if self.platform.calibrated_from:
+            own, warn = load_own_terms_checked(self.platform.platform_id)
+            self._note(warn)
+            if own is not None:
+                self.terms, self.own_runs = own, dict(own.validation["own_runs"])
         self.independent: list[DeviceCheck] = []   # what the independent checks measured on this GPU
         self._independent_dates = ("", "")
         if self.platform.device.vendor != "cpu":
@@ -492,6 +498,8 @@ class Predictor:
         peak = self.platform.device.peak_flops(fp8.mfu_peak_precision(layout.precision)) / 1e12  # fp8: BF16 peak
         share, err, basis = self.confidence(ev.provenance_s[r], layout.framework,
                                             (model, layout.tp, layout.precision))
+        if self.own_runs is not None:
+            err, basis = own_runs_band(self.own_runs, model, layout, self.platform.gpus_per_node, err, basis)
         det = ev.details.get(r)
         memory = None
         if det is not None:
@@ -723,6 +731,51 @@ class Predictor:
                                                   *self._independent_dates)
             err, basis = max(err, worst), f"{basis}; {words}"
         return share, err, basis
+
+
+def own_runs_band(rec: dict[str, Any], model: ModelSpec, layout: Layout, gpus_per_node: int, shipped_err: float,
+                  shipped_basis: str) -> tuple[float, str]:
+    """(expected error, basis) of a prediction on a platform calibrated on the user's own runs
+    (predictor.calibrate.runs): their leave-one-run-out error (leave-one-model-out for a model none of them ran),
+    widened where the layout is far from the runs (another model size, framework, more nodes than any run).
+    Without a held-out error (a single run) the shipped band stays."""
+    n = int(rec.get("runs") or 0)
+    loro, lomo = rec.get("held_out_mape"), rec.get("held_out_model_mape")
+    sizes = [float(v) for v in rec.get("model_params") or []]
+    params = float(model.total_params())
+    known_model = any(abs(params / s - 1.0) < 0.02 for s in sizes if s > 0)
+    if loro is None:
+        return shipped_err, (f"calibrated on {n} of your runs: no held-out error from a single run, so the shipped "
+                             f"band; {shipped_basis}")
+    base = max(float(loro), OWN_RUNS_MIN_ERROR)
+    how = [f"calibrated on {n} of your runs: held-out error {float(loro):.1%} (each run predicted by terms fitted "
+           f"without it, mean signed {float(rec.get('held_out_mean_signed') or 0.0):+.1%})"]
+    if not known_model:
+        if lomo is not None and float(lomo) > base:
+            base = float(lomo)
+            how.append(f"a model none of them ran: leave-one-model-out error {base:.1%}")
+        lo, hi = (min(sizes), max(sizes)) if sizes else (params, params)
+        out = max(lo / params, params / hi, 1.0)
+        if out > 1.0:
+            k = 1.0 + OWN_RUNS_WIDEN_PER_DOUBLING * math.log2(out)
+            base *= k
+            how.append(f"{params / 1e9:.3g} B parameters, outside the runs' {lo / 1e9:.3g}-{hi / 1e9:.3g} B: "
+                       f"x{k:.2f}")
+    nodes = max(1, -(-layout.num_gpus // max(1, gpus_per_node)))
+    max_nodes = int(rec.get("max_nodes") or 1)
+    if nodes > max_nodes:
+        k = 1.0 + OWN_RUNS_WIDEN_PER_DOUBLING * math.log2(nodes / max_nodes)
+        base *= k
+        how.append(f"{nodes} nodes, more than any run ({max_nodes}): x{k:.2f}")
+    err = base
+    if layout.framework not in (rec.get("frameworks") or []):
+        err = max(err, shipped_err)
+        how.append(f"framework {layout.framework} not among the runs': at least the shipped band {shipped_err:.0%}")
+    return err, "; ".join(how) + f"; parts: {shipped_basis}"
+
+
+OWN_RUNS_WIDEN_PER_DOUBLING = 0.5   # the own-runs band x (1 + this x log2 of how far off) beyond the runs
+OWN_RUNS_MIN_ERROR = 0.02           # no band narrower than this: runs themselves vary by a few percent
 
 
 def signed_words(mean_signed: Any) -> str:

@@ -34,6 +34,7 @@ from predictor.model.frameworks import (
     separate_grad_accumulation,
 )
 from predictor.model.specs import Layout, ModelSpec, grad_reduce_in_fp32_of
+from predictor.regress.features import TENSOR_CORE_GEMM_OPS
 from predictor.step import decompose as D
 from predictor.step import memory as mem
 from predictor.step.arrayops import unique_rows as _unique_rows
@@ -139,6 +140,12 @@ class UnitTimes:
     fi: float = 0.0      # forward tensor-core FLOPs at the achievable matmul throughput (seconds)
     bi: float = 0.0      # ... backward and recomputation
     ri: float = 0.0      # ... recomputation
+    fa: float = 0.0      # forward attention-kernel seconds (D.ATTENTION_CORE_OPS; part of fc)
+    ba: float = 0.0      # ... backward and recomputation (part of bc)
+    ra: float = 0.0      # ... recomputation (part of rc)
+    fm: float = 0.0      # forward memory-bound operator seconds (neither a tensor-core GEMM nor attention)
+    bm: float = 0.0      # ... backward and recomputation
+    rm: float = 0.0      # ... recomputation
     caps: dict[str, CapCurve] = field(default_factory=dict)  # "fi" / "bi" / "ri": the 'cap' power form's curves
     prov: dict[str, list[float]] = field(default_factory=dict)  # provenance -> [seconds, seconds x error]
     raw: tuple = ()      # (unit, op times, comm times, errors): what `calls` is built from, on demand
@@ -328,9 +335,15 @@ class Engine:
         # (sampled, ideal) seconds of every operator per phase: the tensor-core FLOPs at MAMF (fi / bi / ri) and the
         # 'cap' power form's curves (operators without tensor-core work have ideal 0 and drop out of both)
         kern: dict[str, tuple[list[float], list[float]]] = {"fi": ([], []), "bi": ([], []), "ri": ([], [])}
+        kind = {"a": [0.0, 0.0, 0.0], "m": [0.0, 0.0, 0.0]}   # attention / memory-bound seconds: fwd, bwd, recompute
         for c, (t, prov, err), ideal in zip(unit.ops, op_t, self.timings.op_ideal_s(unit.ops, precision)):
             total = t * c.count * c.scale
             itot = ideal * c.count * c.scale
+            k_ = "a" if c.op in D.ATTENTION_CORE_OPS else (None if c.op in TENSOR_CORE_GEMM_OPS else "m")
+            if k_ is not None:
+                kind[k_][0 if c.phase == "fwd" else 1] += total
+                if c.phase == "recompute":
+                    kind[k_][2] += total
             if c.op in D.ATTENTION_CORE_OPS and c.phase in attn:
                 attn[c.phase] += total
             elif c.op in D.TP_OVERLAP_GEMMS and c.phase in gemm and c.part != "experts":
@@ -377,6 +390,7 @@ class Engine:
         u.fc, u.bc, u.rc, u.ft, u.bt = fc, bc, rc, ft, bt
         u.fi, u.bi, u.ri = (float(sum(kern[f][1])) for f in ("fi", "bi", "ri"))
         u.fep, u.bep = fep, bep
+        (u.fa, u.ba, u.ra), (u.fm, u.bm, u.rm) = kind["a"], kind["m"]
         u.caps = {f: CapCurve.of(ts, ids) for f, (ts, ids) in kern.items()}
         if unit.tp_overlap:
             # userbuffers: each exchange runs in chunks under the GEMM it feeds; exposed = what the exchanges of a phase
@@ -617,8 +631,20 @@ class Engine:
         # every micro-batch after the first adds its gradients into the earlier ones' (predictor.model.frameworks): the
         # pass ends that micro-batch's backward, so a micro-batch's backward carries (m - 1) / m of it on average
         acc_share = separate_accumulation(sub, self.platform) * (m_r - 1.0) / m_r
-        bc = bc + W[..., 7] * acc_share[:, None]
-        sampled = fc + bc
+        kf = e2e.kind_factors if e2e is not None else (1.0, 1.0, 1.0)
+        if kf != (1.0, 1.0, 1.0):
+            # a platform calibrated on its own runs: sustained speed per kind of work (GEMM, attention, memory-bound)
+            g_, a_, m_ = kf
+            fa, ba, ra, fm, bm, rm = (chunks_of(f) for f in ("fa", "ba", "ra", "fm", "bm", "rm"))
+            sampled_k = fc + bc + W[..., 7] * acc_share[:, None]
+            fc = g_ * fc + (a_ - g_) * fa + (m_ - g_) * fm
+            bc = g_ * bc + (a_ - g_) * ba + (m_ - g_) * bm
+            rcp = g_ * rcp + (a_ - g_) * ra + (m_ - g_) * rm
+            bc = bc + m_ * W[..., 7] * acc_share[:, None]   # the accumulation pass: memory-bound
+        else:
+            bc = bc + W[..., 7] * acc_share[:, None]
+            sampled_k = fc + bc
+        sampled = sampled_k
         alpha = e2e.compute_factor if e2e is not None else 1.0
         beta = e2e.power_factor if e2e is not None else 0.0
         kappa = e2e.contention if e2e is not None else 0.0
@@ -636,6 +662,13 @@ class Engine:
             slow = (1.0 + e2e.speed_spread * slowest_of(sub[:, I_GPUS]))[:, None]
             fc, bc, rcp = fc * slow, bc * slow, rcp * slow
         ppc = n_p2p[None, :] * p2p_t[:, None]
+        if e2e is not None and e2e.network_factor != 1.0:
+            # a platform calibrated on its own runs: the network's efficiency where the job spans nodes (the
+            # data-parallel and pipeline traffic crossing them)
+            span = np.where(sub[:, I_GPUS] > self.platform.gpus_per_node, e2e.network_factor, 1.0)
+            ppc = ppc * span[:, None]
+            W = W.copy()
+            W[..., 1:7] = W[..., 1:7] * span[:, None, None]
         zf_tot, zf_unit, zb_tot, zb_unit = W[..., 3], W[..., 4], W[..., 5], W[..., 6]
         # ZeRO-2/3: prefetched under compute; what compute cannot cover is exposed, and at least one unit
         fdp = np.where(zf_tot > 0, np.maximum(zf_unit, zf_tot - fc), 0.0)
@@ -814,7 +847,8 @@ def structure_classes(s: Structure, model: ModelSpec) -> list[tuple[int, int, in
     return sorted({(s.counts[i], int(i == 0), int(i == nch - 1), dense[i]) for i in range(nch)})
 
 
-UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep")
+UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep", "fa", "ba", "ra", "fm", "bm",
+               "rm")
 
 
 def _per_framework(rows: np.ndarray, platform: Platform, rule: Any) -> np.ndarray:

@@ -63,6 +63,9 @@ CONTENTION_SOURCE = (f"compute overlapped by communication runs {PUBLISHED_SLOWD
                      f"{PUBLISHED_CONTENTION:.3f} s of compute lost per second of overlapped communication")
 MAX_CONTENTION = 2.0   # seconds of compute lost per overlapped second: no more in a terms file or the fit's option
 MAX_SPEED_SPREAD = 0.2  # relative spread of identical GPUs' sustained speed: no more in a terms file
+# the own-runs factors (EndToEndTerms.gemm_factor ... network_factor): no more than this far from 1 in a file
+KIND_FACTORS = ("gemm_factor", "attention_factor", "memory_factor", "network_factor")
+MIN_KIND_FACTOR, MAX_KIND_FACTOR = 0.25, 4.0
 TERMS_PROVENANCE = "end-to-end terms (power factor, contention, GPU speed spread)"   # what a prediction rests on
 
 
@@ -145,10 +148,22 @@ class EndToEndTerms:
     power_form: str = "linear"              # POWER_FORMS: how power_factor acts on tensor-core kernels
     recompute_host_passes: float = 1.0      # host passes a layer's full recomputation adds (predictor.step.host_floor)
     speed_spread: float = 0.0               # sigma: relative spread of identical GPUs' sustained speed (slowest_of)
+    # a platform calibrated on its own runs (predictor.calibrate.runs): sustained speed per kind of work, GPU time x
+    # factor (tensor-core GEMMs, attention kernels, memory-bound operators), and inter-node collectives' time x
+    # network_factor (1 / network efficiency) where a job spans nodes; 1.0 = as sampled (every shipped terms file)
+    gemm_factor: float = 1.0
+    attention_factor: float = 1.0
+    memory_factor: float = 1.0
+    network_factor: float = 1.0
     source: str = ""
     fitted_on: dict[str, int] = field(default_factory=dict)     # source id -> runs
     validation: dict[str, Any] = field(default_factory=dict)    # per source: in-sample and held-out errors
     fitted_at: str = ""
+
+    @property
+    def kind_factors(self) -> tuple[float, float, float]:
+        """(GEMM, attention, memory-bound) time factors of a platform calibrated on its own runs."""
+        return self.gemm_factor, self.attention_factor, self.memory_factor
 
     def host_for(self, framework: str) -> HostTerm | None:
         """The host term of a framework, else the pooled one, else None."""
@@ -177,6 +192,8 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     spread = float(check_number(path, "speed_spread", d.get("speed_spread", 0.0), ge=0.0, le=MAX_SPEED_SPREAD))
     rpass = float(check_number(path, "recompute_host_passes", d.get("recompute_host_passes", 1.0),
                                ge=MIN_RECOMPUTE_PASSES, le=MAX_RECOMPUTE_PASSES))
+    kinds = {k: float(check_number(path, k, d.get(k, 1.0), ge=MIN_KIND_FACTOR, le=MAX_KIND_FACTOR))
+             for k in KIND_FACTORS}
     host: dict[str, HostTerm] = {}
     raw = d.get("host") or {}
     if not isinstance(raw, dict):
@@ -203,7 +220,7 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
                          power_form=str(form), recompute_host_passes=rpass, speed_spread=spread,
                          source=str(d.get("source", "")), fitted_on=fitted_on,
-                         validation=dict(validation), fitted_at=str(d.get("fitted_at", "")))
+                         validation=dict(validation), fitted_at=str(d.get("fitted_at", "")), **kinds)
 
 
 def _check_finite(path: str | Path, where: str, o: Any) -> None:
@@ -362,3 +379,21 @@ def in_share_bin(share: Any, lo: float, hi: float, closed: bool) -> Any:
     """Whether `share` (a float or an array) lies in the host-share bin [lo, hi), or [lo, hi] where `closed`: the one
     membership rule of the writer (`calibrate_framework.host_share_bins`) and the reader (`host_share_bin`)."""
     return (share >= lo) & ((share < hi) | (closed & (share <= hi)))
+
+
+def load_own_terms_checked(platform_id: str, user_dir: str | Path | None = None
+                           ) -> tuple[EndToEndTerms | None, str | None]:
+    """The terms of a user platform calibrated on its own runs (predictor.calibrate.runs, <user models
+    dir>/<platform>/own_runs_terms.json): (terms, None), (None, warning) when the file is missing or unusable."""
+    p = paths.user_artifact(platform_id, paths.OWN_RUNS_TERMS, user_dir)
+    try:
+        d = paths.read_json_checked(p)
+        if d is None:
+            return None, (f"{platform_id} was calibrated on its own runs, but {p} is missing: the terms of the "
+                          "platform it started from are used (run calibrate-runs again).")
+        t = terms_from_dict(d, p)
+        if not isinstance(t.validation.get("own_runs"), dict):
+            raise ArtifactError(p, "validation.own_runs", "is missing: not a calibrate-runs file")
+        return t, None
+    except (ArtifactError, ValueError, TypeError) as e:
+        return None, f"Own-runs terms ignored: {e}"
