@@ -225,6 +225,11 @@ def _dims(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 hd_given=a["head_dim"] if "head_dim" in a else np.full_like(h, np.nan))
 
 
+def derived_dims(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-rank dimensions (`gemm_mnk`'s input) of `shape_arrays` output."""
+    return _dims(a)
+
+
 def optimizer_params(a: dict[str, np.ndarray]) -> np.ndarray:
     """Parameters on one GPU for an optimizer sample: `params` when given, else a GPT estimate
     from hidden, layers, tp and the stage variant (first holds the embedding, last the head)."""
