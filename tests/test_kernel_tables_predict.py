@@ -90,3 +90,19 @@ def test_training_picks_half_precision_and_leaves_power_monitored_rows_out() -> 
     assert n == 1 and list(kept["variant"]) == ["trtllm/1", "trtllm/1"]
     only = g.iloc[[1]]
     assert _drop_power_monitored(only)[1] == 0  # nothing else to fit on: kept
+
+
+def test_triton_attention_stays_on_its_fa2_base() -> None:
+    """TRITON_ATTENTION_FACTOR is relative to FlashAttention-2; the published tables time an inference FMHA kernel,
+    so a Triton-attention model's attention keeps the FA2 base (transferred) while a 'flash' model's is measured."""
+    from dataclasses import replace
+
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
+    pr = P.Predictor("dgx-h100")
+    m = get_preset("llama3-8b")
+    L = Layout(num_gpus=8, dp=8, micro_batch=1, global_batch=8, seq_len=4096)
+    flash = pr.predict(m, L).provenance
+    triton = pr.predict(replace(m, attention_impl="triton"), L).provenance
+    assert "derived (flash-attention" in flash
+    assert "derived (flash-attention" not in triton and "transferred" in triton

@@ -42,7 +42,7 @@ from predictor.regress import features
 from predictor.step import fp8
 from predictor.step.alignment import simt_floor_s
 from predictor.step.compose import ChunkTimes, ComposeOptions, simulate_pipeline
-from predictor.step.decompose import FUSED, CommCall, OpCall
+from predictor.step.decompose import FA2_BASE, FUSED, CommCall, OpCall
 from predictor.step.engine import (
     HOST_PROVENANCE,
     TERMS_HOST_PROVENANCE,
@@ -278,16 +278,17 @@ class Predictor:
                     cache[(op, pass_, s_, variant, precision)] = (float(t), FUSED_PROVENANCE, None)
                     self._ideal_cache[(op, pass_, s_, variant, precision)] = 0.0
                 continue
+            tables = variant != FA2_BASE  # Triton attention: an FA2 base, not the published (FMHA) attention
             try:
-                secs, prov, err = self._predict_op_group(op, pass_, arrays, base)
+                secs, prov, err = self._predict_op_group(op, pass_, arrays, base, tables)
             except ArtifactError as e:  # a model file changed on disk after it was checked: fall back, say so
                 self._note(f"Model {op}.{pass_} was not used: {e}")
-                secs, prov, err = self._predict_op_group(op, pass_, arrays, base)
+                secs, prov, err = self._predict_op_group(op, pass_, arrays, base, tables)
             secs = np.asarray(secs, dtype="float64")
             if self.speed is not None and prov == "measured":
                 secs = secs * self.speed.speed_factor
             ideal = self._achievable_floor_s(op, pass_, arrays, base)
-            causal = op == "flash_attn" and self._flash_samples_causal(pass_)
+            causal = op == "flash_attn" and self._flash_samples_causal(pass_, tables)
             if causal:  # causal samples: the kernel computes only the blocks on and below the diagonal
                 ideal = np.asarray(ideal) * causal_attention_factors(arrays["seq"])
             # no tensor-core kernel below MAMF; none for unaligned shapes below the FP32 peak (predictor.step.alignment)
@@ -337,19 +338,20 @@ class Predictor:
         flops, _ = features.op_work(op, shapes, precision, pass_)
         return np.asarray(flops, dtype="float64") / ach
 
-    def _flash_samples_causal(self, pass_: str) -> bool:
+    def _flash_samples_causal(self, pass_: str, tables: bool = True) -> bool:
         """Whether the flash-attention times come from causal samples: the project's bench samples are
         (F.scaled_dot_product_attention(is_causal=True)); the paper's flash_attn_func samples are not (its
         README: causal flag left False), nor is the roofline."""
         kb = self.kernel_bank
-        if kb is not None and kb.has_op("flash_attn", "fwd"):  # the collector's prefill attention is causal
+        if tables and kb is not None and kb.has_op("flash_attn", "fwd"):  # the collector's prefill attention: causal
             return True
         b = self.bank
         if b is None or not b.has_op("flash_attn", pass_):
             return False
         return not str(b.op_info("flash_attn", pass_).get("source", "")).startswith(PAPER_SOURCE_PREFIX)
 
-    def _predict_op_group(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
+    def _predict_op_group(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str,
+                          tables: bool = True):
         """Seconds per shape row, provenance, and the expected relative error of those seconds.
         measured: own regressor (error = its CV MAPE); transferred: the regressor of the sampled platform
         in `op_models`, evaluated on ITS device and rescaled to this one by `transfer.predict_transferred`
@@ -357,7 +359,7 @@ class Predictor:
         from predictor.regress import transfer
         dev = self.platform.device
         dev.check_op(op)  # the precision was checked by op_times, this method's only caller
-        if self.kernel_bank is not None:
+        if self.kernel_bank is not None and tables:
             got = self._kernel_table_op(op, pass_, shapes, precision)
             if got is not None:
                 return got
