@@ -109,6 +109,7 @@ def test_attention_and_comm_tables(tmp_path: Path) -> None:
     rep = store.ingest_path(tmp_path / "aic", store_path=db)
     assert rep.rows_added["op_samples"] == 3 and rep.rows_added["collective_samples"] == 2
     assert any("MoE" in why for _f, why in rep.files_skipped)
+    assert "skipped rows in" in rep.to_text() and "window_size=128" in rep.to_text()  # the sliding-window row
     a = store.read_op_samples("dgx-h100", "flash_attn", store_path=db).set_index("dtype")
     assert sorted(a.index) == ["bf16", "bf16/kv-fp8", "fp8"]
     assert (a.loc["bf16", "hidden"], a.loc["bf16", "kv_heads"], a.loc["bf16", "seq"]) == (32 * 128, 8, 4096)
