@@ -106,3 +106,30 @@ def test_triton_attention_stays_on_its_fa2_base() -> None:
     triton = pr.predict(replace(m, attention_impl="triton"), L).provenance
     assert "derived (flash-attention" in flash
     assert "derived (flash-attention" not in triton and "transferred" in triton
+
+
+def test_ingest_train_predict_from_a_collector_tree(tmp_path: Path) -> None:
+    """A collector tree (synthetic, 600 TFLOP/s everywhere) ingested, trained for dgx-h100 into a fresh models
+    folder, predicted: the linear layer's forward follows the samples, its backward is the grid's two GEMMs."""
+    from predictor.calibrate.training import train_platform
+    from predictor.samples import store
+    d = tmp_path / "aic" / "h100_sxm" / "gemm" / "trtllm" / "9.9"
+    d.mkdir(parents=True)
+    (tmp_path / "aic" / "h100_sxm" / "system.yaml").write_text("gpu: {}\n")
+    grid = [(m, n, k) for m in (256, 512, 1024, 2048, 4096, 8192) for n in (1024, 2048, 4096, 8192)
+            for k in (1024, 2048, 4096, 8192)]
+    lat_ms = [(2.0 * m * n * k / 600e12 + 8e-6) * 1e3 for m, n, k in grid]
+    pd.DataFrame({"gemm_dtype": "bfloat16", "m": [g[0] for g in grid], "n": [g[1] for g in grid],
+                  "k": [g[2] for g in grid], "latency": lat_ms}).to_parquet(d / "gemm_perf.parquet")
+    db, models = tmp_path / "s.duckdb", tmp_path / "models"
+    assert store.ingest_path(tmp_path / "aic", store_path=db).rows_added["op_samples"] == len(grid)
+    rep = train_platform("dgx-h100", store_path=db, models_dir=models, cv_folds=0, write_readme=False)
+    assert list(rep["op"]) == ["gemm"]
+    pr = P.Predictor("dgx-h100", models_dir=models)
+    assert pr.kernel_bank is not None and not pr.kernel_bank.has_op("flash_attn", "fwd")
+    c = call("mlp_up", "fwd", b=1, l=2048, h=4096, ffn=8192)  # the sampled (m, n, k) = (2048, 8192, 4096)
+    (tf, pf, _), (tb, pb, _) = pr.op_times([c, bwd_of(c)], "bf16")
+    want = 2.0 * 2048 * 8192 * 4096 / 600e12 + 8e-6
+    assert pf == "measured" and tf == pytest.approx(want, rel=0.1)
+    # data gradient (2048, 4096, 8192) and weight gradient (4096, 8192, 2048): both sampled, same FLOPs
+    assert pb == P.BWD_GEMM_PROVENANCE and tb == pytest.approx(2 * want, rel=0.15)

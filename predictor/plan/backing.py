@@ -43,7 +43,9 @@ def describe_backing(pr: Predictor) -> PlatformBacking:
     if pr.bank is not None:
         kind = "measured" if own else "transferred"
         ops = f"{kind} from {p.op_models} ({len(pr.bank.ops_available())} operator models)"
-        if kb is not None:
+        if kb is not None and kb is pr.bank:
+            ops += f"; {kernel_words(kb)}"
+        elif kb is not None:
             kind = "measured + transferred"
             ops = (f"measured on this GPU (published kernel tables, {p.kernel_models}): "
                    f"{kernel_words(kb)}; the other operators transferred from {p.op_models} "
@@ -82,7 +84,7 @@ def describe_backing(pr: Predictor) -> PlatformBacking:
     else:
         speed = "-"
     short = {"operators": (f"measured GEMMs + attention ({p.kernel_models}), rest transferred ({p.op_models})"
-                           if kb is not None and pr.bank is not None else
+                           if kb is not None and pr.bank is not None and kb is not pr.bank else
                            f"{kind} ({p.op_models})" if p.op_models and pr.bank is not None else kind),
              "collectives": ("measured + analytic" if pr.coll_bank is not None else
                              "analytic (calibrated)" if pr.network.calibrated else "analytic (link specs)"),

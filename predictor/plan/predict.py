@@ -200,9 +200,10 @@ class Predictor:
                           if self.platform.collective_models else None)
         # published kernel tables of this device (Platform.kernel_models): its GEMMs and flash attention
         km = self.platform.kernel_models
-        self.kernel_bank = load_bank(km, self.models_dir) if km and km != self.platform.op_models else None
+        self.kernel_bank = (None if not km else self.bank if km == self.platform.op_models
+                            else load_bank(km, self.models_dir))
         self.notes: list[str] = []   # said with every prediction: degraded artifacts, the speed check
-        for bank in (self.bank, self.coll_bank, self.kernel_bank):
+        for bank in dict.fromkeys(b for b in (self.bank, self.coll_bank, self.kernel_bank) if b is not None):
             if bank is not None and bank.degraded:
                 self.notes += bank.warnings()
         self.network, warn = load_network_checked(self.platform, self.models_dir)
