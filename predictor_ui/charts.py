@@ -39,7 +39,7 @@ CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework over
 CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "cp_comm": "#ff9da6",
                    "ep_comm": "#eeca3b", "pp_comm": "#e45756",
                    "dp_comm": "#72b7b2", "bubble": "#bab0ac", "optimizer": "#54a24b"}
-PROVENANCE_COLORS = {"measured": "#2e7d32", "host overhead (fitted on measured runs)": "#6a1b9a",
+PROVENANCE_COLORS = {"measured": "#2e7d32", "derived": "#66bb6a", "host overhead (fitted on measured runs)": "#6a1b9a",
                      "transferred": "#1e88e5", "stand-in": "#f9a825", "analytical (calibrated)": "#8d6e63",
                      "analytical": "#9e9e9e", "none": "#e0e0e0",
                      "framework host overhead (end-to-end terms)": "#ab47bc",

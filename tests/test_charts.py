@@ -407,6 +407,7 @@ def test_provenance_colours_by_kind():
     assert charts.provenance_color("transferred from vista-gh200") == charts.PROVENANCE_COLORS["transferred"]
     assert charts.provenance_color("analytical (calibrated)") == charts.PROVENANCE_COLORS["analytical (calibrated)"]
     assert charts.provenance_color("something else") == "#bdbdbd"
+    assert charts.provenance_color("derived (flash bwd = fwd x 3.1)") == charts.PROVENANCE_COLORS["derived"]
     share = {"analytical (calibrated)": 0.2, "transferred from vista-gh200 (x)": 0.7, "measured": 0.1}
     assert charts.provenance_frame(share)["provenance"].tolist() == [
         "measured", "transferred from vista-gh200 (x)", "analytical (calibrated)"]

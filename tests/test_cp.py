@@ -75,7 +75,10 @@ def test_cp2_against_cp1_at_the_same_gpus_and_batch():
         t = p.ops
         sel = (t["op"] == "flash_attn") & (t["stage"] == 0) & (t["phase"] == "fwd")
         return float(t.loc[sel, "seconds_total"].sum())
-    assert 0.35 < attn(two) / attn(one) < 0.65
+    # half the causal FLOPs per rank (0.5 in the quadratic regime); dgx-h100's attention is measured (NVIDIA's
+    # kernel tables), and at 8 heads per rank and one sequence the kernel is not yet quadratic: the tables time
+    # t(4096) / t(8192) = 0.36 there, not 0.25, so the two cp calls at 4096 take 0.72 of the one at 8192
+    assert 0.35 < attn(two) / attn(one) < 0.8
     assert two.breakdown_s["cp_comm"] > 0 and one.breakdown_s["cp_comm"] == 0
     assert sum(two.breakdown_s[c] for c in CATEGORIES) == pytest.approx(two.step_time_s, rel=1e-9)
     act = lambda p: max(s.activations_bytes for s in p.memory.stages)  # noqa: E731

@@ -30,12 +30,15 @@ def test_a_corrupted_row_is_dropped_and_counted(tmp_path, column, factor, reason
     assert len(d) == 51 and list(dropped.values()) == [1] and reason in next(iter(dropped))
 
 
-def test_the_check_predicts_every_run_on_a_platform_without_h100_measurements():
+def test_the_check_predicts_every_run_on_dgx_h100():
     c = ind.run_check()
     d = c.runs
     assert len(d) == 52 and d["predicted_s"].notna().all() and (d["predicted_s"] > 0).all()
     assert set(d["platform"]) == {"dgx-h100"}
-    assert not d["provenance"].str.contains("measured").any()  # nothing measured on an H100 backs it
+    # what measured on an H100 backs it: NVIDIA's published kernel tables (GEMMs; MPT's Triton attention keeps its
+    # FA2 base, transferred); no H100 training run and nothing of this check
+    assert d["provenance"].str.contains("measured (derived: the forward GEMM grid", regex=False).all()
+    assert not d["provenance"].str.contains("derived (flash-attention", regex=False).any()
     assert np.allclose(d["signed_error"], d["predicted_s"] / d["measured_s"] - 1)
     assert (d["predicted_mfu"] < 1).all()
     s = c.summary("nodes")

@@ -47,7 +47,7 @@ def test_every_kept_row_closes_and_the_drops_are_the_known_ones():
     bad = pr.dropped[pr.dropped["reason"] == nemo.BAD_BATCH]
     assert sorted(bad["model"]) == ["GPT OSS 120B", "Mixtral-8x22B", "Mixtral-8x22B", "Qwen3_235B_a22B"]
     assert counts[nemo.NO_STEP] == 9  # the long-sequence (CP) table prints no batch sizes
-    assert set(ok["platform"]) <= {"dgx-h100", "dgx-b200", "gb200-nvl72"}
+    assert set(ok["platform"]) <= {"dgx-h100", "dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72"}
     assert set(ok["pred_precision"]) <= {"bf16", "fp8"}
 
 

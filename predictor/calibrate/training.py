@@ -41,6 +41,26 @@ Progress = Callable[[int, int, str], None]
 _PAPER_NCCL_RE = re.compile(r"_(allreduce_large|allreduce|allgather_large|p2p)_fp16(?:_\d+_\d+)?\.csv$")
 _PAPER_OPT_GROUP = dict(ops.PAPER_OPTIMIZER_FILES)  # paper function -> variant
 _SAME_ROOFLINE = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
+# Operators a platform's published kernel tables measure (`Platform.kernel_models`): a platform that holds only
+# those trains only those (its other samples, e.g. a few Liger-Kernel rows of one swept dimension, stay in the store)
+KERNEL_TABLE_OPS = ("gemm", "flash_attn")
+# variant suffix of a power-monitored collection (formats.aiconfigurator): left out of a fit when a short-run
+# collection of the same op exists, since the two differ in software and kernel choice as well as in power
+POWER_MONITORED = ":power-monitored"
+
+
+def _training_dtype(dtypes: pd.Series) -> str:
+    """The dtype a regressor is fitted on: half precision (fp16 / bf16, what training runs) when the samples have
+    it, else the most common one."""
+    counts = dtypes.value_counts()
+    return next((str(d) for d in counts.index if _SAME_ROOFLINE.get(str(d)) == "half"), str(counts.index[0]))
+
+
+def _drop_power_monitored(g: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    pm = g["variant"].fillna("").astype(str).str.endswith(POWER_MONITORED).to_numpy()
+    if pm.any() and not pm.all():
+        return g[~pm], int(pm.sum())
+    return g, 0
 
 
 # --------------------------------------------------------------------------- provenance
@@ -111,6 +131,8 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
     except Exception:  # noqa: BLE001
         fp_all = None
 
+    if ops_only is None and plat.kernel_models == platform_id and plat.op_models != platform_id:
+        ops_only = KERNEL_TABLE_OPS
     jobs: list[tuple[str, str, str | None]] = []
     for (op, ps), _ in opdf.groupby(["op", "pass"], sort=True):
         if op in ops.OPS and ps in ops.OPS[op].passes and (ops_only is None or op in ops_only):
@@ -134,9 +156,9 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
         model: OpRegressor | CollectiveRegressor
         if kind == "op":
             assert ps is not None  # op jobs name their pass
-            g = opdf[(opdf["op"] == name) & (opdf["pass"] == ps)]
+            g, n_power = _drop_power_monitored(opdf[(opdf["op"] == name) & (opdf["pass"] == ps)])
             dtypes = g["dtype"].fillna("fp16").astype(str)
-            main = dtypes.value_counts().index[0]
+            main = _training_dtype(dtypes)
             same = dtypes.map(_SAME_ROOFLINE).fillna(dtypes) == _SAME_ROOFLINE.get(main, main)
             g = g[same.to_numpy()]
             groups = g["variant"].fillna("-").astype(str).to_numpy() if name == "optimizer" else None
@@ -153,7 +175,7 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
             paper_err = _weighted_paper_error(by, counts) if by else None
             cmp_ = _mape_over_groups(model.cv_, by) if name == "optimizer" else model.cv_mape_
             extra = {"platform": platform_id, "cv_mape_paper_groups": cmp_, **_provenance(g, store_path),
-                     "dtype_excluded": int((~same).sum()),
+                     "dtype_excluded": int((~same).sum()), "power_monitored_excluded": n_power,
                      "paper_best_error": paper_err, "paper_errors_by_group": by,
                      "paper_best_model": sorted(set(pe["best_model"].dropna().astype(str))) or None,
                      "paper_error_note": "paper Best_error% (a fraction): MAPE of its best regressor on a random "

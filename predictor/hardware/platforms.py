@@ -156,6 +156,9 @@ class Platform:
     user_defined: bool = False
     notes: tuple[str, ...] = ()
     calibrated_from: str | None = None   # a user platform calibrated on its own runs: the platform it started from
+    # platform id whose regressors of measured published kernel tables (the generic `gemm` grid, flash-attention
+    # forward) time this platform's tensor-core GEMMs and attention; every other operator stays with `op_models`
+    kernel_models: str | None = None
 
     def nodes_for(self, ranks: int) -> int:
         return max(1, -(-ranks // self.gpus_per_node))
@@ -437,7 +440,7 @@ def _platform_from(pid: str, raw: dict[str, Any], devices: dict[str, DeviceSpec]
         op_models=op_models, collective_models=raw.get("collective_models"),
         collective_calibration=raw.get("collective_calibration"), sources=tuple(raw.get("sources", ())),
         collective_algorithms=algs, nvls_min_gpus=nvls_min, overlaps_comm_with_compute=overlap, user_defined=user,
-        notes=tuple(raw.get("notes", ())),
+        notes=tuple(raw.get("notes", ())), kernel_models=raw.get("kernel_models"),
     )
 
 
@@ -557,6 +560,8 @@ def cluster_entry(p: Platform, sources: tuple[str, ...] | None = None) -> dict[s
         "intra_node": asdict(p.intra_node), "inter_node": asdict(p.inter_node),
         "op_models": p.op_models, "collective_models": p.collective_models,
         "sources": list(p.sources if sources is None else sources)}
+    if p.kernel_models:
+        entry["kernel_models"] = p.kernel_models
     if p.collective_algorithms:
         entry["collective_algorithms"] = {"available": list(p.collective_algorithms),
                                           **({"nvls_min_gpus": p.nvls_min_gpus} if p.nvls_min_gpus else {})}

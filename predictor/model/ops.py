@@ -51,6 +51,12 @@ OPS: dict[str, OpInfo] = {o.name: o for o in [
            "MLP down projection [b*l, ffn/tp] x [ffn/tp, hidden]"),
     OpInfo("lm_head", "linear_final", ("tp", "batch", "seq", "hidden", "vocab"), ("fwd", "bwd"),
            "LM head [b*l, hidden] x [hidden, Vp/tp], Vp padded to a multiple of 128*tp"),
+    # A generic dense GEMM [m, k] x [k, n] (published kernel grids, e.g. NVIDIA's aiconfigurator collector): stored
+    # as tp = batch = 1, seq = m, hidden = k, ffn_hidden = n (the shape of an unsharded mlp_up). The decomposition
+    # never emits it; a platform with a trained gemm regressor times its linear layers' GEMMs (forward, and the
+    # backward's data- and weight-gradient GEMMs) through it (predictor.plan.predict).
+    OpInfo("gemm", None, ("tp", "batch", "seq", "hidden", "ffn_hidden"), ("fwd",),
+           "generic dense GEMM [m, k] x [k, n]: seq = m, hidden = k, ffn_hidden = n (tp = batch = 1)"),
     OpInfo("embedding", "embedding", ("tp", "batch", "seq", "hidden", "vocab"), ("fwd", "bwd"),
            "vocab-parallel embedding lookup"),
     OpInfo("flash_attn", "flash_atten", ("tp", "batch", "seq", "hidden", "heads", "kv_heads"), ("fwd", "bwd"),

@@ -27,12 +27,31 @@ class PlatformBacking:
         return d
 
 
+def kernel_words(kb) -> str:
+    """Which operators a platform's kernel-table regressors time, and how each pass is obtained."""
+    parts = []
+    if kb.has_op("gemm", "fwd"):
+        parts.append("linear-layer GEMMs measured forward (backward: the same GEMM grid at the data- and "
+                     "weight-gradient shapes)")
+    if kb.has_op("flash_attn", "fwd"):
+        parts.append("flash attention measured forward (backward derived: forward x the paper's bwd/fwd ratio)")
+    return "; ".join(parts) or "no kernel models"
+
+
 def describe_backing(pr: Predictor) -> PlatformBacking:
     p = pr.platform
     own = pr.own_measurements
+    kb = getattr(pr, "kernel_bank", None)
     if pr.bank is not None:
         kind = "measured" if own else "transferred"
         ops = f"{kind} from {p.op_models} ({len(pr.bank.ops_available())} operator models)"
+        if kb is not None and kb is pr.bank:
+            ops += f"; {kernel_words(kb)}"
+        elif kb is not None:
+            kind = "measured + transferred"
+            ops = (f"measured on this GPU (published kernel tables, {p.kernel_models}): "
+                   f"{kernel_words(kb)}; the other operators transferred from {p.op_models} "
+                   f"({len(pr.bank.ops_available())} operator models)")
         if pr.bank.degraded:
             ops += f"; DEGRADED: {len(pr.bank.problems)} model file(s) failed their check and are not used"
     elif p.op_models:
@@ -75,7 +94,9 @@ def describe_backing(pr: Predictor) -> PlatformBacking:
                  f"{p.platform_id} --save` re-times a few sampled shapes and scales to the machine's speed today)")
     else:
         speed = "-"
-    short = {"operators": f"{kind} ({p.op_models})" if p.op_models and pr.bank is not None else kind,
+    short = {"operators": (f"measured GEMMs + attention ({p.kernel_models}), rest transferred ({p.op_models})"
+                           if kb is not None and pr.bank is not None and kb is not pr.bank else
+                           f"{kind} ({p.op_models})" if p.op_models and pr.bank is not None else kind),
              "collectives": ("measured + analytic" if pr.coll_bank is not None else
                              "analytic (calibrated)" if pr.network.calibrated else "analytic (link specs)"),
              "host_overhead": (f"{host.host_s_per_layer_pass * 1e3:.2f} ms/layer pass" if host is not None

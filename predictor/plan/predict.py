@@ -4,7 +4,10 @@
     pred = Predictor("perlmutter-a100").predict(get_preset("llemma-7b"), Layout(...))
 
 Every part of the answer carries the data it rests on:
-  measured     a regressor trained on this device's own samples
+  measured     a regressor trained on this device's own samples (on a platform with `kernel_models`: the published
+               kernel tables of that device; the backward GEMMs are the same forward grid at their shapes)
+  derived      a measured time turned into another pass by a stated rule (flash-attention backward = the measured
+               forward x the bwd/fwd ratio the paper's samples measure)
   transferred  a regressor trained on another device, rescaled by the specs
   stand-in     an op nobody sampled, timed as a related sampled op scaled by work
   analytical   roofline / link specs only (no samples)
@@ -28,7 +31,7 @@ from predictor.hardware.network import analytic_time_s, expected_error, load_net
 from predictor.hardware.platforms import Platform, get_platform
 from predictor.hardware.speed import SpeedCheck, load_speed_check_checked
 from predictor.model.errors import InfeasibleConfig
-from predictor.model.ops import STAND_INS
+from predictor.model.ops import OP_SHAPE_COLUMNS, STAND_INS
 from predictor.model.params import layer_matmul_params, padded_vocab
 from predictor.model.specs import Layout, ModelSpec, as_dict
 from predictor.paths import ArtifactError
@@ -39,7 +42,7 @@ from predictor.regress import features
 from predictor.step import fp8
 from predictor.step.alignment import simt_floor_s
 from predictor.step.compose import ChunkTimes, ComposeOptions, simulate_pipeline
-from predictor.step.decompose import FUSED, CommCall, OpCall
+from predictor.step.decompose import FA2_BASE, FUSED, CommCall, OpCall
 from predictor.step.engine import (
     HOST_PROVENANCE,
     TERMS_HOST_PROVENANCE,
@@ -71,6 +74,15 @@ def default_models_dir() -> Path:
 # Efficiency assumed where only the roofline is known (no samples at all): compute-bound ops
 # reach about 60 % of peak, memory-bound ones about 70 % of HBM bandwidth.
 ANALYTIC_EFFICIENCY = 0.6
+# Flash-attention backward / forward time: the median over the paper's 4,071 A100 flash_atten samples (Perlmutter,
+# flash-attn 2.5.6, fp16; B_dur / F_dur: quartiles 2.95 / 3.135 / 3.39). The GH200 file is not used: 82 % of its
+# backward rows fail the physical bound (tests/test_kernel_tables_predict.py recomputes the value from the file).
+FLASH_BWD_OVER_FWD = 3.135
+FLASH_BWD_RATIO_SPREAD = 0.07  # half the interquartile range over the median: (3.39 - 2.95) / 2 / 3.135
+KERNEL_GEMM_OPS = tuple(o for o in features.GEMM_OPS if o != "gemm")  # the linear layers the gemm grid times
+BWD_GEMM_PROVENANCE = "measured (derived: the forward GEMM grid at the data- and weight-gradient shapes)"
+FLASH_BWD_PROVENANCE = (f"derived (flash-attention forward measured x {FLASH_BWD_OVER_FWD:g}, the bwd/fwd ratio of "
+                        f"the paper's A100 samples)")
 FUSED_PROVENANCE = "analytical (fused kernel)"
 # Expected error of an end-to-end composition not validated on this platform.
 UNVALIDATED_COMPOSITION_ERROR = 0.15
@@ -194,8 +206,12 @@ class Predictor:
         self.bank = load_bank(self.platform.op_models, self.models_dir) if self.platform.op_models else None
         self.coll_bank = (load_bank(self.platform.collective_models, self.models_dir)
                           if self.platform.collective_models else None)
+        # published kernel tables of this device (Platform.kernel_models): its GEMMs and flash attention
+        km = self.platform.kernel_models
+        self.kernel_bank = (None if not km else self.bank if km == self.platform.op_models
+                            else load_bank(km, self.models_dir))
         self.notes: list[str] = []   # said with every prediction: degraded artifacts, the speed check
-        for bank in (self.bank, self.coll_bank):
+        for bank in dict.fromkeys(b for b in (self.bank, self.coll_bank, self.kernel_bank) if b is not None):
             if bank is not None and bank.degraded:
                 self.notes += bank.warnings()
         self.network, warn = load_network_checked(self.platform, self.models_dir)
@@ -277,22 +293,26 @@ class Predictor:
                     cache[(op, pass_, s_, variant, precision)] = (float(t), FUSED_PROVENANCE, None)
                     self._ideal_cache[(op, pass_, s_, variant, precision)] = 0.0
                 continue
+            tables = variant != FA2_BASE  # Triton attention: an FA2 base, not the published (FMHA) attention
             try:
-                secs, prov, err = self._predict_op_group(op, pass_, arrays, base)
+                secs, prov, err = self._predict_op_group(op, pass_, arrays, base, tables)
             except ArtifactError as e:  # a model file changed on disk after it was checked: fall back, say so
                 self._note(f"Model {op}.{pass_} was not used: {e}")
-                secs, prov, err = self._predict_op_group(op, pass_, arrays, base)
+                secs, prov, err = self._predict_op_group(op, pass_, arrays, base, tables)
             secs = np.asarray(secs, dtype="float64")
             if self.speed is not None and prov == "measured":
                 secs = secs * self.speed.speed_factor
             ideal = self._achievable_floor_s(op, pass_, arrays, base)
+            causal = op == "flash_attn" and self._flash_samples_causal(pass_, tables)
+            if causal:  # causal samples: the kernel computes only the blocks on and below the diagonal
+                ideal = np.asarray(ideal) * causal_attention_factors(arrays["seq"])
             # no tensor-core kernel below MAMF; none for unaligned shapes below the FP32 peak (predictor.step.alignment)
             secs = np.maximum(np.maximum(secs, ideal), simt_floor_s(op, pass_, arrays, self.platform.device, base))
             if fp8.is_fp8_gemm(op, precision):  # the BF16 GEMM time x the format's ratio + the cast passes
                 secs, ideal, how = fp8.gemm_times(op, pass_, arrays, secs, self.platform.device,
                                                   self.achievable_flops(base), precision)
                 prov, err = f"{prov} ({how})", max(err or 0.0, fp8.FORMATS[precision].assumed_error)
-            if op == "flash_attn" and not self._flash_samples_causal(pass_):
+            if op == "flash_attn" and not causal:
                 # samples (or the roofline) of the non-causal kernel; a decoder's causal kernel computes only the
                 # blocks on and below the diagonal
                 k = causal_attention_factors(arrays["seq"])
@@ -333,16 +353,20 @@ class Predictor:
         flops, _ = features.op_work(op, shapes, precision, pass_)
         return np.asarray(flops, dtype="float64") / ach
 
-    def _flash_samples_causal(self, pass_: str) -> bool:
+    def _flash_samples_causal(self, pass_: str, tables: bool = True) -> bool:
         """Whether the flash-attention times come from causal samples: the project's bench samples are
         (F.scaled_dot_product_attention(is_causal=True)); the paper's flash_attn_func samples are not (its
         README: causal flag left False), nor is the roofline."""
+        kb = self.kernel_bank
+        if tables and kb is not None and kb.has_op("flash_attn", "fwd"):  # the collector's prefill attention: causal
+            return True
         b = self.bank
         if b is None or not b.has_op("flash_attn", pass_):
             return False
         return not str(b.op_info("flash_attn", pass_).get("source", "")).startswith(PAPER_SOURCE_PREFIX)
 
-    def _predict_op_group(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
+    def _predict_op_group(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str,
+                          tables: bool = True):
         """Seconds per shape row, provenance, and the expected relative error of those seconds.
         measured: own regressor (error = its CV MAPE); transferred: the regressor of the sampled platform
         in `op_models`, evaluated on ITS device and rescaled to this one by `transfer.predict_transferred`
@@ -350,6 +374,10 @@ class Predictor:
         from predictor.regress import transfer
         dev = self.platform.device
         dev.check_op(op)  # the precision was checked by op_times, this method's only caller
+        if self.kernel_bank is not None and tables:
+            got = self._kernel_table_op(op, pass_, shapes, precision)
+            if got is not None:
+                return got
         own = self.own_measurements
         src = None if own else transfer.source_device(self.platform)
         tval = None if own else transfer.cached_validation(self.models_dir)
@@ -386,6 +414,32 @@ class Predictor:
             return t * ratio, "stand-in", None
         t = features.roofline_s(op, pass_, shapes, dev, precision) / ANALYTIC_EFFICIENCY
         return t, "analytical", None
+
+    def _kernel_table_op(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
+        """(seconds, provenance, error) from the device's published kernel tables, None where they do not time `op`.
+        A linear layer's forward is the gemm grid at its (M, N, K); its backward is the data gradient
+        [M, N] x [N, K] plus the weight gradient [K, M] x [M, N], the same grid at those shapes. Flash attention:
+        the measured (causal) forward; the backward = forward x FLASH_BWD_OVER_FWD."""
+        kb = self.kernel_bank
+        assert kb is not None
+        dev = self.platform.device
+        if op in KERNEL_GEMM_OPS and kb.has_op("gemm", "fwd"):
+            M, N, K, _ = features.gemm_mnk(op, features.derived_dims(shapes))
+            err = kb.op_info("gemm", "fwd").get("cv_mape")
+
+            def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+                return np.asarray(kb.predict_op("gemm", "fwd", gemm_shapes(m, n, k), dev, precision), "float64")
+            if pass_ == "fwd":
+                return grid(M, N, K), "measured", err
+            return grid(M, K, N) + grid(K, N, M), BWD_GEMM_PROVENANCE, err
+        if op == "flash_attn" and kb.has_op("flash_attn", "fwd"):
+            t = np.asarray(kb.predict_op("flash_attn", "fwd", shapes, dev, precision), "float64")
+            err = kb.op_info("flash_attn", "fwd").get("cv_mape")
+            if pass_ == "fwd":
+                return t, "measured", err
+            e = math.hypot(float(err or 0.0), FLASH_BWD_RATIO_SPREAD)
+            return t * FLASH_BWD_OVER_FWD, FLASH_BWD_PROVENANCE, e
+        return None
 
     # ---- collective times -----------------------------------------------------------------
     def comm_times(self, calls: Sequence[CommCall]) -> list[tuple[float, str]]:
@@ -776,6 +830,17 @@ def own_runs_band(rec: dict[str, Any], model: ModelSpec, layout: Layout, gpus_pe
 
 OWN_RUNS_WIDEN_PER_DOUBLING = 0.5   # the own-runs band x (1 + this x log2 of how far off) beyond the runs
 OWN_RUNS_MIN_ERROR = 0.02           # no band narrower than this: runs themselves vary by a few percent
+
+
+def gemm_shapes(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> dict[str, np.ndarray]:
+    """Shape arrays of generic `gemm` calls [m, k] x [k, n] (ops.py: seq = m, hidden = k, ffn_hidden = n)."""
+    m = np.asarray(m, "float64")
+    nan = np.full(m.shape, np.nan)
+    one = np.ones(m.shape)
+    out = dict.fromkeys(OP_SHAPE_COLUMNS, nan)
+    out.update(tp=one, batch=one, seq=m, hidden=np.asarray(k, "float64"), ffn_hidden=np.asarray(n, "float64"))
+    out["variant"] = np.zeros(m.shape)
+    return out
 
 
 def signed_words(mean_signed: Any) -> str:

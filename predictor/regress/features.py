@@ -17,6 +17,7 @@ Work model (forward; backward in brackets):
   mlp_up              M=b*l, K=hidden, N=ffn/tp
   mlp_down            M=b*l, K=ffn/tp, N=hidden
   lm_head             M=b*l, K=hidden, N=Vp/tp (Vp = vocab padded to a multiple of 128*tp)
+  gemm                M=b*l (= m), K=hidden (= k), N=ffn_hidden (= n): a generic GEMM grid
   attn_scores         b*heads/tp batched [l,hd]x[hd,l]
   attn_context        b*heads/tp batched [l,l]x[l,hd]
   flash_attn          4*b*(h/tp)*l^2*hd flops, non-causal as the paper sampled (bwd 2.5x:
@@ -65,7 +66,7 @@ VOCAB_PAD_MULTIPLE = 128
 OPTIMIZER_BYTES_PER_PARAM = 28.0
 OPTIMIZER_FLOPS_PER_PARAM = 12.0
 OPTIMIZER_VARIANTS = {"whole": 0.0, "first": 1.0, "middle": 2.0, "last": 3.0}
-GEMM_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head")
+GEMM_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "gemm")
 BMM_OPS = ("attn_scores", "attn_context")
 # GEMMs that run on the tensor cores (the linear layers and the batched attention GEMMs), and with flash attention
 # the operators whose time is set by tensor-core throughput (floored at FLOPs / achievable matmul rate)
@@ -224,6 +225,11 @@ def _dims(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 hd_given=a["head_dim"] if "head_dim" in a else np.full_like(h, np.nan))
 
 
+def derived_dims(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The per-rank dimensions (`gemm_mnk`'s input) of `shape_arrays` output."""
+    return _dims(a)
+
+
 def optimizer_params(a: dict[str, np.ndarray]) -> np.ndarray:
     """Parameters on one GPU for an optimizer sample: `params` when given, else a GPT estimate
     from hidden, layers, tp and the stage variant (first holds the embedding, last the head)."""
@@ -248,7 +254,7 @@ def gemm_mnk(op: str, d: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
     if op == "attn_out_proj":  # input heads/tp * head_dim wide (hidden/tp unless head_dim is decoupled)
         k_in = np.where(np.isnan(d["hd_given"]), d["h"] / d["tp"], d["Hr"] * d["hd"])
         return M, d["h"], k_in, one
-    if op == "mlp_up":
+    if op in ("mlp_up", "gemm"):  # gemm: m = b*l, k = hidden, n = ffn_hidden (tp = 1)
         return M, d["ffn"] / d["tp"], d["h"], one
     if op == "mlp_down":
         return M, d["h"], d["ffn"] / d["tp"], one

@@ -337,12 +337,17 @@ class IngestReport:
         for f in self.files:
             if f.examples:
                 if f.rows_rejected:
-                    skipped = f", and {f.rows_skipped} measured runs skipped" if f.rows_skipped else ""
+                    what = "measured runs" if f.kind in _RUN_KINDS else "rows"
+                    skipped = f", and {f.rows_skipped} {what} skipped" if f.rows_skipped else ""
                     lines.append(f"rejected rows in {f.path} ({f.rows_rejected}{skipped}; first {len(f.examples)}):")
                 else:
-                    lines.append(f"skipped measured runs in {f.path} ({f.rows_skipped}; first {len(f.examples)}):")
+                    what = "measured runs" if f.kind in _RUN_KINDS else "rows"
+                    lines.append(f"skipped {what} in {f.path} ({f.rows_skipped}; first {len(f.examples)}):")
                 lines += [f"  {e}" for e in f.examples]
         return "\n".join(lines)
+
+
+_RUN_KINDS = ("measured_runs", "vtrain", "published_runs")
 
 
 def _merge_counts(dicts: Any) -> dict[str, int]:

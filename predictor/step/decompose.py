@@ -194,7 +194,7 @@ def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: i
         k = TRITON_ATTENTION_FACTOR if model.attention_impl == "triton" else 1.0
         return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
                                                         kv_heads=model.kv_heads, **_hd(model)), cp, phase, "layer",
-                       scale=k)]
+                       scale=k, variant=FA2_BASE if model.attention_impl == "triton" else None)]
     shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, **_hd(model))
     # the fused softmax kernel was sampled per rank (tp = 1, heads already divided)
     shp_sm = make_shape(tp=1, batch=b, seq=s, heads=model.num_heads // tp)
@@ -280,6 +280,9 @@ def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_top
 # Memory-bound operators a framework with fused kernels (predictor.model.frameworks) runs as one fused pass
 FUSABLE_OPS = frozenset({"rmsnorm", "layernorm", "rope", "swiglu", "gelu", "res_add"})
 FUSED = "fused"   # OpCall.variant of such an operator under fused kernels
+# OpCall.variant of a Triton flash-attention call: its TRITON_ATTENTION_FACTOR is relative to FlashAttention-2, so the
+# predictor times it on an FA2 base (never on a platform's published inference-engine attention kernel)
+FA2_BASE = "fa2-base"
 
 
 def fuse(ops: list[OpCall], fused: bool) -> list[OpCall]:

@@ -55,7 +55,8 @@ RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
 MEMORY_PARTS = mem.MEMORY_PARTS
 # Expected error of parts without a measured error of their own
-ASSUMED_ERROR = {"measured": 0.10, "transferred": 0.15, "host": 0.15, "stand-in": 0.20, "analytical": 0.30}
+ASSUMED_ERROR = {"measured": 0.10, "derived": 0.12, "transferred": 0.15, "host": 0.15, "stand-in": 0.20,
+                 "analytical": 0.30}
 
 
 @dataclass(frozen=True)

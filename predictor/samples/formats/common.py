@@ -22,7 +22,8 @@ VTRAIN_PLATFORM = "dgx-a100-80gb"
 PAPER_VOCAB = 50257
 
 KINDS = ("paper_operator", "paper_optimizer", "paper_nccl", "paper_summary", "vtrain", "vtrain_allreduce_lut",
-         "op_samples", "collective_samples", "measured_runs", "published_runs")
+         "op_samples", "collective_samples", "measured_runs", "published_runs",
+         "aiconfigurator_gemm", "aiconfigurator_attention", "aiconfigurator_comm", "liger")
 # How a measured run was executed (measured_runs.framework).
 
 # the per-source rules of a published table (formats.published.PUBLISHED_RULES), by name
@@ -87,7 +88,9 @@ _VTRAIN_LUT = re.compile(r"^AR_GPU(?P<n>\d+)_.*_LUT$")
 DATA_SUFFIXES = (".csv", ".parquet")
 KNOWN_LAYOUTS = ("paper <GPU>_<op>_fp16.csv (F_dur(us), B_dur(us) / dur(us))", "vTrain (iteration time (ms))",
                  "op_samples (op, pass, dtype, duration_s)", "collective_samples (collective, message_bytes, ...)",
-                 "measured_runs (case_id, ..., step_time_s)", "published runs (measured_metric, measured_value)")
+                 "measured_runs (case_id, ..., step_time_s)", "published runs (measured_metric, measured_value)",
+                 "aiconfigurator <gpu>/<table>/<fw>/<ver>/*_perf.parquet (gemm m,n,k / attention isl / nccl)",
+                 "Liger-Kernel benchmark CSV (kernel_name, kernel_operation_mode, y_value_50)")
 
 
 class FormatError(ValueError):

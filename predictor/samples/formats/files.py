@@ -12,6 +12,7 @@ import pandas as pd
 
 from predictor.model import ops
 from predictor.model.errors import InfeasibleConfig
+from predictor.samples.formats import aiconfigurator, liger
 from predictor.samples.formats.common import (
     _PAPER_FILE,
     _VTRAIN_LUT,
@@ -146,6 +147,13 @@ def detect_kind(path: Path, forced: str | None = None) -> tuple[str | None, dict
         return "vtrain_allreduce_lut", info
     if {"measured_metric", "measured_value"} <= cols:
         return "published_runs", info
+    aic = aiconfigurator.detect(path, cols)
+    if aic is not None:
+        return aic, info
+    if aiconfigurator.is_moe_table(cols):
+        return None, {"reason": aiconfigurator.MOE_SKIP}
+    if liger.detect(cols):
+        return "liger", info
     if "op" in cols and "pass" in cols:
         return "op_samples", info
     if "collective" in cols:
@@ -170,6 +178,8 @@ PARSERS: dict[str, Callable[[bytes, FilePlan, int], ParsedFile]] = {
     "vtrain_allreduce_lut": parse_vtrain_allreduce_lut,
     "op_samples": parse_op_samples, "collective_samples": parse_collective_samples,
     "measured_runs": parse_measured_runs, "published_runs": parse_published_runs,
+    "aiconfigurator_gemm": aiconfigurator.parse_gemm, "aiconfigurator_attention": aiconfigurator.parse_attention,
+    "aiconfigurator_comm": aiconfigurator.parse_comm, "liger": liger.parse_liger,
 }
 
 
