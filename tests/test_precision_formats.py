@@ -123,7 +123,9 @@ def test_predictions_through_predict_order_and_say_derived():
     gemm = ops[ops["op"].isin(sorted(fp8.FP8_GEMM_OPS))]
     assert len(gemm) and gemm["provenance"].str.contains("NVFP4 derived").all()
     rest = ops[(ops["category"] == "compute") & ~ops["op"].isin(sorted(fp8.FP8_GEMM_OPS))]
-    assert not rest["provenance"].str.contains("derived:").any()  # lm_head, attention, norms: BF16 as under fp8
+    # lm_head, attention, norms: BF16 as under fp8 (no format rule; a backward GEMM may still be derived from the
+    # measured forward grid, which says so in its own words)
+    assert not rest["provenance"].str.contains(r"FP[48] derived").any()
     assert nv.expected_error >= f8.expected_error
 
 
