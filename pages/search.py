@@ -84,12 +84,13 @@ if res.empty or rep.feasible == 0:
     st.stop()
 
 # ---- filters on the ranked table
-f0, f1, f2, f3, f4 = urlcheck.guard().columns(5)
+f0, f2, f3, f4 = urlcheck.guard().columns([1.4, 1, 1, 1])   # the two switches one above the other: full labels
 fits_only = f0.toggle("Only layouts that fit", True, key="fits_only", bind=BIND)
-no_tight = f1.toggle("Leave out tight layouts", True, key="no_tight", bind=BIND,
+no_tight = f0.toggle("Leave out tight layouts", True, key="no_tight", bind=BIND,
                      help="Tight: above the usable memory with the caching allocator's typical reserve; it fits only "
                           "if the allocator fragments as little as runs tuned to the edge. Off: they are listed, "
-                          "marked in the 'tight' column and in the chart.")
+                          "marked in the 'tight' column and in the chart. Ranks count every layout that fits, so a "
+                          "left-out tight layout leaves a gap in them.")
 tps = sorted(int(x) for x in res["tp"].dropna().unique())
 max_tp = f2.select_slider("Max TP", tps, value=tps[-1], key="max_tp", bind=BIND) if len(tps) > 1 else tps[0]
 pps = sorted(int(x) for x in res["pp"].dropna().unique())
