@@ -85,19 +85,10 @@ def _published_memory_runs() -> list[RunSet]:
     for e in doc["entries"]:
         if e.get("unpredictable"):
             continue
-        fields = doc["models"][e["model"]]
-        raw = e["layout"]
-        rec = {k: str(v) for k, v in fields.items() if k != "preset"}
-        if fields.get("preset"):
-            rec["model"] = str(fields["preset"])
-        rec.update({k: str(raw[k]) for k in ("num_gpus", "tp", "pp", "dp", "cp", "micro_batch", "global_batch",
-                                             "seq_len", "precision", "zero_stage", "vpp", "recompute") if k in raw})
-        rec.update(ep=str(raw.get("ep", 1)), schedule="interleaved" if raw.get("vpp", 1) > 1 else "1f1b",
-                   sequence_parallel=str(bool(raw["sequence_parallel"]) and raw["tp"] > 1).lower(),
-                   fp8_param_gather=str(bool(raw.get("fp8_param_gather", False))).lower(),
-                   platform=str(e["platform"]), case_id=str(e["id"]), name=str(e["model"]))
-        if raw.get("grad_reduce_in_fp32") is not None:
-            rec["grad_reduce_in_fp32"] = str(bool(raw["grad_reduce_in_fp32"])).lower()
+        cells = {**published_memory.model_fields(str(e["model"]), doc["models"][e["model"]]),
+                 **published_memory.layout_fields(e["layout"]), "platform": e["platform"], "case_id": e["id"]}
+        # as a predict-batch file holds them: text cells, booleans as true / false, nothing where unstated
+        rec = {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v) for k, v in cells.items()}
         recs.append(rec)
         labels.append(str(e["id"]))
     return [RunSet("published memory figures", recs, labels)]

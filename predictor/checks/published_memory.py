@@ -26,22 +26,34 @@ def load(path: Path = CATALOG) -> dict[str, Any]:
     return dict(json.loads(Path(path).read_text()))
 
 
+def model_fields(name: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The predict-batch fields of a catalog model (`preset`, or the fields themselves), named `name`."""
+    return {**fields, "model": fields.get("preset"), "name": name}
+
+
 def model_spec(name: str, fields: dict[str, Any]) -> Any:
     """A ModelSpec from a catalog model (`preset`, or the predict-batch fields), read as predict-batch reads a row
     (`layout_io.model_from_fields`); raises InfeasibleConfig where the predictor refuses it."""
     from predictor.model.layout_io import model_from_fields
-    return model_from_fields({**fields, "model": fields.get("preset"), "name": name})
+    return model_from_fields(model_fields(name, fields))
 
 
-def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
-    from predictor.model.specs import Layout
+def layout_fields(raw: dict[str, Any], recompute: str | None = None) -> dict[str, Any]:
+    """The Layout fields of a catalog layout, by the catalog's rules: the interleaved schedule where vpp > 1,
+    sequence parallelism only with tp > 1, FP8 primary weights and the gradient precision where stated."""
     fields = {k: raw[k] for k in ("num_gpus", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_len",
                                   "precision", "zero_stage", "vpp")}
     fields["recompute"] = recompute or raw["recompute"]
     fields["sequence_parallel"] = bool(raw["sequence_parallel"]) and raw["tp"] > 1
     fields["schedule"] = "interleaved" if raw.get("vpp", 1) > 1 else "1f1b"
-    return Layout(**fields, ep=raw.get("ep", 1), grad_reduce_in_fp32=raw.get("grad_reduce_in_fp32"),
+    fields.update(ep=raw.get("ep", 1), grad_reduce_in_fp32=raw.get("grad_reduce_in_fp32"),
                   fp8_param_gather=bool(raw.get("fp8_param_gather", False)))
+    return fields
+
+
+def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
+    from predictor.model.specs import Layout
+    return Layout(**layout_fields(raw, recompute))
 
 
 MEASURES = ("device", "reserved", "allocated")
