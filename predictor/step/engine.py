@@ -719,9 +719,8 @@ class Engine:
         rr = np.arange(R)
         out.peak_bytes[idx] = total[rr, ps]
         out.low_peak_bytes[idx] = (total - arr["allocator"] + arr["allocator_min"]).max(axis=1)
-        allocated = np.sum([arr[k] for k in mem.ALLOCATED_PARTS], axis=0)
-        out.peak_allocated_bytes[idx] = allocated.max(axis=1)
-        out.peak_reserved_bytes[idx] = (allocated + arr["allocator"]).max(axis=1)
+        out.peak_allocated_bytes[idx] = arr["allocated"].max(axis=1)
+        out.peak_reserved_bytes[idx] = (arr["allocated"] + arr["allocator"]).max(axis=1)
         out.peak_stage[idx] = ps
         for k in MEMORY_PARTS:
             out.memory_parts[k][idx] = arr[k][rr, ps]

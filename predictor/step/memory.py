@@ -111,6 +111,10 @@ from predictor.step import fp8
 from predictor.step.arrayops import unique_rows
 
 GIB = float(2 ** 30)
+# what a `tight` layout (MemoryReport.tight) is, in the words every page and table uses
+TIGHT_MEANS = ("above the usable memory with the caching allocator's typical reserve; it fits only if the allocator "
+               "fragments as little as runs tuned to the edge do (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
+               "helps)")
 FP8_WEIGHT_COPIES = 2   # FP8 weight + its FP8 transpose (Hopper) / columnwise copy (MXFP8), bytes per GEMM parameter
 
 @dataclass(frozen=True)
@@ -677,7 +681,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     out["allocator"] = allocated * (options.allocator_overhead if overheads else 0.0)
     out["allocator_min"] = allocated * (min(options.allocator_overhead_min, options.allocator_overhead)
                                         if overheads else 0.0)
-    return {**out, "params": stage_params, "in_flight": k_in}
+    return {**out, "allocated": allocated, "params": stage_params, "in_flight": k_in}
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
