@@ -4,6 +4,7 @@ import streamlit as st
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import model_from_fields
 from predictor.plan.search import SearchSpace
+from predictor.step.memory import TIGHT_MEANS
 from predictor_ui import charts, data, fmt, inputs, urlcheck, views
 from predictor_ui.search_view import OBJECTIVE_LABELS
 
@@ -87,10 +88,8 @@ if res.empty or rep.feasible == 0:
 f0, f2, f3, f4 = urlcheck.guard().columns([1.4, 1, 1, 1])   # the two switches one above the other: full labels
 fits_only = f0.toggle("Only layouts that fit", True, key="fits_only", bind=BIND)
 no_tight = f0.toggle("Leave out tight layouts", True, key="no_tight", bind=BIND,
-                     help="Tight: above the usable memory with the caching allocator's typical reserve; it fits only "
-                          "if the allocator fragments as little as runs tuned to the edge. Off: they are listed, "
-                          "marked in the 'tight' column and in the chart. Ranks count every layout that fits, so a "
-                          "left-out tight layout leaves a gap in them.")
+                     help=f"Tight: {TIGHT_MEANS}. Off: they are listed, marked in the 'tight' column and in the "
+                          "chart. Ranks count every layout that fits, so a left-out tight layout leaves a gap in them.")
 tps = sorted(int(x) for x in res["tp"].dropna().unique())
 max_tp = f2.select_slider("Max TP", tps, value=tps[-1], key="max_tp", bind=BIND) if len(tps) > 1 else tps[0]
 pps = sorted(int(x) for x in res["pp"].dropna().unique())
@@ -113,9 +112,8 @@ if view.empty:
 best = view.iloc[0]
 best_tight = bool(best.get("memory_tight", False))
 if best_tight:
-    st.warning("**The best layout here is tight**: it fits only if the caching allocator fragments as little as runs "
-               "tuned to the edge do (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True helps). Leave headroom, or "
-               "turn on 'Leave out tight layouts' for the best layout with the typical reserve.",
+    st.warning(f"**The best layout here is tight**: {TIGHT_MEANS}. Leave headroom, or turn on 'Leave out tight "
+               "layouts' for the best layout with the typical reserve.",
                icon=":material/memory:")
 c = st.columns(4)
 c[0].metric("Best step time (tight)" if best_tight else "Best step time", fmt.seconds(float(best["step_time_s"])),
@@ -152,8 +150,7 @@ ev = st.dataframe(
                    "mfu": st.column_config.NumberColumn("MFU", format="percent"),
                    "peak_mem_gib": st.column_config.NumberColumn("memory/GPU (GiB)", format="%.3g"),
                    "memory_tight": st.column_config.CheckboxColumn(
-                       "tight", help="Above the usable memory with the caching allocator's typical reserve: fits "
-                                     "only if it fragments as little as runs tuned to the edge"),
+                       "tight", help=f"Tight: {TIGHT_MEANS}"),
                    "days": st.column_config.NumberColumn("days", format="%.4g"),
                    "cost": st.column_config.NumberColumn("cost ($)", format="%.4g"),
                    "expected_error": st.column_config.NumberColumn("± error", format="percent"),

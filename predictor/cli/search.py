@@ -17,6 +17,7 @@ import sys
 from predictor.model.errors import InfeasibleConfig
 from predictor.paths import clusters_file_arg, json_default
 from predictor.step.compose import CATEGORIES
+from predictor.step.memory import TIGHT_MEANS
 
 TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "num_micro_batches", "vpp",
                  "schedule", "stage_layers", "recompute", "sequence_parallel", "zero_stage", "step_time_s",
@@ -225,8 +226,7 @@ def _print_report(rep, table, cols, a) -> None:
         t.add_row(*cells)
     c.print(t)
     if "memory_tight" in table.columns and table["memory_tight"].any():
-        c.print("mem GiB '!': tight, above the usable memory with the caching allocator's typical reserve; fits only "
-                "if it fragments as little as runs tuned to the edge (expandable_segments). Leave headroom.")
+        c.print(f"mem GiB '!': tight, {TIGHT_MEANS}. Leave headroom.", markup=False)
     if rep.top and rep.top[0].prediction is not None:
         p = rep.top[0].prediction
         c.print(f"best: expected error +/-{p.expected_error:.0%} ({p.error_basis}); rests on: {p.provenance}")
@@ -327,8 +327,8 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--no-uneven", action="store_true", help="do not try edge-light uneven layer splits")
     g.add_argument("--tp-across-nodes", action="store_true", help="allow tensor parallelism across nodes")
     g.add_argument("--leave-out-tight", action="store_true",
-                   help="rank only layouts that fit with the caching allocator's typical reserve (tight ones, which "
-                        "fit only if it fragments as little as runs tuned to the edge, stay in --all unranked)")
+                   help="rank only layouts that fit with the caching allocator's typical reserve (tight ones stay "
+                        "in --all, unranked)")
     add_memory_model_args(sp)
     add_moe_args(sp)
     sp.add_argument("--no-refine", action="store_true", help="skip the exact re-prediction of the top K")
