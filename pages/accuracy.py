@@ -4,6 +4,7 @@ import io
 import pandas as pd
 import streamlit as st
 
+from predictor import paths
 from predictor.checks.validate import mark_unmodelled_host, save_validation, summarize_validation
 from predictor.model.layout_io import BATCH_COLUMNS
 from predictor.paths import ArtifactError
@@ -144,8 +145,8 @@ IND_COLS_CFG = {
 
 
 def independent_check() -> None:
-    """Published runs on a GPU nobody sampled (predictor/catalog/independent_runs.json), never fitted to."""
-    st.subheader("Independent check: published runs on a GPU nobody sampled")
+    """Published runs never ingested nor fitted to (predictor/catalog/independent_runs.json)."""
+    st.subheader("Independent check: published runs never fitted to")
     try:
         sources = data.independent_sources()
     except Exception as e:  # noqa: BLE001 - a bad catalog: the rest of the page stays up
@@ -153,6 +154,16 @@ def independent_check() -> None:
         return
     for source_id in sources:
         independent_source(source_id)
+
+
+# what the platform's operator times rest on (predictor.plan.backing.describe_backing's kind), in the page's words
+BACKING_WORDS = {
+    "measured + transferred": "whose GEMMs and attention are measured on this GPU (published kernel tables) and whose "
+                              "other operators are transferred from another GPU's samples",
+    "measured": "whose operators were sampled on this GPU",
+    "transferred": "whose operators were never sampled on it (transferred from another GPU's samples)",
+    "analytical": "whose operators are analytical (no samples)",
+}
 
 
 def independent_source(source_id: str) -> None:
@@ -164,9 +175,15 @@ def independent_source(source_id: str) -> None:
     mfu_basis = {"fp8": " MFU here is against the FP8 peak, as the source computes it."}.get(
         str(src.get("peak_flops_basis", "")), "")
     dropped = "; ".join(f"{n} dropped: {why}" for why, n in src["dropped"].items()) or "none dropped"
-    st.markdown(f"{src['description']} ({len(runs)} runs; {dropped}), predicted on **{runs['platform'].iloc[0]}**, "
-                "whose operators were never sampled (transferred from GH200). These runs are never ingested and "
-                "no term is fitted on them: this is how far the planner holds on hardware it has not measured. "
+    plat = str(runs["platform"].iloc[0])
+    try:
+        backed = BACKING_WORDS.get(data.backing_kind(plat), "whose operator backing is not known")
+    except Exception:  # noqa: BLE001 - the words only; the check itself is already computed
+        backed = "whose operator backing could not be read"
+    st.markdown(f"{src['description']} ({len(runs)} runs; {dropped}), predicted on **{plat}**, "
+                f"{backed}. "
+                "These runs are never ingested and no term is fitted on them: this is how far the planner holds on "
+                "runs it has never seen. "
                 f"Source: {src['document']} ({src['licence']}). *Signed*: below zero, the prediction is faster "
                 f"than the published step.{mfu_basis}")
     table = pd.concat([overall, by_nodes], ignore_index=True)
@@ -306,6 +323,12 @@ if t_e2e.open:
         counts = runs.groupby("platform").size() if runs is not None and len(runs) else pd.Series(dtype=int)
         saved_plats = data.saved_validation_platforms()
         plats = sorted(set(counts.index) | set(saved_plats))
+        if not paths.SHARED_DATASETS.exists():
+            st.info(f"The shared datasets ({paths.SHARED_DATASETS}) are not on this machine, so the store holds "
+                    "only the project's own CPU samples and runs: the platforms here are the CPU ones (the page "
+                    "opens on the one with the most measured runs) and GPU platforms appear only where a saved "
+                    "validation ships. Put the datasets at ../shared/datasets and run `bash scripts/setup.sh` to "
+                    "validate the GPU platforms against their measured runs.", icon=":material/database:")
         if not plats and not ok:
             views.store_missing(msg)
         elif not plats:

@@ -98,7 +98,7 @@ with results_area:
                             f"({'does NOT fit' if not mem.fits else 'tight' if mem.tight else 'fits'})",
             f"time to {fmt.count(target['tokens']).replace(' ', '')} tokens": fmt.duration(cost.seconds),
             "GPU-hours": fmt.count(cost.gpu_hours), "cost": fmt.money(cost.cost),
-            "rests on": views.short_prov(p.provenance_share),
+            "rests on": views.short_prov(p.provenance_share, families=4),
         }
     table = pd.DataFrame(rows).astype(str)
     first = table.columns[0]

@@ -3,6 +3,7 @@ import streamlit as st
 
 from predictor.model.errors import InfeasibleConfig
 from predictor.plan.costing import training_estimate
+from predictor.plan.memory_verdict import largest_parts
 from predictor.step.memory import GIB
 from predictor_ui import data, fmt, inputs, urlcheck, views
 
@@ -46,8 +47,11 @@ usable_gib, capacity_gib = mem.usable_bytes / GIB, mem.capacity_bytes / GIB
 tokens_lbl = fmt.count(target["tokens"]).replace(" ", "")
 if not mem.fits:
     # A layout that cannot run gets no headline numbers in full size: the verdict first, the times small
-    st.error(f"**Does not fit:** this layout needs {mem.peak_gib:.3g} GiB per GPU (stage {mem.peak.stage}, the "
-             f"fullest) but only {usable_gib:.3g} of the device's {capacity_gib:.3g} GiB are usable. Try more "
+    # one number format for every GiB figure (the verdict's: one decimal), the fullest stage's largest parts,
+    # and the usable memory said once (the HBM beside it only where a margin is kept back)
+    of_hbm = "" if abs(capacity_gib - usable_gib) < 0.05 else f" of the device's {capacity_gib:,.1f} GiB"
+    st.error(f"**Does not fit:** this layout needs {mem.peak_gib:,.1f} GiB per GPU on stage {mem.peak.stage}, the "
+             f"fullest ({largest_parts(pred)}), but {usable_gib:,.1f} GiB{of_hbm} are usable. Try more "
              "pipeline or tensor parallelism, a smaller micro-batch, recomputation or a higher ZeRO stage "
              "(the Memory tab shows where the bytes go).", icon=":material/memory:")
     st.caption(f"If it fitted: step time {fmt.seconds(pred.step_time_s)} ({views.step_band(pred)}), "
@@ -78,10 +82,10 @@ if mem.fits:
                 delta_arrow="off", border=True)
     c[2].metric("Cost", fmt.money(cost.cost),
                 f"at ${target['price']:.2f}/GPU-h" if target["price"] is not None
-                else "enter $/GPU-hour in the sidebar", delta_color="off", delta_arrow="off", border=True)
+                else "set a price in the sidebar", delta_color="off", delta_arrow="off", border=True)
     c[3].metric("Data behind it", views.prov_word(pred.provenance_share),
-                views.short_prov(pred.provenance_share) or "-", delta_color="off", delta_arrow="off", border=True,
-                help=views.PROVENANCE_HELP)
+                views.short_prov(pred.provenance_share, families=2) or "-", delta_color="off", delta_arrow="off",
+                border=True, help=views.PROVENANCE_HELP)
 # Charts only now: on a cold start the numbers above reach the browser first. Above the fold
 # and on the first tab the bars are plain HTML, so the first paint needs no chart library.
 from predictor_ui import charts  # noqa: E402
@@ -91,6 +95,8 @@ with p1:
     st.html(charts.provenance_html(pred.provenance_share))
 p2.caption(f"**Expected error** ± {fmt.pct(pred.expected_error)}: {pred.error_basis}.")
 for w in pred.warnings:
+    if not mem.fits and w.startswith("Does not fit in memory"):
+        continue   # the red verdict above says it, with the same figures
     st.warning(w, icon=":material/info:")
 
 # Lazy tabs: only the open one runs (light first paint); the open tab is part of the URL.

@@ -134,7 +134,8 @@ def breakdown_chart(breakdowns: dict[str, dict[str, float]], height: int | None 
         x=alt.X("sum(seconds):Q", title="seconds per step", stack="zero"),
         y=alt.Y("setup:N", title=None, sort=list(breakdowns)),
         color=alt.Color("label:N", title="category", scale=_scale(labels, df["label"]),
-                        legend=alt.Legend(orient="bottom", columns=3)),
+                        # labels are up to ~40 characters ("EP all-to-all (MoE dispatch / combine)"): never cut
+                        legend=alt.Legend(orient="bottom", columns=3, labelLimit=400)),
         order=alt.Order("order:Q"),
         tooltip=[alt.Tooltip("setup:N"), alt.Tooltip("label:N", title="category"),
                  alt.Tooltip("seconds:Q", format=".4g"), alt.Tooltip("share:Q", format=".1%")],

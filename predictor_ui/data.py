@@ -68,6 +68,12 @@ def backing(key: str) -> dict[str, str]:
     return d
 
 
+def backing_kind(key: str) -> str:
+    """measured | measured + transferred | transferred | analytical: what a platform's operator times rest on."""
+    from predictor.plan.backing import describe_backing
+    return describe_backing(predictor(key)).kind
+
+
 # --------------------------------------------------------------------------- building specs
 def build(model_fields: dict[str, Any], layout_fields: dict[str, Any]) -> tuple[ModelSpec, Layout]:
     """ModelSpec + validated Layout; raises InfeasibleConfig naming the field and the fix."""

@@ -223,8 +223,10 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
                                          key=_k(prefix, "global_batch"), bind=BIND,
                                          help="Sequences per optimizer step (a multiple of micro-batch × DP)")
     if more is not None:
+        # a compact setup column (Compare: four setups at 1366 px are ~230 px wide): half-width pickers there cut
+        # "interleaved" to "interleavec", "2048" to "204" and break "Precision" in two, so one input per row
         c = c.expander(more)
-        a, b = c.columns(2)
+        a = b = c
     seqs = list(SEQ_LENS)
     if d["seq_len"] not in seqs:
         seqs = sorted(seqs + [d["seq_len"]])

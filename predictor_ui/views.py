@@ -139,19 +139,36 @@ def step_band(pred) -> str:
 
 # The headline card has room for about nine characters at its font size: the kind of the largest share in one
 # short word (the full text sits in the card's caption and in the provenance bar below).
-PROV_WORDS = (("measured", "Measured"), ("transferred", "Transfer"), ("analytical", "Analytic"),
-              ("stand-in", "Stand-in"), ("end-to-end", "E2E terms"), ("framework host", "Host fit"))
+PROV_WORDS = (("measured", "Measured"), ("derived", "Derived"), ("transferred", "Transfer"),
+              ("analytical", "Analytic"), ("stand-in", "Stand-in"), ("end-to-end", "E2E terms"),
+              ("framework host", "Host fit"))
+
+
+def family_shares(share: dict[str, float]) -> dict[str, float]:
+    """The provenance shares summed by family (the first word of each label: 'measured (derived: ...)' is
+    measured, 'analytical (fused kernel)' analytical), largest first."""
+    out: dict[str, float] = {}
+    for label, v in share.items():
+        fam = next((prefix for prefix, _ in PROV_WORDS if label.startswith(prefix)), label.split(" ")[0])
+        out[fam] = out.get(fam, 0.0) + v
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def prov_word(share: dict[str, float]) -> str:
-    """One short word for the kind of data the largest share of a prediction rests on."""
-    if not share:
+    """One short word for the family of data the largest share of a prediction rests on (shares of one family
+    summed, so measured GEMMs split over two labels still count as measured)."""
+    fams = family_shares(share)
+    if not fams:
         return "-"
-    top = max(share.items(), key=lambda kv: kv[1])[0]
-    return next((w for prefix, w in PROV_WORDS if top.startswith(prefix)), top.split(" ")[0][:9].capitalize())
+    top = next(iter(fams))
+    return next((w for prefix, w in PROV_WORDS if top == prefix), top[:9].capitalize())
 
 
-def short_prov(share: dict[str, float]) -> str:
+def short_prov(share: dict[str, float], families: int | None = None) -> str:
+    """'label 26%, ...' largest first; with `families`, only that many families summed ('measured 40%, ...'),
+    short enough for a metric card."""
+    if families is not None:
+        return ", ".join(f"{k} {v:.0%}" for k, v in list(family_shares(share).items())[:families] if v >= 0.005)
     return ", ".join(f"{k} {v:.0%}" for k, v in sorted(share.items(), key=lambda kv: -kv[1]) if v >= 0.005)
 
 

@@ -140,6 +140,18 @@ def test_predict_default_page():
     assert data in {w for _, w in views.PROV_WORDS} and len(data) <= 9
 
 
+def test_data_behind_it_sums_a_family_over_its_labels():
+    """A measured platform's GEMMs come as 'measured' and 'measured (derived: ...)' shares: together they are the
+    largest family, so the card says Measured, not the single largest label (analytical), as it did on dgx-h100."""
+    share = {"measured": 0.14, "measured (derived: the forward GEMM grid at the gradient shapes)": 0.26,
+             "analytical (calibrated)": 0.28, "analytical (fused kernel)": 0.09, "derived (flash-attention)": 0.03,
+             "framework host overhead (end-to-end terms)": 0.10, "end-to-end terms (power factor)": 0.08}
+    assert views.prov_word(share) == "Measured"
+    assert views.short_prov(share, families=2) == "measured 40%, analytical 37%"
+    assert views.prov_word({"analytical (calibrated)": 0.6, "measured": 0.4}) == "Analytic"
+    assert views.prov_word({}) == "-"
+
+
 def test_predict_a_layout_that_does_not_fit_shows_the_verdict_not_headline_numbers():
     """llama3-70b on 8 GPUs without sharding cannot run: the red verdict first, no full-size step time / time to
     train; the times stay readable in small print, and the tabs still work."""
@@ -147,6 +159,12 @@ def test_predict_a_layout_that_does_not_fit_shows_the_verdict_not_headline_numbe
          "sequence_parallel": "false", "zero_stage": 0}
     at = run(query=q)
     assert any(e.value.startswith("**Does not fit:**") and "GiB per GPU" in e.value for e in at.error)
+    # one verdict in one number format (it was "1.41e+03 GiB" in red and "1406.4 GiB" in a warning below), with
+    # the parts that push it over
+    verdict = next(e.value for e in at.error if e.value.startswith("**Does not fit:**"))
+    assert "e+" not in verdict and re.search(r"needs \d,\d{3}\.\d GiB per GPU", verdict)
+    assert "optimizer" in verdict and "gradients" in verdict
+    assert not any("Does not fit in memory" in w.value for w in at.warning)
     labels = [m.label for m in at.metric]
     assert "Step time" not in labels and not any(lbl.startswith("Time to") for lbl in labels)
     assert "If it fitted: step time" in text(at) and "Not a plan" in text(at)
@@ -472,13 +490,17 @@ def test_accuracy_end_to_end_per_source_in_sample_vs_held_out():
     assert row["runs"] == rec["runs"]
 
 
-def test_accuracy_shows_the_independent_check_on_a_gpu_nobody_sampled():
-    """The published H100 runs (never fitted): overall and per node count, signed error beside MAPE."""
+def test_accuracy_shows_the_independent_check_of_published_runs_never_fitted():
+    """The published H100 runs (never fitted): overall and per node count, signed error beside MAPE. The words say
+    what dgx-h100's operators rest on now (measured GEMMs and attention), not that nobody sampled the GPU."""
     from predictor.checks.independent import run_check
+    from predictor_ui import data
     c = run_check()
     at = run("pages/accuracy.py")
-    assert any(s.value == "Independent check: published runs on a GPU nobody sampled" for s in at.subheader)
+    assert any(s.value == "Independent check: published runs never fitted to" for s in at.subheader)
     assert "never ingested" in text(at) and "dgx-h100" in text(at)
+    assert data.backing_kind("dgx-h100") == "measured + transferred"
+    assert "measured on this GPU (published kernel tables)" in text(at) and "never sampled" not in text(at)
     table = next(d.value for d in at.dataframe if "published_mfu" in d.value and "group" in d.value)
     assert list(table["group"]) == ["all runs", *c.summary("nodes")["group"]]
     assert table["mean_signed"].iloc[0] == pytest.approx(c.summary()["mean_signed"].iloc[0])
@@ -756,3 +778,16 @@ def test_search_leaves_tight_layouts_out_by_default_and_says_so_when_shown():
     assert at.dataframe[0].value["memory_tight"].any()
     assert STEP_RE.match(metric(at, "Best step time (tight)"))
     assert any("best layout here is tight" in w.value for w in at.warning)
+
+
+def test_accuracy_says_why_without_the_shared_datasets(monkeypatch, tmp_path):
+    """Without ../shared/datasets the store holds only CPU runs and the page opened on cpu-2t with no word on why:
+    it now says the datasets are missing and how to add them; with them, no such note."""
+    from predictor import paths
+    if paths.SHARED_DATASETS.exists():
+        at = run("pages/accuracy.py")
+        assert not any("are not on this machine" in i.value for i in at.info)
+    monkeypatch.setattr(paths, "SHARED_DATASETS", tmp_path / "no-datasets")
+    at = run("pages/accuracy.py")
+    assert not at.exception
+    assert any("are not on this machine" in i.value and "scripts/setup.sh" in i.value for i in at.info)

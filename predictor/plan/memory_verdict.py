@@ -57,14 +57,22 @@ def oom_fix(pred: StepPrediction) -> str:
     return "use " + "; or ".join(levers) + f" ({ALLOW_OOM_HINT})."
 
 
+def largest_parts(pred: StepPrediction, n: int = 3) -> str:
+    """'optimizer 788.5, gradients 262.8, weights 131.4 GiB': the n largest allocated parts of the fullest stage,
+    in the one number format of the verdict (GiB, one decimal); '' without a memory report."""
+    if pred.memory is None:
+        return ""
+    pk = pred.memory.peak
+    top = sorted({"weights": pk.weights_bytes, "gradients": pk.grads_bytes, "optimizer": pk.optimizer_bytes,
+                  "activations": pk.activations_bytes, "buffers": pk.buffers_bytes}.items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{k} {v / 2 ** 30:,.1f}" for k, v in top[:n]) + " GiB"
+
+
 def oom_error(pred: StepPrediction) -> InfeasibleConfig:
     """The error a layout that does not fit becomes: field 'memory', the GiB needed and usable, the fix."""
     parts = ""
     if pred.memory is not None:
-        pk = pred.memory.peak
-        top = sorted({"weights": pk.weights_bytes, "gradients": pk.grads_bytes, "optimizer": pk.optimizer_bytes,
-                      "activations": pk.activations_bytes, "buffers": pk.buffers_bytes}.items(), key=lambda kv: -kv[1])
-        parts = f" on stage {pk.stage} (" + ", ".join(f"{k} {v / 2 ** 30:,.1f}" for k, v in top[:3]) + " GiB)"
+        parts = f" on stage {pred.memory.peak.stage} ({largest_parts(pred)})"
     problem = (f"the layout does not fit: {pred.memory_gib:,.1f} GiB per GPU needed{parts}, "
                f"{pred.usable_gib:,.1f} GiB usable on {pred.platform_id} ({pred.hbm_gib:g} GiB HBM).")
     return InfeasibleConfig("memory", problem, oom_fix(pred))
