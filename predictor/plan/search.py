@@ -37,6 +37,7 @@ from predictor.model.bounds import check_bound
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
 from predictor.model.specs import (
+    CP_COMMS,
     FLASH_IMPLS,
     RECOMPUTES,
     SCHEDULES,
@@ -50,6 +51,7 @@ from predictor.plan.costing import TrainingEstimate, training_estimate
 from predictor.plan.predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
 from predictor.step import memory as mem
 from predictor.step.compose import CATEGORIES
+from predictor.step.decompose import cp_a2a_ranks
 from predictor.step.engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  # noqa: F401  (_unique_rows re-exported)
 from predictor.step.fp8 import mfu_peak_precision
 
@@ -91,6 +93,14 @@ class SearchSpace:
     # leave out of the ranking the layouts that fit only if the caching allocator fragments less than it typically
     # does (memory_tight); they stay in the table, unranked, with the reason
     leave_out_tight: bool = False
+    # --- all-to-all context parallelism and activation offloading (off by default: the p2p ring, no offload) ---
+    # context-parallel communication kinds tried where cp > 1 (Layout.cp_comm; a kind a layout cannot run, e.g.
+    # a2a with heads per rank not divisible by cp, is skipped for it)
+    cp_comm: tuple[str, ...] = ("p2p",)
+    # offloaded layers per stage tried (Layout.offload_activations; only on layouts that allow it: pp = 1,
+    # recompute none, fewer layers than the model has); a layout that fits only with offload shows it in its
+    # offload_activations column
+    offload_activations: tuple[int, ...] = (0,)
 
 
 @dataclass
@@ -345,6 +355,8 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
         zs = [z for z in space.zero_stage if (z == 0 or dp * cp > 1) and z in fw.zero_stages
               and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
         eps = _ep_choices(model, space, tp * cp * dp)
+        cpcs = _cp_comm_choices(model, space, tp, cp, platform.gpus_per_node)
+        offs = [n for n in space.offload_activations if 0 <= n < L]
         structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
         if "1f1b" in space.schedules or pp == 1:
             even = Structure(pp, 1, "1f1b", tuple(split_layers(L, pp)), None)
@@ -378,9 +390,33 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                             for ep in eps:
                                 if ep > 1 and z >= 2:   # MoE states shard with the distributed optimizer (ZeRO-1)
                                     continue
-                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
-                                             cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)), gbytes,
-                                             f8p))
+                                for cpc in cpcs:
+                                    for off in offs:
+                                        if off and (rc != "none" or pp > 1):
+                                            continue
+                                        rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr,
+                                                     opg, cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)),
+                                                     gbytes, f8p, cpc, 0, off))
+
+
+def _cp_comm_choices(model: ModelSpec, space: SearchSpace, tp: int, cp: int, gpus_per_node: int) -> list[int]:
+    """Indices into CP_COMMS of the context-parallel kinds tried for (tp, cp): p2p alone where cp = 1; else those of
+    `space.cp_comm` whose all-to-all group (decompose.cp_a2a_ranks, a2a+p2p at its default size) divides the query
+    and key/value heads of a tensor-parallel rank."""
+    if cp == 1:
+        return [0]
+    out = []
+    q_r, kv_r = model.num_heads // tp, max(model.kv_heads // tp, 1)
+    for kind in space.cp_comm:
+        if kind not in CP_COMMS:
+            raise InfeasibleConfig("cp_comm", f"unknown context-parallel communication '{kind}'.",
+                                   f"use one of {', '.join(CP_COMMS)}.")
+        if kind == "a2a" and (q_r % cp or kv_r % cp):
+            continue
+        if kind == "a2a+p2p" and cp_a2a_ranks(model, tp, cp, kind, None, gpus_per_node) in (1, cp):
+            continue
+        out.append(CP_COMMS.index(kind))
+    return out or [0]
 
 
 def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:
