@@ -286,7 +286,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
             if (num_gpus // tp) % cp:
                 continue
             _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg,
-                             rcs, rows)
+                             rcs, rows, platform.gpus_per_node)
     return rows, structs, excl
 
 
@@ -325,7 +325,7 @@ def _cp_choices(model: ModelSpec, platform: Platform, num_gpus: int, seq_len: in
 
 
 def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg, rcs,
-                     rows) -> None:
+                     rows, gpus_per_node: int = 8) -> None:
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
     gbytes = grad_comm_bytes(space.precision, space.grad_reduce_in_fp32)
     f8p = int(space.fp8_param_gather)
@@ -355,7 +355,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
         zs = [z for z in space.zero_stage if (z == 0 or dp * cp > 1) and z in fw.zero_stages
               and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
         eps = _ep_choices(model, space, tp * cp * dp)
-        cpcs = _cp_comm_choices(model, space, tp, cp, platform.gpus_per_node)
+        cpcs = _cp_comm_choices(model, space, tp, cp, gpus_per_node)
         offs = [n for n in space.offload_activations if 0 <= n < L]
         structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
         if "1f1b" in space.schedules or pp == 1:

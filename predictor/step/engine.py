@@ -55,7 +55,7 @@ COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "st
  I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
-PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
+PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload_comm")
 MEMORY_PARTS = mem.MEMORY_PARTS
 # Expected error of parts without a measured error of their own
 ASSUMED_ERROR = {"measured": 0.10, "derived": 0.12, "transferred": 0.15, "host": 0.15, "stand-in": 0.20,
@@ -700,10 +700,18 @@ class Engine:
         else:
             fh = bh = np.zeros_like(fc)
         onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
+        arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
+                                      tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
+                                      ep=sub[:, I_EP],
+                                      micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
+                                      recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
+                                      comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P],
+                                      offload=sub[:, I_OFF])
+        fof, bof = self._offload_exposed(sub, arr, onehot, cn, unit, idx)
         fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "cp_comm": fcp, "ep_comm": fep, "pp_comm": ppc,
-               "dp_comm": fdp}
+               "dp_comm": fdp, "offload_comm": fof}
         bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "cp_comm": bcp, "ep_comm": bep, "pp_comm": ppc,
-               "dp_comm": bdp}
+               "dp_comm": bdp, "offload_comm": bof}
         emb_s = ((cf + cl) > 0).astype(float) @ onehot * emb_t[:, None]
         ov_grad = sub[:, I_OGR].astype(bool) & opts.overlap_grad_reduce        # the platform may forbid it
         ov_gather = sub[:, I_OPG].astype(bool) & opts.overlap_param_gather
@@ -721,13 +729,7 @@ class Engine:
             out.breakdown_s[k][idx] = v
         for k, v in comp.detail_s.items():
             out.detail_s[k][idx] = v
-        # memory per stage
-        arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
-                                      tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
-                                      ep=sub[:, I_EP],
-                                      micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
-                                      recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
-                                      comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P])
+        # memory per stage (computed above)
         total = np.sum([arr[k] for k in MEMORY_PARTS], axis=0)
         ps = total.argmax(axis=1)
         rr = np.arange(R)
@@ -748,6 +750,32 @@ class Engine:
                               "embedding_sync_s": emb_s[j], "optimizer_s": (W[..., 0] @ onehot)[j]},
                     "memory": {k: v[j] for k, v in arr.items()}, "classes": [classes[c] for c in cls_of],
                     "stage_finish_s": comp.stage_finish_s[j]}
+
+    def _offload_exposed(self, sub: np.ndarray, arr: dict[str, np.ndarray], onehot: np.ndarray, cn: np.ndarray,
+                         unit: dict, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[R, chunks] seconds of activation offloading on the critical path, forward and backward, per micro-batch.
+
+        Each offloaded layer moves its saved activations (`offload_layer_bytes`) to the host after its forward and
+        back before its backward over the device's host link (`DeviceSpec.host_link_gbps`, per direction; one link
+        per GPU, no contention between the GPUs of a node assumed). Transformer Engine overlaps the copy with the
+        next layer's forward (the reload with the previous layer's backward, one layer of prefetch), so per layer
+        exposed = max(0, transfer - one layer's forward (backward) compute), summed over the offloaded layers."""
+        R, nch = len(sub), onehot.shape[0]
+        off = sub[:, I_OFF].astype(float)
+        if not off.any():
+            return np.zeros((R, nch)), np.zeros((R, nch))
+        bw = float(getattr(self.platform.device, "host_link_gbps", 0.0)) * 1e9
+        if bw <= 0:
+            from predictor.model.errors import InfeasibleConfig
+            raise InfeasibleConfig("offload_activations", f"{self.platform.device.name} has no stated host-link "
+                                                          "bandwidth, so the offload traffic cannot be timed.",
+                                   "set offload_activations 0, or give the device's host_link_gbps (GB/s per "
+                                   "direction) in a clusters file.")
+        t = arr["offload_layer_bytes"] @ onehot.T / bw                        # [R, chunks]: one layer, one way
+        share = cn / np.maximum(cn @ onehot @ onehot.T, 1.0)                   # a chunk's share of its stage's layers
+        n = off[:, None] * share[None, :]
+        f_l, b_l = unit["layer"]["fc"][idx][:, None], unit["layer"]["bc"][idx][:, None]
+        return n * np.maximum(0.0, t - f_l), n * np.maximum(0.0, t - b_l)
 
     @staticmethod
     def _framework_host(e2e: EndToEndTerms, sub: np.ndarray, cn: np.ndarray, vpp: int, g_fwd: np.ndarray,
