@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from predictor.cli.args import (
+    add_cp_offload_args,
     add_ep_arg,
     add_head_dim_arg,
     add_memory_model_args,
@@ -145,7 +146,8 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
     keys = ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
-            "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather")
+            "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather",
+            "cp_comm", "cp_a2a_size", "offload_activations")
     return model_fields(a, keys)
 
 
@@ -179,7 +181,8 @@ def print_prediction(pred, console=None) -> None:
     for k, v in pred.breakdown_s.items():
         if k == "host_overhead" and v == 0:
             continue  # not modelled on this platform (see the warnings)
-        if (k == "cp_comm" and L.cp == 1) or (k == "ep_comm" and L.ep == 1):
+        if (k == "cp_comm" and L.cp == 1) or (k == "ep_comm" and L.ep == 1) or (k == "offload_comm"
+                                                                               and not L.offload_activations):
             continue  # no context parallelism: no ring
         t.add_row(k, f"{v:.4g}", f"{v / pred.step_time_s:.1%}")
     c.print(t)
@@ -398,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cp", type=int, help="context-parallel degree: each micro-batch's sequence split over cp "
                                            "ranks, Megatron-Core ring attention (default 1; num_gpus = tp*pp*cp*dp)")
     add_ep_arg(sp)
+    add_cp_offload_args(sp)
     sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     sp.add_argument("--recompute", choices=["none", "selective", "full"])
     sp.add_argument("--sequence-parallel", action="store_true", default=None)

@@ -422,6 +422,7 @@ class Layout:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise InfeasibleConfig("offload_activations", f"must be a whole number of layers >= 0, got {n!r}.",
                                    "give the layers per pipeline stage whose activations go to host memory, or 0.")
+        check_bound("offload_activations", n)
         if n == 0:
             return
         if self.pp > 1:

@@ -538,6 +538,9 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
         "cp": arr[:, 13], "ep": arr[:, 14], "overlap_tp_comm": arr[:, 15].astype(bool),
         "grad_bytes": arr[:, 16], "fp8_param_gather": arr[:, 17].astype(bool),
+        # all-to-all context parallelism and activation offloading
+        "cp_comm": pd.Series(np.array(CP_COMMS, dtype=object)[arr[:, 18]], dtype=object),
+        "offload_activations": arr[:, 20],
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -640,7 +643,17 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1,
                   ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1,
                   overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False,
-                  **_precision_fields(row))
+                  **_precision_fields(row), **_cp_offload_fields(row))
+
+
+def _cp_offload_fields(row: pd.Series | dict) -> dict[str, Any]:
+    """cp_comm and offload_activations of a table row (the defaults where the table has no such column)."""
+    out: dict[str, Any] = {}
+    if "cp_comm" in row and isinstance(row["cp_comm"], str):
+        out["cp_comm"] = row["cp_comm"]
+    if "offload_activations" in row and row["offload_activations"] == row["offload_activations"]:
+        out["offload_activations"] = int(row["offload_activations"])
+    return out
 
 
 def _precision_fields(row: pd.Series | dict) -> dict[str, Any]:
