@@ -241,7 +241,8 @@ def _print_report(rep, table, cols, a) -> None:
                 f"({pk.in_flight:g} in flight), buffers {pk.buffers_bytes / 2**30:.1f}, framework "
                 f"{pk.framework_bytes / 2**30:.1f}, NCCL buffers {pk.nccl_bytes / 2**30:.1f}, allocator reserve "
                 f"{pk.allocator_bytes / 2**30:.1f} GiB (allocated {pk.allocated_bytes / 2**30:.1f} GiB)"
-                + (f"; tight: {mr.low_peak_bytes / 2**30:.1f} GiB with the least reserve" if mr.tight else ""))
+                + (f"; tight: {mr.low_peak_bytes / 2**30:.1f} GiB with the least reserve" if mr.tight else "")
+                + (f"; offloaded to host memory {pk.offloaded_bytes / 2**30:.1f} GiB" if pk.offloaded_bytes else ""))
     summ = rep.rejection_summary()
     if len(summ):
         c.print("[bold]Not ranked[/bold] (see --all / --explain):")
