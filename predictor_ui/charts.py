@@ -91,7 +91,7 @@ def breakdown_table(breakdown: dict[str, float], step_time_s: float, host_modell
     for k in sorted(breakdown, key=lambda c: CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else 99):
         if (k == "cp_comm" and cp == 1) or (k == "ep_comm" and ep == 1):
             continue
-        if k == "offload_comm" and not offload:   # no activation offloading: no host-link copies (not a zero)
+        if k == "offload_comm" and offload == 0:   # no activation offloading: no host-link copies (not a zero)
             continue
         v = breakdown[k]
         note = ""
