@@ -215,3 +215,10 @@ def test_batch_columns_parse():
     assert (L.cp_comm, L.cp_a2a_size, L.offload_activations) == ("a2a+p2p", 4, 3)
     d = layout_from_fields({"num_gpus": 8})
     assert (d.cp_comm, d.cp_a2a_size, d.offload_activations) == ("p2p", None, 0)
+
+
+@pytest.mark.parametrize("r", [-0.1, 1.0, float("nan")])
+def test_a_memory_reserve_outside_0_1_is_refused(r):
+    with pytest.raises(InfeasibleConfig) as e:
+        MemoryOptions(allocator_reserve=r)
+    assert e.value.field == "allocator_reserve"

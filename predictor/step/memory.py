@@ -136,6 +136,13 @@ class MemoryOptions:
     device_overheads: bool = True          # False: the allocated view only (no framework / NCCL / allocator)
     logits_fp32: bool = True               # vocab-parallel cross-entropy keeps fp32 logits (4*s*b*V/t)
 
+    def __post_init__(self) -> None:
+        # the safety margin is a user input (--allocator-reserve, the API): a share of the device memory in [0, 1)
+        r = self.allocator_reserve
+        if not (isinstance(r, (int, float)) and r == r and 0.0 <= r < 1.0):
+            raise InfeasibleConfig("allocator_reserve", f"is a share of the device memory in [0, 1), got {r!r}.",
+                                   "use e.g. 0 (no margin) or 0.05 (keep 5 % free).")
+
 
 @dataclass
 class StageMemory:
