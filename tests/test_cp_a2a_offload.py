@@ -222,3 +222,15 @@ def test_a_memory_reserve_outside_0_1_is_refused(r):
     with pytest.raises(InfeasibleConfig) as e:
         MemoryOptions(allocator_reserve=r)
     assert e.value.field == "allocator_reserve"
+
+
+def test_search_marks_a_layout_that_fits_only_with_offload():
+    P = get_predictor("gb200-nvl72", memory_options=MemoryOptions(nccl_nvls_mib=0.0))
+    space = SearchSpace(tp=(1,), pp=(1,), cp=(1,), zero_stage=(3,), recompute=("none",), micro_batch=(2,),
+                        sequence_parallel=(False,), precision="fp8", fp8_param_gather=True, grad_reduce_in_fp32=False,
+                        offload_activations=(0, 40))
+    t = search(get_preset("llama3-70b"), P, 64, global_batch=256, seq_len=8192, space=space, top_k=1).table
+    assert set(t["offload_activations"]) == {0, 40}
+    assert not t.loc[t["offload_activations"] == 0, "fits"].any()
+    marked = t[t["needs_offload"]]
+    assert len(marked) and set(marked["offload_activations"]) == {40} and marked["fits"].all()

@@ -23,7 +23,7 @@ TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch"
                  "schedule", "stage_layers", "recompute", "sequence_parallel", "zero_stage", "step_time_s",
                  "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib", "compute_s", "tp_comm_s", "cp_comm_s",
                  "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "gpu_hours_per_mtok",
-                 "cp_comm", "offload_activations", "offload_comm_s"]
+                 "cp_comm", "offload_activations", "offload_comm_s", "needs_offload"]
 COST_COLUMNS = ["steps", "days", "gpu_hours", "cost", "cost_per_mtok"]
 
 

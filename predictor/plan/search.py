@@ -569,6 +569,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
     fits = ev.fits
     df["fits"] = fits
     df["memory_tight"] = ev.tight
+    df["needs_offload"] = _needs_offload(arr, fits)
     if tokens_to_train:
         te = training_estimate(step, df["num_gpus"].to_numpy(), tokens, tokens_to_train, price)
         df["steps"] = te.steps
@@ -644,6 +645,19 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1,
                   overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False,
                   **_precision_fields(row), **_cp_offload_fields(row))
+
+
+def _needs_offload(arr: np.ndarray, fits: np.ndarray) -> np.ndarray:
+    """Per row: it offloads activations, fits, and the same layout without offload (enumerated beside it) does not."""
+    off = arr[:, COLUMNS.index("offload_activations")]
+    out = np.zeros(len(arr), dtype=bool)
+    if not (off > 0).any():
+        return out
+    rest = np.delete(arr, COLUMNS.index("offload_activations"), axis=1)
+    base = {tuple(r): bool(f) for r, f, o in zip(rest.tolist(), fits, off) if o == 0}
+    for i in np.nonzero((off > 0) & fits)[0]:
+        out[i] = base.get(tuple(rest[i].tolist())) is False
+    return out
 
 
 def _cp_offload_fields(row: pd.Series | dict) -> dict[str, Any]:
