@@ -156,6 +156,8 @@ def print_prediction(pred, console=None) -> None:
     c = console or _console()
     L, m = pred.layout, pred.model
     cps = f" cp{L.cp}" if L.cp > 1 else ""
+    if L.cp > 1 and L.cp_comm != "p2p":   # all-to-all context parallelism
+        cps += f" ({L.cp_comm}{f', groups of {L.cp_a2a_size}' if L.cp_a2a_size else ''})"
     eps = f" ep{L.ep}" if L.ep > 1 else ""
     if m.is_moe:
         c.print(f"[bold]{m.name}[/bold]: {routing_summary(m)}; {param_summary(m)} per token")
@@ -163,7 +165,8 @@ def print_prediction(pred, console=None) -> None:
             f"tp{L.tp} pp{L.pp}{cps} dp{L.dp}{eps}"
             f"{f' vpp{L.vpp}' if L.vpp > 1 else ''}, micro-batch {L.micro_batch}, global batch {L.global_batch} "
             f"({L.num_micro_batches} micro-batches), seq {L.seq_len}, {L.schedule}, recompute {L.recompute}"
-            f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}")
+            f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}"
+            f"{f', {L.offload_activations} layers offloaded' if L.offload_activations else ''}")
     lo, hi = pred.step_time_s * (1 - pred.expected_error), pred.step_time_s * (1 + pred.expected_error)
     c.print(f"[bold green]step time {pred.step_time_s:.4g} s[/bold green]  (expected range {lo:.4g}-{hi:.4g} s, "
             f"+/-{pred.expected_error:.0%}: {pred.error_basis})")
