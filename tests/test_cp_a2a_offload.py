@@ -234,3 +234,16 @@ def test_search_marks_a_layout_that_fits_only_with_offload():
     assert not t.loc[t["offload_activations"] == 0, "fits"].any()
     marked = t[t["needs_offload"]]
     assert len(marked) and set(marked["offload_activations"]) == {40} and marked["fits"].all()
+
+
+def test_predict_batch_takes_the_columns_and_returns_the_offload_time():
+    from predictor.plan.batch import predict_records
+    base = {"platform": "dgx-h100", "model": "llama3-8b", "num_gpus": "16", "cp": "8", "seq_len": "32768",
+            "global_batch": "16", "zero_stage": "1"}
+    out = predict_records([base, {**base, "cp_comm": "a2a"}, {**base, "cp": "1", "num_gpus": "8", "seq_len": "8192",
+                                                             "offload_activations": "8"},
+                           {**base, "cp_comm": "a2a", "cp_a2a_size": "2"}], allow_oom=True)
+    assert not out[0]["error"] and not out[1]["error"] and not out[2]["error"]
+    assert out[0]["step_time_s"] != out[1]["step_time_s"]
+    assert out[0]["offload_comm_s"] == 0 and out[2]["offload_comm_s"] > 0
+    assert "cp_a2a_size" in out[3]["error"]
