@@ -247,3 +247,10 @@ def test_predict_batch_takes_the_columns_and_returns_the_offload_time():
     assert out[0]["step_time_s"] != out[1]["step_time_s"]
     assert out[0]["offload_comm_s"] == 0 and out[2]["offload_comm_s"] > 0
     assert "cp_a2a_size" in out[3]["error"]
+
+
+def test_search_leaves_offload_out_where_the_device_has_no_host_link():
+    rep = search(get_preset("llama3-8b"), get_predictor("mi300x-8"), 8, global_batch=16, seq_len=4096, top_k=1,
+                 space=SearchSpace(tp=(1,), pp=(1,), zero_stage=(1,), offload_activations=(0, 4)))
+    assert set(rep.table["offload_activations"]) == {0}
+    assert any("host-link" in e["reason"] for e in rep.exclusions)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -254,6 +254,13 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
         excl.append({"option": "recompute=selective", "values": {"recompute": "selective"},
                      "reason": "with flash attention selective recomputation equals none (the kernel recomputes "
                                "the attention scores itself); ranked as recompute=none."})
+    # activation offloading: a device without a stated host link cannot time the copies (never a guessed speed)
+    if any(n for n in space.offload_activations) and not getattr(platform.device, "host_link_gbps", 0.0):
+        n_off = max(space.offload_activations)
+        excl.append({"option": f"offload_activations={n_off}", "values": {"offload_activations": n_off},
+                     "reason": f"{platform.device.name} has no stated host-link bandwidth (host_link_gbps), so "
+                               "offloaded activations cannot be timed."})
+        space = replace(space, offload_activations=(0,))
     rows: list[tuple] = []
     cps = _cp_choices(model, platform, num_gpus, seq_len, space, excl)
     if not model.is_moe and space.ep is not None and any(e != 1 for e in space.ep):
