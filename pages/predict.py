@@ -108,7 +108,7 @@ if t_break.open:
     with t_break:
         st.html(charts.breakdown_html(charts.visible_breakdown(pred.breakdown_s, host_modelled)))
         bd = charts.breakdown_table(pred.breakdown_s, pred.step_time_s, host_modelled, cp=layout.cp,
-                                    ep=layout.ep)
+                                    ep=layout.ep, offload=layout.offload_activations)
         detail = ", ".join(f"{k.replace('_', ' ')} {fmt.seconds(v)}" for k, v in pred.detail_s.items())
         st.caption(f"Along the critical path (stage {pred.critical_stage}); compute splits into {detail}."
                    + ("" if host_modelled else " Host / framework overhead is not modelled on this platform "
@@ -166,6 +166,11 @@ if t_mem.open:
                    f"+ CUDA context and workspaces ({pk.framework_bytes / GIB:.3g} GiB). Checked against "
                    "published per-GPU memory of Megatron runs on the Accuracy page."
                    + (f" {mem.reason}." if mem.reason else ""))
+        if pk.offloaded_bytes:   # activation offloading: the bytes held in host memory, not in any bar above
+            st.caption(f"Offloaded to host memory: {pk.offloaded_bytes / GIB:.3g} GiB, the saved activations of "
+                       f"{layout.offload_activations} layers per stage (one layer's stays on the GPU as the copy in "
+                       "flight, in buffers); they cross the host link after each forward and back before the "
+                       "backward (breakdown: offload_comm, the part the neighbouring layer's compute does not hide).")
         wide = stages.pivot_table(index="stage", columns="part", values="gib", aggfunc="sum")
         wide = wide[[p for p in charts.MEMORY_ORDER if p in wide.columns]]
         wide["total"] = wide.sum(axis=1)

@@ -49,6 +49,14 @@ with sb.expander("Search space") as ex:
                        help="First and last stage one layer lighter (they hold the embedding and the LM head)")
     fw = inputs.framework_inputs(PRE, ex)   # the TP overlap applies to the layouts with TP > 1 and SP
     fw.update(inputs.precision_memory_inputs(PRE, ex, precision))
+    # all-to-all context parallelism and activation offloading: off unless asked for
+    cp_comms = ex.multiselect("CP communication", list(inputs.CP_COMM_CHOICES), ["p2p"], key="cp_comms", bind=BIND,
+                              help="Where CP > 1: p2p = Megatron-Core's ring; a2a = DeepSpeed-Ulysses; a2a+p2p = "
+                                   "a2a inside a node, the ring across")
+    offload = ex.multiselect("Offloaded layers", [0, 4, 8, 16, 20, 32, 40, 64], [0], key="offload", bind=BIND,
+                             help="Activation offloading to host memory, tried on the layouts with PP 1 and no "
+                                  "recomputation; the table's needs_offload marks a layout that fits only with it")
+    fw.update(cp_comm=tuple(cp_comms or ["p2p"]), offload_activations=tuple(int(x) for x in (offload or [0])))
 sb.subheader("Training run")
 target = inputs.target_inputs(PRE, container=sb)
 

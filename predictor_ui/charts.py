@@ -30,15 +30,15 @@ class _LazyAltair:
 alt: Any = _LazyAltair()
 
 CATEGORY_ORDER = ["compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
-                  "optimizer"]
+                  "optimizer", "offload_comm"]
 CATEGORY_LABELS = {"compute": "compute", "host_overhead": "host / framework overhead", "tp_comm": "TP communication",
                    "cp_comm": "CP communication (exposed ring)", "ep_comm": "EP all-to-all (MoE dispatch / combine)",
                    "pp_comm": "PP communication",
                    "dp_comm": "DP communication", "bubble": "pipeline bubble",
-                   "optimizer": "optimizer step"}
+                   "optimizer": "optimizer step", "offload_comm": "activation offload (exposed host-link copies)"}
 CATEGORY_COLORS = {"compute": "#4c78a8", "host_overhead": "#9ecae9", "tp_comm": "#f58518", "cp_comm": "#ff9da6",
                    "ep_comm": "#eeca3b", "pp_comm": "#e45756",
-                   "dp_comm": "#72b7b2", "bubble": "#bab0ac", "optimizer": "#54a24b"}
+                   "dp_comm": "#72b7b2", "bubble": "#bab0ac", "optimizer": "#54a24b", "offload_comm": "#9d755d"}
 PROVENANCE_COLORS = {"measured": "#2e7d32", "derived": "#66bb6a", "host overhead (fitted on measured runs)": "#6a1b9a",
                      "transferred": "#1e88e5", "stand-in": "#f9a825", "analytical (calibrated)": "#8d6e63",
                      "analytical": "#9e9e9e", "none": "#e0e0e0",
@@ -82,7 +82,7 @@ def visible_breakdown(breakdown: dict[str, float], host_modelled: bool = True) -
 
 
 def breakdown_table(breakdown: dict[str, float], step_time_s: float, host_modelled: bool = True,
-                    cp: int | None = None, ep: int | None = None) -> pd.DataFrame:
+                    cp: int | None = None, ep: int | None = None, offload: int | None = None) -> pd.DataFrame:
     """One row per category (category_id, category, seconds, share, note) in the fixed order; the host
     overhead's seconds are empty (NaN, null in JSON) with a note where it is not modelled. With `cp` = 1 (a
     layout without context parallelism) the CP row is left out: there is no ring, not a measured zero; likewise the
@@ -90,6 +90,8 @@ def breakdown_table(breakdown: dict[str, float], step_time_s: float, host_modell
     rows = []
     for k in sorted(breakdown, key=lambda c: CATEGORY_ORDER.index(c) if c in CATEGORY_ORDER else 99):
         if (k == "cp_comm" and cp == 1) or (k == "ep_comm" and ep == 1):
+            continue
+        if k == "offload_comm" and offload == 0:   # no activation offloading: no host-link copies (not a zero)
             continue
         v = breakdown[k]
         note = ""

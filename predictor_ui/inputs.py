@@ -254,6 +254,7 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
                                         help="Megatron SP: norms/dropout split along the sequence over TP ranks")
     out.update(precision_memory_inputs(prefix, c, out["precision"]))
     out.update(framework_inputs(prefix, c, tp_overlap_possible=out["tp"] > 1 and bool(out["sequence_parallel"])))
+    out.update(cp_offload_inputs(prefix, c, int(out["cp"] or 1), int(out["pp"] or 1), str(out["recompute"])))
     if stage_layers:
         out["stage_layers"] = c.text_input("Layers per stage (optional)", "", key=_k(prefix, "stage_layers"),
                                            bind=BIND, placeholder="even split",
@@ -383,3 +384,31 @@ def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], lay
             + (f", EP {L.ep}" if L.ep > 1 else "") + " · micro-batch "
             f"{L.micro_batch}, global batch {L.global_batch} ({L.num_micro_batches} micro-batches), seq "
             f"{L.seq_len} · {', '.join(extra)} · {fmt.count(L.tokens_per_step)} tokens/step")
+
+
+# --- all-to-all context parallelism and activation offloading
+CP_COMM_CHOICES = ("p2p", "a2a", "a2a+p2p")
+
+
+def cp_offload_inputs(prefix: str, container: Any, cp: int, pp: int, recompute: str) -> dict[str, Any]:
+    """The CP communication picker and the offloaded layers (the CLI's --cp-comm, --cp-a2a-size,
+    --offload-activations): {cp_comm, cp_a2a_size (None = a node's cp ranks), offload_activations}. The picker is
+    disabled with cp 1, the offload with pp > 1 or recomputation (Megatron-Core refuses both)."""
+    c = urlcheck.guard(container)
+    a, b = c.columns(2)
+    kind = a.selectbox("CP communication", list(CP_COMM_CHOICES), key=_k(prefix, "cp_comm"), bind=BIND,
+                       disabled=cp == 1,
+                       help="p2p: Megatron-Core's K/V ring, hidden behind the attention blocks; a2a: DeepSpeed-Ulysses "
+                            "all-to-alls of Q, K, V and the output (heads split over CP; on the critical path); "
+                            "a2a+p2p: a2a inside groups of the A2A size, the ring across them")
+    size = b.number_input("A2A group size", 1, 1024, None, key=_k(prefix, "cp_a2a_size"), bind=BIND,
+                          placeholder="a node's", disabled=cp == 1 or kind != "a2a+p2p",
+                          help="a2a+p2p: CP ranks per all-to-all group (divides CP); empty: the CP ranks of a node")
+    off = c.number_input("Offloaded layers", 0, 4096, 0, key=_k(prefix, "offload_activations"), bind=BIND,
+                         disabled=pp > 1 or recompute != "none",
+                         help="Activation offloading (Megatron-Core cpu_offloading_num_layers, NeMo's "
+                              "activation_offload_layers): the saved activations of this many layers go to host "
+                              "memory over PCIe / NVLink-C2C; needs PP 1 and no recomputation")
+    return {"cp_comm": kind if cp > 1 else "p2p",
+            "cp_a2a_size": int(size) if size and cp > 1 and kind == "a2a+p2p" else None,
+            "offload_activations": int(off or 0) if pp == 1 and recompute == "none" else 0}

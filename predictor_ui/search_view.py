@@ -51,4 +51,8 @@ def predict_query(row: pd.Series | dict[str, Any]) -> dict[str, str]:
         v = getattr(L, f)
         if v is not None:
             out[f] = query_value(f, v)
+    if L.cp_comm != "p2p":   # all-to-all context parallelism and activation offloading, where used
+        out["cp_comm"] = L.cp_comm
+    if L.offload_activations:
+        out["offload_activations"] = str(L.offload_activations)
     return out

@@ -260,7 +260,8 @@ def test_cli_table_breakdown_header_names_one_category_per_number(capsys):
     lines = capsys.readouterr().out.splitlines()
     head = next(ln for ln in lines if "(%)" in ln)
     names = head[head.index("compute"):head.index("(%)")].split(" / ")
-    assert [n.strip() for n in names] == ["compute", "host", "tp", "cp", "ep", "pp", "dp", "bubble", "opt"]
+    assert [n.strip() for n in names] == ["compute", "host", "tp", "cp", "ep", "pp", "dp", "bubble", "opt",
+                                          "offload"]
     assert len(names) == len(CATEGORIES)
     rows = [ln for ln in lines if ln.count(" / ") >= len(CATEGORIES) - 1 and "compute" not in ln]
     assert rows

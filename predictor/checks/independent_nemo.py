@@ -48,7 +48,7 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "dense_layers", "moe_imbalance", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "dp", "vpp",
                "schedule", "micro_batch", "global_batch", "recompute", "sequence_parallel", "zero_stage",
                "precision", "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
-               "grad_reduce_in_fp32", "fp8_param_gather"]
+               "grad_reduce_in_fp32", "fp8_param_gather", "offload_activations"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
                 "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
@@ -204,6 +204,31 @@ def memory_settings(r: pd.Series) -> tuple[bool | None, bool]:
     return False, False
 
 
+# Activation offloading as the recipes behind the published rows set it (Megatron-Core cpu_offloading_num_layers,
+# NeMo's activation_offload_layers), keyed (source, release, system, printed model, printed precision); never fitted:
+# - Megatron-Bridge 25.11 / 26.02, Llama3 70B FP8-CS on 64 GPUs (FSDP, micro-batch 2, GBS 256):
+#   NVIDIA-NeMo/Megatron-Bridge@00919dcf1fe13c0acf65e131f244378f0a6cd2b5
+#   scripts/performance/configs/llama/llama3_workload_base_configs.py, LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_CS_V2
+#   (cpu_offloading_num_layers=20) and ..._GB200_FP8_CS_V2 (40); the V1 presets (GBS 128) set the same;
+# - NeMo 25.07, Llama3.1 405B FP8-CS on 128 GB200 (TP 2, FSDP): NVIDIA/NeMo@06c0e70057f272483a1a33c6bb5a9baf7be48cdc
+#   scripts/performance/recommended_model_configs/model_configs_gb200.csv, row pre_train,llama31,405b,gb200,fp8
+#   (activation_offload_layers 95; that file prints GBS 256 where the 25.07 table prints 64: the offload, a
+#   per-micro-batch setting with pp = 1, is taken from it).
+RECIPE_OFFLOAD: dict[tuple[str, str, str, str, str], int] = {
+    ("megatron-bridge", "26.02", "DGX-GB300", "LLAMA3_70B", "fp8"): 20,
+    ("megatron-bridge", "26.02", "DGX-GB200", "LLAMA3_70B", "fp8"): 40,
+    ("megatron-bridge", "25.11", "DGX-GB300", "LLAMA3_70B", "fp8-cs"): 20,
+    ("megatron-bridge", "25.11", "DGX-GB200", "LLAMA3_70B", "fp8-cs"): 40,
+    ("nemo-25.07", "25.07", "DGX-GB200", "LLAMA3.1-405B", "fp8-cs"): 95,
+}
+
+
+def recipe_offload(r: pd.Series) -> int:
+    """Layers whose activations the run's recipe offloads to the host (RECIPE_OFFLOAD; 0 where none is stated)."""
+    return RECIPE_OFFLOAD.get((str(r["source"]), str(r["release"]), str(r["system"]), str(r["model"]),
+                               str(r["precision"])), 0)
+
+
 def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
     """One predict-batch record (ROW_COLUMNS, all strings) for a checked run `r` of `model` (catalog fields)."""
     tp = int(_num(r["tp"]) or 1)
@@ -237,7 +262,9 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         # document shows how to remove to turn it off)
         "overlap_tp_comm": tp > 1,
         # the recipe's gradient precision and FP8 primary weights (memory_settings: what its scripts state)
-        **dict(zip(("grad_reduce_in_fp32", "fp8_param_gather"), memory_settings(r)))}
+        **dict(zip(("grad_reduce_in_fp32", "fp8_param_gather"), memory_settings(r))),
+        # the recipe's activation offloading (RECIPE_OFFLOAD; empty = none)
+        "offload_activations": recipe_offload(r) or None}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 

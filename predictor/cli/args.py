@@ -88,3 +88,17 @@ def memory_options_from_args(a: argparse.Namespace) -> MemoryOptions:
 def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:
     """The model's loose fields from parsed flags (layout_io.model_from_fields reads them)."""
     return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS)}
+
+
+def add_cp_offload_args(sp: argparse.ArgumentParser) -> None:
+    """--cp-comm, --cp-a2a-size and --offload-activations of predict (Layout fields of those names)."""
+    g = sp.add_argument_group("all-to-all context parallelism and activation offloading")
+    g.add_argument("--cp-comm", choices=["p2p", "a2a", "a2a+p2p"],
+                   help="how the cp ranks exchange the sequence (Megatron-Core cp_comm_type): p2p = K/V ring "
+                        "(default), a2a = DeepSpeed-Ulysses all-to-all of Q/K/V/O, a2a+p2p = a2a inside groups of "
+                        "--cp-a2a-size, the ring across them")
+    g.add_argument("--cp-a2a-size", type=int,
+                   help="a2a+p2p: cp ranks per all-to-all group (divides cp; default the cp ranks of one node)")
+    g.add_argument("--offload-activations", type=int,
+                   help="layers per pipeline stage whose saved activations go to host memory (Megatron-Core "
+                        "cpu_offloading_num_layers; needs pp = 1 and recompute none; default 0 = off)")

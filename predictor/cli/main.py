@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from predictor.cli.args import (
+    add_cp_offload_args,
     add_ep_arg,
     add_head_dim_arg,
     add_memory_model_args,
@@ -145,7 +146,8 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
     keys = ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
-            "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather")
+            "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather",
+            "cp_comm", "cp_a2a_size", "offload_activations")
     return model_fields(a, keys)
 
 
@@ -154,6 +156,8 @@ def print_prediction(pred, console=None) -> None:
     c = console or _console()
     L, m = pred.layout, pred.model
     cps = f" cp{L.cp}" if L.cp > 1 else ""
+    if L.cp > 1 and L.cp_comm != "p2p":   # all-to-all context parallelism
+        cps += f" ({L.cp_comm}{f', groups of {L.cp_a2a_size}' if L.cp_a2a_size else ''})"
     eps = f" ep{L.ep}" if L.ep > 1 else ""
     if m.is_moe:
         c.print(f"[bold]{m.name}[/bold]: {routing_summary(m)}; {param_summary(m)} per token")
@@ -161,7 +165,8 @@ def print_prediction(pred, console=None) -> None:
             f"tp{L.tp} pp{L.pp}{cps} dp{L.dp}{eps}"
             f"{f' vpp{L.vpp}' if L.vpp > 1 else ''}, micro-batch {L.micro_batch}, global batch {L.global_batch} "
             f"({L.num_micro_batches} micro-batches), seq {L.seq_len}, {L.schedule}, recompute {L.recompute}"
-            f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}")
+            f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}"
+            f"{f', {L.offload_activations} layers offloaded' if L.offload_activations else ''}")
     lo, hi = pred.step_time_s * (1 - pred.expected_error), pred.step_time_s * (1 + pred.expected_error)
     c.print(f"[bold green]step time {pred.step_time_s:.4g} s[/bold green]  (expected range {lo:.4g}-{hi:.4g} s, "
             f"+/-{pred.expected_error:.0%}: {pred.error_basis})")
@@ -179,7 +184,8 @@ def print_prediction(pred, console=None) -> None:
     for k, v in pred.breakdown_s.items():
         if k == "host_overhead" and v == 0:
             continue  # not modelled on this platform (see the warnings)
-        if (k == "cp_comm" and L.cp == 1) or (k == "ep_comm" and L.ep == 1):
+        if (k == "cp_comm" and L.cp == 1) or (k == "ep_comm" and L.ep == 1) or (k == "offload_comm"
+                                                                               and not L.offload_activations):
             continue  # no context parallelism: no ring
         t.add_row(k, f"{v:.4g}", f"{v / pred.step_time_s:.1%}")
     c.print(t)
@@ -398,6 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--cp", type=int, help="context-parallel degree: each micro-batch's sequence split over cp "
                                            "ranks, Megatron-Core ring attention (default 1; num_gpus = tp*pp*cp*dp)")
     add_ep_arg(sp)
+    add_cp_offload_args(sp)
     sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
     sp.add_argument("--recompute", choices=["none", "selective", "full"])
     sp.add_argument("--sequence-parallel", action="store_true", default=None)

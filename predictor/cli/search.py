@@ -22,7 +22,8 @@ from predictor.step.memory import TIGHT_MEANS
 TABLE_COLUMNS = ["rank", "num_gpus", "tp", "pp", "cp", "ep", "dp", "micro_batch", "num_micro_batches", "vpp",
                  "schedule", "stage_layers", "recompute", "sequence_parallel", "zero_stage", "step_time_s",
                  "tokens_per_s", "tflops_per_gpu", "mfu", "peak_mem_gib", "compute_s", "tp_comm_s", "cp_comm_s",
-                 "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "gpu_hours_per_mtok"]
+                 "ep_comm_s", "pp_comm_s", "dp_comm_s", "bubble_s", "optimizer_s", "gpu_hours_per_mtok",
+                 "cp_comm", "offload_activations", "offload_comm_s", "needs_offload"]
 COST_COLUMNS = ["steps", "days", "gpu_hours", "cost", "cost_per_mtok"]
 
 
@@ -84,7 +85,9 @@ def cmd_search(a: argparse.Namespace) -> int:
                         leave_out_tight=a.leave_out_tight,
                         framework=get_framework(a.framework or DEFAULT_FRAMEWORK).name,
                         overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm),
-                        grad_reduce_in_fp32=a.grad_reduce_in_fp32, fp8_param_gather=bool(a.fp8_param_gather))
+                        grad_reduce_in_fp32=a.grad_reduce_in_fp32, fp8_param_gather=bool(a.fp8_param_gather),
+                        cp_comm=(tuple(x.strip() for x in a.cp_comm.split(",")) if a.cp_comm else ("p2p",)),
+                        offload_activations=_ints(a.offload_activations, "offload_activations") or (0,))
     mopt = memory_options_from_args(a)
     try:
         tokens = parse_count(a.tokens)
@@ -238,7 +241,8 @@ def _print_report(rep, table, cols, a) -> None:
                 f"({pk.in_flight:g} in flight), buffers {pk.buffers_bytes / 2**30:.1f}, framework "
                 f"{pk.framework_bytes / 2**30:.1f}, NCCL buffers {pk.nccl_bytes / 2**30:.1f}, allocator reserve "
                 f"{pk.allocator_bytes / 2**30:.1f} GiB (allocated {pk.allocated_bytes / 2**30:.1f} GiB)"
-                + (f"; tight: {mr.low_peak_bytes / 2**30:.1f} GiB with the least reserve" if mr.tight else ""))
+                + (f"; tight: {mr.low_peak_bytes / 2**30:.1f} GiB with the least reserve" if mr.tight else "")
+                + (f"; offloaded to host memory {pk.offloaded_bytes / 2**30:.1f} GiB" if pk.offloaded_bytes else ""))
     summ = rep.rejection_summary()
     if len(summ):
         c.print("[bold]Not ranked[/bold] (see --all / --explain):")
@@ -329,6 +333,11 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--leave-out-tight", action="store_true",
                    help="rank only layouts that fit with the caching allocator's typical reserve (tight ones stay "
                         "in --all, unranked)")
+    # all-to-all context parallelism and activation offloading (off by default)
+    g.add_argument("--cp-comm", help="context-parallel communication kinds to try where cp > 1, a subset of "
+                                     "p2p,a2a,a2a+p2p (default p2p: Megatron-Core's ring)")
+    g.add_argument("--offload-activations", help="offloaded layers per stage to try, e.g. 0,20,40 (default 0; only "
+                                                 "on layouts with pp 1 and recompute none)")
     add_memory_model_args(sp)
     add_moe_args(sp)
     sp.add_argument("--no-refine", action="store_true", help="skip the exact re-prediction of the top K")

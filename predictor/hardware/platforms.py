@@ -67,6 +67,10 @@ class DeviceSpec:
     # block-scaled GEMM formats the device runs: precision -> how ("blockwise": Hopper's FP8 with per-tile scales
     # applied between MMAs; "mx": Blackwell's block-scaled MMA); predictor.step.fp8
     scaled_formats: dict[str, str] = field(default_factory=dict)
+    # --- activation offloading ---
+    # GPU <-> host memory bandwidth per direction, GB/s (PCIe x16 to the host CPU, or NVLink-C2C on Grace
+    # superchips); 0 = not stated (activation offloading is then refused, never priced at a guessed speed)
+    host_link_gbps: float = 0.0
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak in FLOP/s for a precision (fp16/bf16 share tensor-core peak)."""
@@ -262,6 +266,7 @@ def _device_from(device_id: str, raw: dict[str, Any], origin: str = "") -> Devic
         generation=str(raw.get("generation", "")), form_factor=str(raw.get("form_factor", "")),
         tdp_w=_number(raw, "tdp_w", origin, device_id, required=False, default=0.0),
         pcie_bandwidth_gbps=_number(raw, "pcie_bandwidth_gbps", origin, device_id, required=False, default=0.0),
+        host_link_gbps=_number(raw, "host_link_gbps", origin, device_id, required=False, default=0.0),
         transfer_source=raw.get("transfer_source"),
         unsupported_precisions=dict(raw.get("unsupported_precisions") or {}),
         value_sources={str(k): str(v) for k, v in (raw.get("value_sources") or {}).items()},

@@ -39,6 +39,9 @@ BOUNDS: dict[str, tuple[int, str]] = {
     "micro_batch": (2 ** 16, "a micro-batch of more than 65,536 sequences per GPU has never fitted in any memory"),
     "global_batch": (2 ** 24, "published global batches hold at most a few thousand sequences; "
                               "16,777,216 is far beyond"),
+    # all-to-all context parallelism and activation offloading
+    "cp_a2a_size": (2 ** 20, "an all-to-all group cannot exceed the context-parallel ranks (at most 1,048,576)"),
+    "offload_activations": (2 ** 12, "offloaded layers cannot exceed the layers (at most 4,096)"),
 }
 # Tokens one GPU holds per micro-batch (micro_batch * seq_len): activations grow with it; beyond 2^24
 # (16M tokens) a single layer's activations exceed any device's memory by orders of magnitude, and

@@ -22,7 +22,9 @@ BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
 OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm", "attention",
                           "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep",
-                          "grad_reduce_in_fp32", "fp8_param_gather", "tokens", "price_per_gpu_hour")
+                          "grad_reduce_in_fp32", "fp8_param_gather", "tokens", "price_per_gpu_hour",
+                          # all-to-all context parallelism and activation offloading (empty: p2p ring, no offload)
+                          "cp_comm", "cp_a2a_size", "offload_activations")
 
 # The layout's defaults for a field not given: an omitted flag of `predict` / `search`, an empty cell of
 # predict-batch, and the dashboard's inputs as they open (predictor_ui.inputs.DEFAULT_SETUP takes them from here), so
@@ -196,7 +198,8 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
 def _given_ints_in_range(row: Mapping[str, Any]) -> None:
     """The integer fields the user gave, positive and within their bounds, checked before any is
     derived from another (so `--tp 0` is reported as tp, not as the num_gpus it would give)."""
-    for name in ("tp", "pp", "dp", "cp", "ep", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp"):
+    for name in ("tp", "pp", "dp", "cp", "ep", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp",
+                 "cp_a2a_size"):
         v = _int(row, name)
         if v is not None:
             if v <= 0:
@@ -246,7 +249,9 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   ep=_int(row, "ep", LAYOUT_DEFAULTS["ep"]),
                   overlap_tp_comm=_bool(row, "overlap_tp_comm", False),
                   grad_reduce_in_fp32=_opt_bool(row, "grad_reduce_in_fp32"),
-                  fp8_param_gather=_bool(row, "fp8_param_gather", False))
+                  fp8_param_gather=_bool(row, "fp8_param_gather", False),
+                  cp_comm=_str(row, "cp_comm", "p2p"), cp_a2a_size=_int(row, "cp_a2a_size"),
+                  offload_activations=_int(row, "offload_activations", 0))
 
 
 def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:

@@ -20,6 +20,8 @@ ARCHS = ("gpt", "llama")
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "mxfp8", "nvfp4")
+# Context-parallel communication kinds (Layout.cp_comm; Megatron-Core cp_comm_type)
+CP_COMMS = ("p2p", "a2a", "a2a+p2p")
 # fp8: Transformer-Engine-style FP8 training (predictor.step.fp8): FP8 GEMMs in the transformer layers' linear layers,
 # BF16 master weights and BF16 everything else, so a tensor outside those GEMMs is 2 bytes as in bf16.
 # mxfp8 (MX FP8 on Blackwell, blockwise FP8 on Hopper) and nvfp4 (Blackwell): the same GEMMs block-scaled, the rest
@@ -293,6 +295,20 @@ class Layout:
     # are kept in FP8 only (no BF16 copy beside the FP8 ones) and the distributed optimizer all-gathers them in FP8;
     # precision fp8 only.
     fp8_param_gather: bool = False
+    # --- all-to-all context parallelism and activation offloading (docs/context_parallelism.md, docs/offload.md) ---
+    # How the cp ranks exchange the sequence (Megatron-Core cp_comm_type): "p2p" = the K/V ring (the default, as
+    # before); "a2a" = DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv 2309.14509): all-to-alls of Q, K, V before the
+    # attention and of its output after turn the sequence split into a head split; "a2a+p2p" = hierarchical: a2a
+    # inside groups of `cp_a2a_size` consecutive cp ranks (Megatron's hierarchical_context_parallel_sizes[0]), the
+    # p2p ring across the cp / cp_a2a_size groups.
+    cp_comm: str = "p2p"
+    # a2a+p2p only: ranks of each all-to-all group; None = the cp ranks that share a node (the largest divisor of cp
+    # not above GPUs per node / tp), resolved by the step decomposition where the platform is known
+    cp_a2a_size: int | None = None
+    # Megatron-Core cpu_offloading (cpu_offloading_activations, cpu_offloading_num_layers; NeMo / Megatron-Bridge
+    # activation_offload_layers): the saved activations of this many transformer layers per pipeline stage go to
+    # host memory after their forward and come back before their backward (Transformer Engine's CPU offload). 0 = off.
+    offload_activations: int = 0
 
     @property
     def grad_bytes(self) -> int:
@@ -363,6 +379,70 @@ class Layout:
                                                         "its own share of the tokens).",
                                    "turn sequence_parallel on, or use tp = 1.")
 
+    def _validate_cp_comm(self, model: ModelSpec | None) -> None:
+        """All-to-all context parallelism (Megatron-Core cp_comm_type a2a / a2a+p2p): the kind is known, the
+        all-to-all group size divides cp, and (with the model) the heads per tensor-parallel rank split over it.
+        Transformer Engine's all-to-all CP (AttnFuncWithCPAndQKVOA2A) asserts that the number of query and of
+        key/value heads of a rank are both divisible by the all-to-all size: GQA with fewer kv heads per rank than
+        the group is refused there, and here (no KV replication is done)."""
+        if self.cp_comm not in CP_COMMS:
+            raise InfeasibleConfig("cp_comm", f"unknown context-parallel communication '{self.cp_comm}'.",
+                                   f"use one of {', '.join(CP_COMMS)}.")
+        if self.cp_a2a_size is not None:
+            if self.cp_comm != "a2a+p2p":
+                raise InfeasibleConfig("cp_a2a_size", f"cp_a2a_size {self.cp_a2a_size} is only used with cp_comm "
+                                                      f"a2a+p2p, not '{self.cp_comm}'.",
+                                       "leave cp_a2a_size empty, or set cp_comm a2a+p2p.")
+            if not isinstance(self.cp_a2a_size, int) or self.cp_a2a_size <= 0 or self.cp % self.cp_a2a_size:
+                raise InfeasibleConfig("cp_a2a_size", f"the all-to-all group size {self.cp_a2a_size!r} does not "
+                                                      f"divide cp = {self.cp}.",
+                                       f"use a divisor of {self.cp} (e.g. the cp ranks of one node), or leave it "
+                                       "empty.")
+        if self.cp_comm != "p2p" and self.cp == 1:
+            raise InfeasibleConfig("cp_comm", f"cp_comm '{self.cp_comm}' needs context parallelism (cp > 1).",
+                                   "set cp > 1, or leave cp_comm at p2p.")
+        if model is None or self.cp_comm == "p2p":
+            return
+        u = self.cp if self.cp_comm == "a2a" else (self.cp_a2a_size or 1)
+        q_r, kv_r = model.num_heads // self.tp, max(model.kv_heads // self.tp, 1)
+        for name, n in (("heads", q_r), ("kv_heads", kv_r)):
+            if n % u:
+                raise InfeasibleConfig(
+                    "cp_a2a_size" if self.cp_comm == "a2a+p2p" else "cp_comm",
+                    f"all-to-all context parallelism splits the {name} of a tensor-parallel rank ({n}) over "
+                    f"{u} ranks, which does not divide them (Transformer Engine asserts it; it does not "
+                    "replicate key/value heads).",
+                    "use cp_comm p2p, a2a+p2p with a smaller cp_a2a_size dividing both head counts per rank, or "
+                    "a smaller cp / tp.")
+
+    def _validate_offload(self, model: ModelSpec | None) -> None:
+        """Activation offloading: Megatron-Core's TransformerConfig checks (0 <= cpu_offloading_num_layers <
+        num_layers; no pipeline parallelism; no activation recomputation)."""
+        n = self.offload_activations
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise InfeasibleConfig("offload_activations", f"must be a whole number of layers >= 0, got {n!r}.",
+                                   "give the layers per pipeline stage whose activations go to host memory, or 0.")
+        check_bound("offload_activations", n)
+        if n == 0:
+            return
+        if self.pp > 1:
+            raise InfeasibleConfig("offload_activations", f"activation offloading with pipeline parallelism "
+                                                          f"(pp = {self.pp}) is not supported by Megatron-Core "
+                                                          "('no support for Pipeline parallelism with CPU "
+                                                          "offloading').",
+                                   "set pp = 1, or offload_activations 0.")
+        if self.recompute != "none":
+            raise InfeasibleConfig("offload_activations", f"activation offloading with recompute "
+                                                          f"'{self.recompute}' is refused by Megatron-Core ('CPU "
+                                                          "offloading does not work when activation recomputation "
+                                                          "is enabled').",
+                                   "set recompute none, or offload_activations 0.")
+        if model is not None and n >= model.num_layers:
+            raise InfeasibleConfig("offload_activations", f"{n} offloaded layers of a stage of {model.num_layers}: "
+                                                          "Megatron-Core offloads fewer layers than the stage holds "
+                                                          "(the last layer's activations are used at once).",
+                                   f"use at most {model.num_layers - 1}.")
+
     @property
     def expert_dp(self) -> int:
         """Ranks each expert's weights are replicated over (tp * cp * dp / ep): the expert-data-parallel group."""
@@ -385,6 +465,8 @@ class Layout:
                 "choose tp and pp whose product divides num_gpus.")
         if self.cp > 1:
             self._validate_cp()
+        self._validate_cp_comm(model)
+        self._validate_offload(model)
         if self.global_batch % (self.micro_batch * self.dp):
             raise InfeasibleConfig(
                 "global_batch",

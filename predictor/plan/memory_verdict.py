@@ -28,7 +28,15 @@ def verdict_line(pred: StepPrediction) -> str:
                  f"reserve + {pk.nccl_bytes / 2 ** 30:,.1f} NCCL + {pk.framework_bytes / 2 ** 30:,.1f} CUDA context]")
     margin = " less the safety margin" if pred.memory is not None and pred.memory.options.allocator_reserve else ""
     return (f"memory: {pred.memory_gib:,.1f} GiB per GPU{where}{parts} of {pred.usable_gib:,.1f} GiB usable "
-            f"({pred.hbm_gib:g} GiB HBM{margin}): {verdict}")
+            f"({pred.hbm_gib:g} GiB HBM{margin}): {verdict}" + offload_line(pred))
+
+
+def offload_line(pred: StepPrediction) -> str:
+    """'; offloaded to host memory: 67.6 GiB (20 layers' activations)' where the layout offloads activations."""
+    if pred.memory is None or not pred.memory.peak.offloaded_bytes:
+        return ""
+    return (f"; offloaded to host memory: {pred.memory.peak.offloaded_bytes / 2 ** 30:,.1f} GiB "
+            f"({pred.layout.offload_activations} layers' activations, not counted above)")
 
 
 def oom_fix(pred: StepPrediction) -> str:

@@ -508,7 +508,7 @@ class Predictor:
         for (model, seq, prec), idx in groups.items():
             rows, structs = rows_for(model, [items[i][1] for i in idx])
             prepared.append((model, seq, prec, idx, rows, structs))
-            units += [(model, seq, prec, k) for k in unit_keys(rows, self.platform)]
+            units += [(model, seq, prec, k) for k in unit_keys(rows, self.platform, model)]
             classes += [(model, seq, prec, k) for k in class_keys(rows, [structure_classes(s, model) for s in structs])]
         self.engine.prepare_many(units)
         self.engine.prepare_classes_many(classes)
@@ -592,7 +592,7 @@ class Predictor:
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
             lay = self.engine._parts[(model, layout.seq_len, layout.precision,
-                                      *unit_key(layout, self.platform))].layer
+                                      *unit_key(layout, self.platform, model))].layer
             per_pass = lay.fc + lay.ft
             if per_pass < SHORT_LAYER_PASS_S:
                 warnings.append(f"Kernels are short here ({per_pass * 1e3:.2f} ms of GPU work per layer forward) and "
@@ -617,7 +617,7 @@ class Predictor:
                  row: np.ndarray) -> list[tuple]:
         """Every call of the step (per micro-batch; optimizer and once-per-step traffic per step); `row`: the
         layout's engine row."""
-        parts = self.engine._parts[(model, layout.seq_len, layout.precision, *unit_key(layout, self.platform))]
+        parts = self.engine._parts[(model, layout.seq_len, layout.precision, *unit_key(layout, self.platform, model))]
         S: Structure = det["structure"]
         nch = S.pp * S.vpp
         cats = {"tp": "tp_comm", "cp": "cp_comm", "ep": "ep_comm", "pp": "pp_comm", "dp": "dp_comm", "edp": "dp_comm",

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -37,6 +37,7 @@ from predictor.model.bounds import check_bound
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
 from predictor.model.specs import (
+    CP_COMMS,
     FLASH_IMPLS,
     RECOMPUTES,
     SCHEDULES,
@@ -50,6 +51,7 @@ from predictor.plan.costing import TrainingEstimate, training_estimate
 from predictor.plan.predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
 from predictor.step import memory as mem
 from predictor.step.compose import CATEGORIES
+from predictor.step.decompose import cp_a2a_ranks
 from predictor.step.engine import COLUMNS, RECOMPUTE, Structure, _unique_rows, layout_of_row  # noqa: F401  (_unique_rows re-exported)
 from predictor.step.fp8 import mfu_peak_precision
 
@@ -91,6 +93,14 @@ class SearchSpace:
     # leave out of the ranking the layouts that fit only if the caching allocator fragments less than it typically
     # does (memory_tight); they stay in the table, unranked, with the reason
     leave_out_tight: bool = False
+    # --- all-to-all context parallelism and activation offloading (off by default: the p2p ring, no offload) ---
+    # context-parallel communication kinds tried where cp > 1 (Layout.cp_comm; a kind a layout cannot run, e.g.
+    # a2a with heads per rank not divisible by cp, is skipped for it)
+    cp_comm: tuple[str, ...] = ("p2p",)
+    # offloaded layers per stage tried (Layout.offload_activations; only on layouts that allow it: pp = 1,
+    # recompute none, fewer layers than the model has); a layout that fits only with offload shows it in its
+    # offload_activations column
+    offload_activations: tuple[int, ...] = (0,)
 
 
 @dataclass
@@ -244,6 +254,13 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
         excl.append({"option": "recompute=selective", "values": {"recompute": "selective"},
                      "reason": "with flash attention selective recomputation equals none (the kernel recomputes "
                                "the attention scores itself); ranked as recompute=none."})
+    # activation offloading: a device without a stated host link cannot time the copies (never a guessed speed)
+    if any(n for n in space.offload_activations) and not getattr(platform.device, "host_link_gbps", 0.0):
+        n_off = max(space.offload_activations)
+        excl.append({"option": f"offload_activations={n_off}", "values": {"offload_activations": n_off},
+                     "reason": f"{platform.device.name} has no stated host-link bandwidth (host_link_gbps), so "
+                               "offloaded activations cannot be timed."})
+        space = replace(space, offload_activations=(0,))
     rows: list[tuple] = []
     cps = _cp_choices(model, platform, num_gpus, seq_len, space, excl)
     if not model.is_moe and space.ep is not None and any(e != 1 for e in space.ep):
@@ -276,7 +293,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
             if (num_gpus // tp) % cp:
                 continue
             _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg,
-                             rcs, rows)
+                             rcs, rows, platform.gpus_per_node)
     return rows, structs, excl
 
 
@@ -315,7 +332,7 @@ def _cp_choices(model: ModelSpec, platform: Platform, num_gpus: int, seq_len: in
 
 
 def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, excl, sid, fw, fw_i, ogr, opg, rcs,
-                     rows) -> None:
+                     rows, gpus_per_node: int = 8) -> None:
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
     gbytes = grad_comm_bytes(space.precision, space.grad_reduce_in_fp32)
     f8p = int(space.fp8_param_gather)
@@ -345,6 +362,8 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
         zs = [z for z in space.zero_stage if (z == 0 or dp * cp > 1) and z in fw.zero_stages
               and not (z >= 2 and pp > 1 and fw.zero_needs_no_pp)]
         eps = _ep_choices(model, space, tp * cp * dp)
+        cpcs = _cp_comm_choices(model, space, tp, cp, gpus_per_node)
+        offs = [n for n in space.offload_activations if 0 <= n < L]
         structures_pp: list[tuple[int, int]] = []  # (struct id, vpp)
         if "1f1b" in space.schedules or pp == 1:
             even = Structure(pp, 1, "1f1b", tuple(split_layers(L, pp)), None)
@@ -378,9 +397,33 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                             for ep in eps:
                                 if ep > 1 and z >= 2:   # MoE states shard with the distributed optimizer (ZeRO-1)
                                     continue
-                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
-                                             cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)), gbytes,
-                                             f8p))
+                                for cpc in cpcs:
+                                    for off in offs:
+                                        if off and (rc != "none" or pp > 1):
+                                            continue
+                                        rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr,
+                                                     opg, cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)),
+                                                     gbytes, f8p, cpc, 0, off))
+
+
+def _cp_comm_choices(model: ModelSpec, space: SearchSpace, tp: int, cp: int, gpus_per_node: int) -> list[int]:
+    """Indices into CP_COMMS of the context-parallel kinds tried for (tp, cp): p2p alone where cp = 1; else those of
+    `space.cp_comm` whose all-to-all group (decompose.cp_a2a_ranks, a2a+p2p at its default size) divides the query
+    and key/value heads of a tensor-parallel rank."""
+    if cp == 1:
+        return [0]
+    out = []
+    q_r, kv_r = model.num_heads // tp, max(model.kv_heads // tp, 1)
+    for kind in space.cp_comm:
+        if kind not in CP_COMMS:
+            raise InfeasibleConfig("cp_comm", f"unknown context-parallel communication '{kind}'.",
+                                   f"use one of {', '.join(CP_COMMS)}.")
+        if kind == "a2a" and (q_r % cp or kv_r % cp):
+            continue
+        if kind == "a2a+p2p" and cp_a2a_ranks(model, tp, cp, kind, None, gpus_per_node) in (1, cp):
+            continue
+        out.append(CP_COMMS.index(kind))
+    return out or [0]
 
 
 def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:
@@ -502,6 +545,9 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
         "cp": arr[:, 13], "ep": arr[:, 14], "overlap_tp_comm": arr[:, 15].astype(bool),
         "grad_bytes": arr[:, 16], "fp8_param_gather": arr[:, 17].astype(bool),
+        # all-to-all context parallelism and activation offloading
+        "cp_comm": pd.Series(np.array(CP_COMMS, dtype=object)[arr[:, 18]], dtype=object),
+        "offload_activations": arr[:, 20],
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -530,6 +576,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
     fits = ev.fits
     df["fits"] = fits
     df["memory_tight"] = ev.tight
+    df["needs_offload"] = _needs_offload(arr, fits)
     if tokens_to_train:
         te = training_estimate(step, df["num_gpus"].to_numpy(), tokens, tokens_to_train, price)
         df["steps"] = te.steps
@@ -604,7 +651,30 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1,
                   ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1,
                   overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False,
-                  **_precision_fields(row))
+                  **_precision_fields(row), **_cp_offload_fields(row))
+
+
+def _needs_offload(arr: np.ndarray, fits: np.ndarray) -> np.ndarray:
+    """Per row: it offloads activations, fits, and the same layout without offload (enumerated beside it) does not."""
+    off = arr[:, COLUMNS.index("offload_activations")]
+    out = np.zeros(len(arr), dtype=bool)
+    if not (off > 0).any():
+        return out
+    rest = np.delete(arr, COLUMNS.index("offload_activations"), axis=1)
+    base = {tuple(r): bool(f) for r, f, o in zip(rest.tolist(), fits, off) if o == 0}
+    for i in np.nonzero((off > 0) & fits)[0]:
+        out[i] = base.get(tuple(rest[i].tolist())) is False
+    return out
+
+
+def _cp_offload_fields(row: pd.Series | dict) -> dict[str, Any]:
+    """cp_comm and offload_activations of a table row (the defaults where the table has no such column)."""
+    out: dict[str, Any] = {}
+    if "cp_comm" in row and isinstance(row["cp_comm"], str):
+        out["cp_comm"] = row["cp_comm"]
+    if "offload_activations" in row and row["offload_activations"] == row["offload_activations"]:
+        out["offload_activations"] = int(row["offload_activations"])
+    return out
 
 
 def _precision_fields(row: pd.Series | dict) -> dict[str, Any]:

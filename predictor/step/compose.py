@@ -16,8 +16,9 @@ import numpy as np
 
 # cp_comm: the context-parallel ring's exposed KV exchange (what the attention blocks do not hide)
 # ep_comm: the MoE all-to-all dispatch and combine over the expert-parallel group (on the critical path)
+# offload_comm: activation offloading's host-link copies that the neighbouring layers' compute does not hide
 CATEGORIES = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "bubble",
-              "optimizer")
+              "optimizer", "offload_comm")
 
 
 @dataclass

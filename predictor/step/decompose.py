@@ -324,15 +324,71 @@ def cp_comms(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precisio
     return out
 
 
+def cp_a2a_ranks(model: ModelSpec, tp: int, cp: int, cp_comm: str, cp_a2a_size: int | None,
+                 gpus_per_node: int) -> int:
+    """Ranks of each all-to-all group of context parallelism (1: the p2p ring alone; cp: DeepSpeed-Ulysses).
+    a2a+p2p without a size: the largest divisor of cp that fits the node's GPUs / tp (the cp group is ranked
+    after tp, so these ranks share a node) and divides the query and key/value heads of a tensor-parallel rank."""
+    if cp <= 1 or cp_comm == "p2p":
+        return 1
+    if cp_comm == "a2a":
+        return cp
+    if cp_a2a_size:
+        return int(cp_a2a_size)
+    per_node = max(1, gpus_per_node // tp)
+    q_r, kv_r = model.num_heads // tp, max(model.kv_heads // tp, 1)
+    return max(d for d in range(1, cp + 1) if cp % d == 0 and d <= per_node and q_r % d == 0 and kv_r % d == 0)
+
+
+def cp_topologies(gpus_per_node: int, tp: int, cp: int, a2a: int) -> tuple[Topology, Topology]:
+    """(the ring's, each all-to-all group's) topology: the all-to-all over `a2a` consecutive cp ranks (stride tp),
+    the ring over the cp / a2a groups (stride tp x a2a; Megatron-Core's hierarchical_context_parallel_sizes order
+    the inner a2a group first). a2a = 1: the ring over all cp ranks, as without all-to-all."""
+    return (topology(gpus_per_node, tp * a2a, cp // a2a, 1, "cp"),
+            topology(gpus_per_node, tp, a2a, 1, "cp") if a2a > 1 else (1, 1, 1))
+
+
+def cp_a2a_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precision: str, cp: int
+                 ) -> tuple[int, int]:
+    """(Q and output, K and V) bytes one rank holds before an all-to-all of DeepSpeed-Ulysses: the rank's
+    seq_len / cp tokens of every head of its tensor-parallel share; Q [b, s/cp, heads/tp x hd], K and V each
+    [b, s/cp, kv heads/tp x hd] (the output as Q). Jacobs et al. 2023 (arXiv 2309.14509) section 3.2."""
+    e = BYTES_PER_ELEMENT[precision]
+    tok = micro_batch * (seq_len // cp)
+    q = tok * (model.num_heads // tp) * model.head_size * e
+    kv = tok * max(model.kv_heads // tp, 1) * model.head_size * e
+    return q, kv
+
+
+def cp_a2a_comms(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, precision: str, cp: int,
+                 a2a: int, a2a_topo: Topology, recompute: str) -> list[CommCall]:
+    """The all-to-alls of one layer's attention over groups of `a2a` consecutive cp ranks (Megatron-Core
+    cp_comm_type a2a / a2a+p2p; DeepSpeed-Ulysses): forward Q, K, V before the attention and the output after
+    (message = the rank's whole buffer, seq_len / cp tokens); backward the same four with the gradients (dO in,
+    dQ, dK, dV out); again the forward's under full recomputation. Not overlapped with the attention: each
+    all-to-all's output is the next kernel's input, so they are on the critical path (`cp_comm`)."""
+    if a2a <= 1:
+        return []
+    q, kv = cp_a2a_bytes(model, tp, micro_batch, seq_len, precision, cp)
+    out = []
+    for phase in ("fwd", "bwd") + (("recompute",) if recompute == "full" else ()):
+        out += [CommCall("alltoall", q, "cp", phase, 2, *a2a_topo), CommCall("alltoall", kv, "cp", phase, 2, *a2a_topo)]
+    return out
+
+
 def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
                recompute: str, precision: str, tp_topo: Topology, cp: int = 1,
                cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True,
-               fused: bool = False, tp_overlap: bool = False) -> Unit:
+               fused: bool = False, tp_overlap: bool = False, cp_a2a: int = 1,
+               a2a_topo: Topology = (1, 1, 1)) -> Unit:
     """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
     tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
     sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added.
     A MoE model's layer is a MoE layer (`moe` False: one of its leading dense layers), its experts spread over
-    the `ep` ranks of `ep_topo`. `fused`: the framework's fused kernels (`fuse`)."""
+    the `ep` ranks of `ep_topo`. `fused`: the framework's fused kernels (`fuse`).
+    All-to-all context parallelism (`cp_a2a` > 1 ranks per all-to-all group of `a2a_topo`, `cp_topo` then the ring
+    across the cp / cp_a2a groups): the attention of a rank runs on seq_len / (cp / cp_a2a) tokens with the heads
+    of tp x cp_a2a ranks' share (the ring's blocks over the rest), with `cp_a2a_comms` around it."""
     s = seq_len // cp
     act_bytes = micro_batch * s * model.hidden_size * BYTES_PER_ELEMENT[precision]
     routed = None
@@ -349,8 +405,28 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
         r_ops, r_comms = _attention_core(model, tp, micro_batch, s, "recompute", cp), []
     else:  # none, or selective with flash attention (which recomputes inside its own kernel)
         r_ops, r_comms = [], []
-    ring = cp_comms(model, tp, micro_batch, seq_len, precision, cp, cp_topo, recompute)
-    return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms + ring), cp, tp_overlap)
+    ring_n = cp // cp_a2a
+    if cp_a2a > 1:   # the attention on the all-to-all group's sequence, the heads split over tp x cp_a2a
+        f_ops = _with_attention(f_ops, model, tp * cp_a2a, micro_batch, seq_len // ring_n, ring_n)
+        b_ops = _with_attention(b_ops, model, tp * cp_a2a, micro_batch, seq_len // ring_n, ring_n)
+        r_ops = _with_attention(r_ops, model, tp * cp_a2a, micro_batch, seq_len // ring_n, ring_n)
+    ring = cp_comms(model, tp * cp_a2a, micro_batch, seq_len, precision, ring_n, cp_topo, recompute)
+    ring += cp_a2a_comms(model, tp, micro_batch, seq_len, precision, cp, cp_a2a, a2a_topo, recompute)
+    return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms + ring), ring_n, tp_overlap)
+
+
+def _with_attention(ops: list[OpCall], model: ModelSpec, tp: int, b: int, s: int, cp: int) -> list[OpCall]:
+    """`ops` with their attention-core calls re-made by `_attention_core` on (tp, s, cp), phase and pass kept."""
+    out: list[OpCall] = []
+    for c in ops:
+        if c.op not in ATTENTION_CORE_OPS:
+            out.append(c)
+            continue
+        if c.op != ATTENTION_CORE_OPS[0] and c.op != "attn_scores":
+            continue   # an unfused core is re-made whole from its first call
+        for n in _attention_core(model, tp, b, s, c.phase, cp):
+            out.append(OpCall(n.op, c.pass_, n.shape, n.count, c.phase, n.part, n.scale, n.variant))
+    return out
 
 
 def first_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequence_parallel: bool,
@@ -585,15 +661,16 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     tp_topo = topology(g, tp, dpc, layout.pp, "tp")
     pp_topo = topology(g, tp, dpc, layout.pp, "pp")
     dp_topo = topology(g, tp, dpc, layout.pp, "dp")
-    cp_topo = topology(g, tp, cp, layout.pp, "cp")
+    a2a = cp_a2a_ranks(model, tp, cp, layout.cp_comm, layout.cp_a2a_size, g)
+    cp_topo, a2a_topo = cp_topologies(g, tp, cp, a2a)
     ep_topo = ep_topology(g, ep)
     edp_topo = edp_topology(g, tp, dpc, ep)
     fused = fused_kernels_on(layout.framework, platform)
     otp = layout.overlap_tp_comm
     lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused,
-                     tp_overlap=otp)
+                     tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo)
     dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False,
-                            fused=fused, tp_overlap=otp) if model.is_moe else lay)
+                            fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo) if model.is_moe else lay)
     fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec, cp)

@@ -33,7 +33,7 @@ from predictor.model.frameworks import (
     get_framework,
     separate_grad_accumulation,
 )
-from predictor.model.specs import Layout, ModelSpec, grad_reduce_in_fp32_of
+from predictor.model.specs import CP_COMMS, Layout, ModelSpec, grad_reduce_in_fp32_of
 from predictor.regress.features import TENSOR_CORE_GEMM_OPS
 from predictor.step import decompose as D
 from predictor.step import memory as mem
@@ -47,12 +47,15 @@ if TYPE_CHECKING:
 
 COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "structure", "recompute",
            "sequence_parallel", "zero_stage", "framework", "overlap_grad_reduce",
-           "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_bytes", "fp8_param_gather")
+           "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_bytes", "fp8_param_gather",
+           # all-to-all context parallelism and activation offloading: cp_comm = index into CP_COMMS, cp_a2a =
+           # Layout.cp_a2a_size (0 = the default), offload_activations = offloaded layers per stage
+           "cp_comm", "cp_a2a", "offload_activations")
 (I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
- I_EP, I_OTP, I_GB, I_F8P) = range(len(COLUMNS))
+ I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
-PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")
+PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload_comm")
 MEMORY_PARTS = mem.MEMORY_PARTS
 # Expected error of parts without a measured error of their own
 ASSUMED_ERROR = {"measured": 0.10, "derived": 0.12, "transferred": 0.15, "host": 0.15, "stand-in": 0.20,
@@ -91,7 +94,8 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
         rows.append((L.num_gpus, L.tp, L.pp, L.dp, L.micro_batch, L.num_micro_batches, index[st],
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
                      FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm),
-                     L.grad_bytes, int(L.fp8_param_gather)))
+                     L.grad_bytes, int(L.fp8_param_gather), CP_COMMS.index(L.cp_comm), L.cp_a2a_size or 0,
+                     L.offload_activations))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -106,7 +110,8 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   overlap_param_gather=None if bool(row[I_OPG]) == fw.overlap_param_gather else bool(row[I_OPG]),
                   cp=int(row[I_CP]), ep=int(row[I_EP]), overlap_tp_comm=bool(row[I_OTP]),
                   grad_reduce_in_fp32=grad_reduce_in_fp32_of(int(row[I_GB]), precision),
-                  fp8_param_gather=bool(row[I_F8P]))
+                  fp8_param_gather=bool(row[I_F8P]), cp_comm=CP_COMMS[int(row[I_CPC])],
+                  cp_a2a_size=int(row[I_CPA]) or None, offload_activations=int(row[I_OFF]))
 
 
 def dp_cp(rows: np.ndarray) -> np.ndarray:
@@ -289,20 +294,21 @@ class Engine:
             ep = k[5] if len(k) > 5 else 1
             fused = bool(k[6]) if len(k) > 6 else False
             otp = bool(k[7]) if len(k) > 7 else False
-            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp))
+            a2a = k[8] if len(k) > 8 else 1   # ranks per all-to-all group of context parallelism (1: the ring)
+            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp), a2a)
             if key in self._parts or key in todo:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
-            cp_topo = D.topology(g, tp, cp, 1, "cp")
+            cp_topo, a2a_topo = D.cp_topologies(g, tp, cp, a2a)
             ep_topo = D.ep_topology(g, ep)
             units: tuple[D.Unit, ...] = (
                 D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo,
-                             fused=fused, tp_overlap=otp),
+                             fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo),
                 D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused),
                 D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused))
             if model.is_moe and model.dense_layers:
                 units += (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo,
-                                       moe=False, fused=fused, tp_overlap=otp),)
+                                       moe=False, fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo),)
             todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec, cp))
         if not todo:
             return
@@ -330,6 +336,7 @@ class Engine:
         fc = bc = rc = ft = bt = 0.0
         attn = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # attention kernels per phase (the CP ring's cover)
         ring = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # CP ring sends per phase
+        cpa2a = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}  # CP all-to-alls per phase (not overlapped)
         fep = bep = 0.0                                      # MoE all-to-all
         gemm = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # tensor-parallel GEMMs per phase (the TP overlap's cover)
         tpc = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}    # tensor-parallel exchanges per phase
@@ -371,7 +378,9 @@ class Engine:
                 v[1] += total * e
         for cc, (t, prov) in zip(unit.comms, comm_t):
             total = t * cc.count
-            if cc.group == "cp":
+            if cc.group == "cp" and cc.collective == "alltoall":
+                cpa2a[cc.phase] += total
+            elif cc.group == "cp":
                 ring[cc.phase] += total
             elif cc.group == "ep":
                 if cc.phase == "fwd":
@@ -406,6 +415,10 @@ class Engine:
             k = (unit.cp - 1) / unit.cp
             exposed = {p: max(0.0, ring[p] - k * attn[p]) for p in ring}
             u.fcp, u.bcp = exposed["fwd"], exposed["bwd"] + exposed["recompute"]
+        # all-to-all CP (DeepSpeed-Ulysses / a2a+p2p): each all-to-all's output is the next kernel's input, so it is
+        # not overlapped: the whole of it is on the critical path
+        u.fcp += cpa2a["fwd"]
+        u.bcp += cpa2a["bwd"] + cpa2a["recompute"]
         u.raw = (unit, op_t, comm_t, op_e, comm_e)
         return u
 
@@ -554,7 +567,8 @@ class Engine:
         cp_a, ep_a = rows[:, I_CP], rows[:, I_EP]
         dpc_a = dp_cp(rows)   # the data-parallel(-with-CP) group: gradients, ZeRO, pipeline stride
         ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a, ep_a,
-                                                    fused_kernels(rows, self.platform), rows[:, I_OTP]]))
+                                                    fused_kernels(rows, self.platform), rows[:, I_OTP],
+                                                    a2a_ranks(model, rows, self.platform)]))
         klist = [tuple(int(v) for v in k) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
         parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
@@ -686,10 +700,18 @@ class Engine:
         else:
             fh = bh = np.zeros_like(fc)
         onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
+        arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
+                                      tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
+                                      ep=sub[:, I_EP],
+                                      micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
+                                      recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
+                                      comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P],
+                                      offload=sub[:, I_OFF])
+        fof, bof = self._offload_exposed(sub, arr, onehot, cn, unit, idx)
         fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "cp_comm": fcp, "ep_comm": fep, "pp_comm": ppc,
-               "dp_comm": fdp}
+               "dp_comm": fdp, "offload_comm": fof}
         bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "cp_comm": bcp, "ep_comm": bep, "pp_comm": ppc,
-               "dp_comm": bdp}
+               "dp_comm": bdp, "offload_comm": bof}
         emb_s = ((cf + cl) > 0).astype(float) @ onehot * emb_t[:, None]
         ov_grad = sub[:, I_OGR].astype(bool) & opts.overlap_grad_reduce        # the platform may forbid it
         ov_gather = sub[:, I_OPG].astype(bool) & opts.overlap_param_gather
@@ -707,13 +729,7 @@ class Engine:
             out.breakdown_s[k][idx] = v
         for k, v in comp.detail_s.items():
             out.detail_s[k][idx] = v
-        # memory per stage
-        arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
-                                      tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
-                                      ep=sub[:, I_EP],
-                                      micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
-                                      recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
-                                      comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P])
+        # memory per stage (computed above)
         total = np.sum([arr[k] for k in MEMORY_PARTS], axis=0)
         ps = total.argmax(axis=1)
         rr = np.arange(R)
@@ -734,6 +750,32 @@ class Engine:
                               "embedding_sync_s": emb_s[j], "optimizer_s": (W[..., 0] @ onehot)[j]},
                     "memory": {k: v[j] for k, v in arr.items()}, "classes": [classes[c] for c in cls_of],
                     "stage_finish_s": comp.stage_finish_s[j]}
+
+    def _offload_exposed(self, sub: np.ndarray, arr: dict[str, np.ndarray], onehot: np.ndarray, cn: np.ndarray,
+                         unit: dict, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[R, chunks] seconds of activation offloading on the critical path, forward and backward, per micro-batch.
+
+        Each offloaded layer moves its saved activations (`offload_layer_bytes`) to the host after its forward and
+        back before its backward over the device's host link (`DeviceSpec.host_link_gbps`, per direction; one link
+        per GPU, no contention between the GPUs of a node assumed). Transformer Engine overlaps the copy with the
+        next layer's forward (the reload with the previous layer's backward, one layer of prefetch), so per layer
+        exposed = max(0, transfer - one layer's forward (backward) compute), summed over the offloaded layers."""
+        R, nch = len(sub), onehot.shape[0]
+        off = sub[:, I_OFF].astype(float)
+        if not off.any():
+            return np.zeros((R, nch)), np.zeros((R, nch))
+        bw = float(getattr(self.platform.device, "host_link_gbps", 0.0)) * 1e9
+        if bw <= 0:
+            from predictor.model.errors import InfeasibleConfig
+            raise InfeasibleConfig("offload_activations", f"{self.platform.device.name} has no stated host-link "
+                                                          "bandwidth, so the offload traffic cannot be timed.",
+                                   "set offload_activations 0, or give the device's host_link_gbps (GB/s per "
+                                   "direction) in a clusters file.")
+        t = arr["offload_layer_bytes"] @ onehot.T / bw                        # [R, chunks]: one layer, one way
+        share = cn / np.maximum(cn @ onehot @ onehot.T, 1.0)                   # a chunk's share of its stage's layers
+        n = off[:, None] * share[None, :]
+        f_l, b_l = unit["layer"]["fc"][idx][:, None], unit["layer"]["bc"][idx][:, None]
+        return n * np.maximum(0.0, t - f_l), n * np.maximum(0.0, t - b_l)
 
     @staticmethod
     def _framework_host(e2e: EndToEndTerms, sub: np.ndarray, cn: np.ndarray, vpp: int, g_fwd: np.ndarray,
@@ -869,18 +911,34 @@ def fused_kernels(rows: np.ndarray, platform: Platform) -> np.ndarray:
     return _per_framework(rows, platform, fused_kernels_on)
 
 
-def unit_key(layout: Layout, platform: Platform) -> tuple[int, ...]:
-    """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap) of one layout on
-    `platform`."""
+def a2a_ranks(model: ModelSpec, rows: np.ndarray, platform: Platform) -> np.ndarray:
+    """Per row: ranks of each all-to-all group of its context parallelism (decompose.cp_a2a_ranks; 1 = the p2p
+    ring alone, every row of a layout without all-to-all CP)."""
+    out = np.ones(len(rows), dtype=np.int64)
+    sel = np.nonzero((rows[:, I_CPC] > 0) & (rows[:, I_CP] > 1))[0]
+    if len(sel):
+        u, inv = _unique_rows(rows[sel][:, [I_TP, I_CP, I_CPC, I_CPA]])
+        vals = np.array([D.cp_a2a_ranks(model, int(t), int(c), CP_COMMS[int(k)], int(a) or None,
+                                        platform.gpus_per_node) for t, c, k, a in u], dtype=np.int64)
+        out[sel] = vals[inv]
+    return out
+
+
+def unit_key(layout: Layout, platform: Platform, model: ModelSpec) -> tuple[int, ...]:
+    """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap, CP all-to-all ranks) of one
+    layout of `model` on `platform`."""
     fused = fused_kernels_on(layout.framework, platform)
+    a2a = D.cp_a2a_ranks(model, layout.tp, layout.cp, layout.cp_comm, layout.cp_a2a_size, platform.gpus_per_node)
     return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
-            layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm))
+            layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm), a2a)
 
 
-def unit_keys(rows: np.ndarray, platform: Platform) -> set[tuple[int, ...]]:
-    """The (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap) units `rows` need on `platform`."""
+def unit_keys(rows: np.ndarray, platform: Platform, model: ModelSpec) -> set[tuple[int, ...]]:
+    """The (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap, CP all-to-all ranks) units `rows` of
+    `model` need on `platform`."""
     u, _ = _unique_rows(np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]],
-                                         fused_kernels(rows, platform), rows[:, I_OTP]]))
+                                         fused_kernels(rows, platform), rows[:, I_OTP],
+                                         a2a_ranks(model, rows, platform)]))
     return {tuple(int(v) for v in k) for k in u}
 
 

@@ -136,6 +136,13 @@ class MemoryOptions:
     device_overheads: bool = True          # False: the allocated view only (no framework / NCCL / allocator)
     logits_fp32: bool = True               # vocab-parallel cross-entropy keeps fp32 logits (4*s*b*V/t)
 
+    def __post_init__(self) -> None:
+        # the safety margin is a user input (--allocator-reserve, the API): a share of the device memory in [0, 1)
+        r = self.allocator_reserve
+        if not (isinstance(r, (int, float)) and r == r and 0.0 <= r < 1.0):
+            raise InfeasibleConfig("allocator_reserve", f"is a share of the device memory in [0, 1), got {r!r}.",
+                                   "use e.g. 0 (no margin) or 0.05 (keep 5 % free).")
+
 
 @dataclass
 class StageMemory:
@@ -152,6 +159,8 @@ class StageMemory:
     nccl_bytes: float = 0.0      # NCCL communicator buffers (outside the caching allocator)
     allocator_bytes: float = 0.0  # the caching allocator's reserve beyond the allocated peak
     allocator_min_bytes: float = 0.0  # the least reserve published runs show (the fit verdict's lower bound)
+    # --- activation offloading ---
+    offloaded_bytes: float = 0.0  # saved activations held in host memory at the peak (not in any device total)
 
     @property
     def states_bytes(self) -> float:
@@ -540,7 +549,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                         sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions(),
                         cp: np.ndarray | None = None, ep: np.ndarray | None = None,
                         comm: DeviceComm | None = None, grad_bytes: np.ndarray | None = None,
-                        fp8_param: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                        fp8_param: np.ndarray | None = None, offload: np.ndarray | None = None
+                        ) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
     'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
@@ -565,7 +575,14 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
 
     `comm` (default: a GPU in a node of 8 without NVLS) sizes the parts outside the allocated peak: the
     framework allowance, the NCCL buffers (`nccl_buffer_arrays`) and the allocator's reserve, all 0 on a CPU
-    or with `options.device_overheads` False."""
+    or with `options.device_overheads` False.
+
+    Activation offloading (`offload`, layers per stage, default 0; Megatron-Core cpu_offloading through Transformer
+    Engine's CPU offload context): those layers' saved activations of every micro-batch in flight leave the GPU
+    (`offloaded`, [R, pp], host memory), and one offloaded layer's activations stay in `buffers` as the copy in
+    flight (TE copies layer i out while layer i + 1 runs, and prefetches it back one layer ahead in the backward).
+    `offload_layer_bytes` [R, pp]: one layer's saved activations (the mean over the stage's layer kinds), what one
+    offloaded layer moves each way per micro-batch."""
     comm = comm or DeviceComm()
     tp, dp, zero = (np.asarray(x, dtype=np.int64) for x in (tp, dp, zero_stage))
     mb, rc = np.asarray(micro_batch, dtype=np.int64), np.asarray(recompute, dtype=np.int64)
@@ -643,6 +660,14 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     acts[:, -1] += act_last
     buffers = np.zeros((n, pp))
     buffers[:, -1] += act_last_tr
+    # activation offloading: one layer's saved activations (mean of the stage's layer kinds), the layers offloaded
+    layers_stage = np.maximum(mean_dense + mean_moe, 1e-300)
+    per_layer = (mean_dense[None, :] * act_dense[:, None] + mean_moe[None, :] * act_moe[:, None]) / layers_stage
+    off_n = (np.zeros(n) if offload is None else np.asarray(offload, dtype=float))[:, None]
+    offloaded = k_in * np.minimum(off_n, (mean_dense + mean_moe)[None, :]) * per_layer
+    if offload is not None and off_n.any():
+        acts = acts - offloaded
+        buffers += (off_n > 0) * per_layer
     if cp is not None:
         buffers += ring[:, None]
     full = (rc == RECOMPUTE_ORDER.index("full")).astype(float)[:, None]
@@ -681,7 +706,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     out["allocator"] = allocated * (options.allocator_overhead if overheads else 0.0)
     out["allocator_min"] = allocated * (min(options.allocator_overhead_min, options.allocator_overhead)
                                         if overheads else 0.0)
-    return {**out, "allocated": allocated, "params": stage_params, "in_flight": k_in}
+    return {**out, "allocated": allocated, "params": stage_params, "in_flight": k_in, "offloaded": offloaded,
+            "offload_layer_bytes": per_layer}
 
 
 def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
@@ -702,7 +728,8 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
                               recompute=one(RECOMPUTE_ORDER.index(layout.recompute)),
                               sequence_parallel=one(int(layout.sequence_parallel)), options=options,
                               comm=DeviceComm.of(device) if device is not None else None,
-                              grad_bytes=one(layout.grad_bytes), fp8_param=one(int(layout.fp8_param_gather)))
+                              grad_bytes=one(layout.grad_bytes), fp8_param=one(int(layout.fp8_param_gather)),
+                              offload=one(layout.offload_activations))
     return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
 
 
@@ -716,7 +743,8 @@ def report_from_arrays(arr: dict[str, np.ndarray], row: int, layers_by_stage: li
                           buffers_bytes=float(arr["buffers"][row, s]), framework_bytes=float(arr["framework"][row, s]),
                           in_flight=float(arr["in_flight"][row, s]), nccl_bytes=float(arr["nccl"][row, s]),
                           allocator_bytes=float(arr["allocator"][row, s]),
-                          allocator_min_bytes=float(arr["allocator_min"][row, s]) if "allocator_min" in arr else 0.0)
+                          allocator_min_bytes=float(arr["allocator_min"][row, s]) if "allocator_min" in arr else 0.0,
+                          offloaded_bytes=float(arr["offloaded"][row, s]) if "offloaded" in arr else 0.0)
               for s in range(arr["params"].shape[1])]
     return MemoryReport(stages=stages, capacity_bytes=capacity_bytes,
                         usable_bytes=capacity_bytes * (1.0 - options.allocator_reserve), options=options)
