@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from predictor.model.layout_io import MOE_FIELDS
+from predictor.model.specs import ATTENTION_KINDS, MLA_FIELDS
 from predictor.step.memory import MemoryOptions
 
 MOE_FLAGS: dict[str, str] = {
@@ -87,4 +88,24 @@ def memory_options_from_args(a: argparse.Namespace) -> MemoryOptions:
 
 def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:
     """The model's loose fields from parsed flags (layout_io.model_from_fields reads them)."""
-    return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS)}
+    return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS, "attention_kind", *MLA_FIELDS)}
+
+
+# --- Multi-head latent attention (docs/mla.md) ---
+MLA_FLAGS: dict[str, str] = {
+    "q_lora_rank": "MLA query compression rank (DeepSeek-V3 1536); empty = the query is not compressed",
+    "kv_lora_rank": "MLA key / value latent rank (DeepSeek-V2 / V3 512)",
+    "qk_nope_head_dim": "MLA query / key head dimension without RoPE (DeepSeek-V3 128)",
+    "qk_rope_head_dim": "MLA decoupled RoPE head dimension, even (DeepSeek-V3 64)",
+    "v_head_dim": "MLA value head dimension (DeepSeek-V3 128)",
+}
+
+
+def add_mla_args(sp: argparse.ArgumentParser) -> None:
+    """--attention-kind and the MLA fields (ModelSpec names with dashes; `--attention` is the kernel)."""
+    g = sp.add_argument_group("multi-head latent attention (override a preset's, or describe a custom MLA model)")
+    g.add_argument("--attention-kind", dest="attention_kind",
+                   help=f"attention kind, one of {', '.join(ATTENTION_KINDS)}: gqa (MHA / GQA / MQA) or mla "
+                        "(multi-head latent attention, DeepSeek-V2 / V3); default: the preset's, else gqa")
+    for name in MLA_FIELDS:
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=MLA_FLAGS[name])

@@ -11,6 +11,7 @@ from predictor.cli.args import (
     add_ep_arg,
     add_head_dim_arg,
     add_memory_model_args,
+    add_mla_args,
     add_moe_args,
     add_precision_memory_args,
     memory_options_from_args,
@@ -415,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
     add_precision_memory_args(sp)
     add_moe_args(sp)
+    add_mla_args(sp)
     add_memory_model_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     sp.add_argument("--tokens", help="tokens to train (e.g. 2T, 300B): adds steps, days and GPU-hours to them")

@@ -39,6 +39,12 @@ BOUNDS: dict[str, tuple[int, str]] = {
     "micro_batch": (2 ** 16, "a micro-batch of more than 65,536 sequences per GPU has never fitted in any memory"),
     "global_batch": (2 ** 24, "published global batches hold at most a few thousand sequences; "
                               "16,777,216 is far beyond"),
+    # --- Multi-head latent attention (docs/mla.md) ---
+    "q_lora_rank": (2 ** 17, "a compression rank is below the hidden size, itself at most 131,072"),
+    "kv_lora_rank": (2 ** 17, "a compression rank is below the hidden size, itself at most 131,072"),
+    "qk_nope_head_dim": (2 ** 12, "published MLA head dimensions are 64-192; 4,096 is 20x that"),
+    "qk_rope_head_dim": (2 ** 12, "published MLA RoPE head dimensions are 64; 4,096 is 64x that"),
+    "v_head_dim": (2 ** 12, "published MLA value head dimensions are 128-256; 4,096 is 16x that"),
 }
 # Tokens one GPU holds per micro-batch (micro_batch * seq_len): activations grow with it; beyond 2^24
 # (16M tokens) a single layer's activations exceed any device's memory by orders of magnitude, and

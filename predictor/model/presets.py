@@ -53,16 +53,54 @@ _PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     # 128 experts of moe_intermediate_size 1536, 8 per token, no shared expert, vocab 151936, untied).
     ModelSpec("qwen3-235b-a22b", "llama", 94, 4096, 64, 4, 12288, 151936, tied_embeddings=False, head_dim=128,
               num_experts=128, top_k=8, moe_ffn_hidden=1536),
+    # --- Multi-head latent attention presets (docs/mla.md) ---
+    # DeepSeek-V3: deepseek-ai/DeepSeek-V3 config.json (61 layers, hidden 7168, 128 heads, q_lora_rank 1536,
+    # kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128, intermediate 18432 for the
+    # first_k_dense_replace 3 dense layers, 256 routed experts of moe_intermediate_size 2048, 8 per token,
+    # n_shared_experts 1, vocab 129280, untied), as the Megatron-Core MLA configs use them (e.g. the shapes quoted in
+    # vllm v1/attention/backends/mla/common.py: Lq 1536, Lkv 512, P 128, R 64, V 128). Published size: 671B total,
+    # 37B activated per token (DeepSeek-V3 technical report, arXiv 2412.19437, abstract), without the multi-token
+    # prediction (MTP) module, which is not modelled (its extra layer is left out); the router's expert-bias terms
+    # (256 per layer) are not counted.
+    ModelSpec("deepseek-v3", "llama", 61, 7168, 128, None, 18432, 129280, tied_embeddings=False,
+              num_experts=256, top_k=8, moe_ffn_hidden=2048, shared_experts=1, dense_layers=3,
+              attention_kind="mla", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+              v_head_dim=128),
+    # DeepSeek-V2-Lite: MLA without query compression (q_lora_rank null): deepseek-ai DeepSeek-(Coder-)V2-Lite
+    # config.json (27 layers, hidden 2048, 16 heads, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, intermediate
+    # 10944 for first_k_dense_replace 1 dense layer, 64 routed experts of 1408, 6 per token, 2 shared experts, vocab
+    # 102400, untied). Published size: 15.7B total, 2.4B activated (DeepSeek-V2 paper, arXiv 2405.04434, appendix B).
+    ModelSpec("deepseek-v2-lite", "llama", 27, 2048, 16, None, 10944, 102400, tied_embeddings=False,
+              num_experts=64, top_k=6, moe_ffn_hidden=1408, shared_experts=2, dense_layers=1,
+              attention_kind="mla", kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # Kimi K2: the DeepSeek-V3 architecture with 64 heads, 384 experts and 1 leading dense layer: a Megatron-Core
+    # Kimi-K2-Instruct training script (--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432
+    # --num-attention-heads 64 --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128
+    # --qk-pos-emb-head-dim 64 --v-head-dim 128 --num-experts 384 --moe-layer-freq [0]*1+[1]*60 --moe-ffn-hidden-size
+    # 2048 --moe-router-topk 8 --moe-shared-expert-intermediate-size 2048 --padded-vocab-size 163840
+    # --untie-embeddings-and-output-weights) and the moonshotai/Kimi-K2-Instruct model card (61 layers incl. 1 dense,
+    # hidden 7168, 64 heads, 384 experts, 8 selected, 1 shared, expert width 2048, vocabulary 160K; 1T total, 32B
+    # activated). Kimi K2 trains with MuonClip; the optimizer is modelled as Adam's.
+    ModelSpec("kimi-k2", "llama", 61, 7168, 64, None, 18432, 163840, tied_embeddings=False,
+              num_experts=384, top_k=8, moe_ffn_hidden=2048, shared_experts=1, dense_layers=1,
+              attention_kind="mla", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+              v_head_dim=128),
 ]}
 
 # Presets whose architecture the predictor does not model yet: asked for by name, refused with the reason.
 _REFUSED: dict[str, tuple[str, str]] = {
-    "deepseek-v3": ("DeepSeek-V3 uses Multi-head Latent Attention (MLA: low-rank compressed keys / values with a "
-                    "decoupled RoPE part), which the operator decomposition does not model yet; predicting it as "
-                    "grouped-query attention would be a silently wrong number.",
-                    "use qwen3-235b-a22b or mixtral-8x22b for a large MoE plan, or give the fields of a GQA "
-                    "approximation yourself (61 layers, hidden 7168, 256 experts, top_k 8, moe_ffn_hidden 2048, "
-                    "shared_experts 1, dense_layers 3) knowing that its attention differs."),
+    "gpt-oss-120b": ("GPT-OSS alternates sliding-window (128 tokens) and full attention layers and adds attention "
+                     "sinks and attention biases, which the operator decomposition does not model; predicting it "
+                     "with full attention everywhere would be a silently wrong number at long sequences.",
+                     "use qwen3-30b-a3b or qwen3-235b-a22b for a MoE plan, or give the fields of a full-attention "
+                     "approximation yourself (36 layers, hidden 2880, 64 heads, 8 kv_heads, head_dim 64, "
+                     "128 experts, top_k 4, moe_ffn_hidden 2880) knowing that its attention differs."),
+    "gpt-oss-20b": ("GPT-OSS alternates sliding-window (128 tokens) and full attention layers and adds attention "
+                    "sinks and attention biases, which the operator decomposition does not model; predicting it "
+                    "with full attention everywhere would be a silently wrong number at long sequences.",
+                    "use qwen3-30b-a3b for a small MoE plan, or give the fields of a full-attention approximation "
+                    "yourself (24 layers, hidden 2880, 64 heads, 8 kv_heads, head_dim 64, 32 experts, top_k 4, "
+                    "moe_ffn_hidden 2880) knowing that its attention differs."),
 }
 
 

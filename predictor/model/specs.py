@@ -28,6 +28,10 @@ ATTENTION_IMPLS = ("flash", "triton", "unfused")
 # FlashAttention kernels (no s^2 score matrix kept): FlashAttention-2/3 CUDA ("flash") or the Triton implementation
 # ("triton", as MPT / llm-foundry ran it); "unfused" is Megatron's QK^T + fused scale-mask-softmax + AV.
 FLASH_IMPLS = ("flash", "triton")
+# ModelSpec.attention_kind: "gqa" (MHA / GQA / MQA) or "mla" (multi-head latent attention, docs/mla.md)
+ATTENTION_KINDS = ("gqa", "mla")
+# The MLA fields of ModelSpec (= CLI flags without dashes = batch columns); None = not given
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 2, "mxfp8": 2, "nvfp4": 2}
 # Gradient element size held between backward and the optimizer, and reduced over data parallel:
 # Megatron-LM forces fp32 gradient accumulation and reduction for bf16, torchtitan / llm-foundry
@@ -84,6 +88,35 @@ class ModelSpec:
     dense_layers: int = 0
     capacity_factor: float | None = None
     moe_imbalance: float | None = None
+    # --- Multi-head latent attention (MLA; docs/mla.md) ---
+    # attention_kind "gqa": MHA / GQA / MQA as above. "mla": multi-head latent attention (DeepSeek-V2,
+    # arXiv 2405.04434 sec. 2.1): the query is compressed to q_lora_rank (None = not compressed: DeepSeek-V2-Lite,
+    # Moonlight), keys and values to one kv_lora_rank latent plus a shared qk_rope_head_dim RoPE key; each of the
+    # num_heads heads has a query / key of qk_nope_head_dim + qk_rope_head_dim and a value of v_head_dim (names as in
+    # DeepSeek-V3's config.json). num_kv_heads and head_dim are not used by MLA (leave them empty). The field is
+    # named attention_kind because `attention` (CLI / batch column) already names the kernel (attention_impl).
+    attention_kind: str = "gqa"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention_kind == "mla"
+
+    @property
+    def qk_head_size(self) -> int:
+        """MLA: the query / key head dimension, qk_nope_head_dim + qk_rope_head_dim; else head_size."""
+        if self.is_mla:
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+        return self.head_size
+
+    @property
+    def v_head_size(self) -> int:
+        """MLA: the value head dimension v_head_dim; else head_size."""
+        return (self.v_head_dim or 0) if self.is_mla else self.head_size
 
     @property
     def is_moe(self) -> bool:
@@ -110,6 +143,7 @@ class ModelSpec:
 
     @property
     def kv_heads(self) -> int:
+        """Key / value heads (MLA: num_heads, every head has its own up-projected key and value)."""
         return self.num_kv_heads or self.num_heads
 
     @property
@@ -173,7 +207,7 @@ class ModelSpec:
                     "head_dim", f"heads * head_dim = {self.num_heads} * {self.head_dim} = "
                                 f"{self.num_heads * self.head_dim} is over 4 x hidden ({4 * self.hidden_size}).",
                     f"check heads and head_dim; hidden / heads = {self.hidden_size / self.num_heads:g}.")
-        elif self.hidden_size % self.num_heads:
+        elif self.hidden_size % self.num_heads and not self.is_mla:
             raise InfeasibleConfig(
                 "hidden", f"hidden size {self.hidden_size} is not divisible by heads {self.num_heads}.",
                 "choose hidden and heads so that hidden / heads is an integer head dimension.")
@@ -187,6 +221,63 @@ class ModelSpec:
             raise InfeasibleConfig("attention_impl", f"unknown '{self.attention_impl}'.",
                                    f"use one of {', '.join(ATTENTION_IMPLS)}.")
         self._validate_moe()
+        self._validate_mla()
+
+    def _validate_mla(self) -> None:
+        """MLA fields: none given with attention_kind gqa; with mla the ranks and head dimensions given, positive,
+        below the hidden size, the RoPE part even (rotary pairs), and no GQA head fields."""
+        if self.attention_kind not in ATTENTION_KINDS:
+            raise InfeasibleConfig("attention_kind", f"unknown attention kind '{self.attention_kind}'.",
+                                   f"use one of {', '.join(ATTENTION_KINDS)} (gqa covers MHA, GQA and MQA).")
+        for name in MLA_FIELDS:
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.",
+                                       "give the model's value (DeepSeek-V3: q_lora_rank 1536, kv_lora_rank 512, "
+                                       "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128).")
+        if not self.is_mla:
+            given = [n for n in MLA_FIELDS if getattr(self, n) is not None]
+            if given:
+                raise InfeasibleConfig(given[0], f"{given[0]} is a multi-head latent attention field but "
+                                                 "attention_kind is gqa.",
+                                       "set attention_kind mla (--attention-kind mla), or leave the MLA fields empty.")
+            return
+        if self.arch != "llama":
+            raise InfeasibleConfig("arch", "multi-head latent attention is modelled in Llama-style layers (RMSNorm, "
+                                           "SwiGLU, no biases), as DeepSeek-V2 / V3, Moonlight and Kimi K2 have them.",
+                                   "use arch llama with attention_kind mla.")
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, name) is None:
+                raise InfeasibleConfig(name, f"attention_kind mla needs {name}.",
+                                       f"give --{name.replace('_', '-')} (DeepSeek-V3: kv_lora_rank 512, "
+                                       "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128), or use "
+                                       "attention_kind gqa.")
+        for name in ("num_kv_heads", "head_dim"):
+            if getattr(self, name) is not None and not (name == "num_kv_heads" and self.num_kv_heads == self.num_heads):
+                raise InfeasibleConfig(_flag(name), f"{_flag(name)} is a grouped-query attention field; with "
+                                                    "attention_kind mla every head has its own key and value of "
+                                                    "qk_nope_head_dim + qk_rope_head_dim / v_head_dim.",
+                                       f"leave {_flag(name)} empty with attention_kind mla.")
+        for name in ("q_lora_rank", "kv_lora_rank"):
+            v = getattr(self, name)
+            if v is not None and v >= self.hidden_size:
+                raise InfeasibleConfig(name, f"{name} {v} is not below the hidden size {self.hidden_size}: a "
+                                             "low-rank compression narrower than the model is its point.",
+                                       f"use a rank below {self.hidden_size} (DeepSeek-V3: 1536 / 512 of 7168), or "
+                                       "leave q_lora_rank empty for an uncompressed query.")
+        for name in MLA_FIELDS:
+            v = getattr(self, name)
+            if v is not None:
+                check_bound(name, v)
+        if (self.qk_rope_head_dim or 0) % 2:
+            raise InfeasibleConfig("qk_rope_head_dim", f"qk_rope_head_dim {self.qk_rope_head_dim} is odd; RoPE "
+                                                       "rotates pairs of dimensions.",
+                                   "use an even size (DeepSeek-V2 / V3: 64).")
+        if self.qk_head_size % 8 or self.v_head_size % 8:
+            raise InfeasibleConfig("qk_nope_head_dim" if self.qk_head_size % 8 else "v_head_dim",
+                                   f"the query / key head dimension (qk_nope + qk_rope = {self.qk_head_size}) and "
+                                   f"the value head dimension ({self.v_head_size}) must be multiples of 8 (attention "
+                                   "kernels need it).", "use multiples of 8, e.g. 128 + 64 and 128.")
 
     def _validate_moe(self) -> None:
         """MoE fields: all zero / empty for a dense model; for a MoE model top_k in 1..num_experts, widths
