@@ -286,3 +286,29 @@ def test_a_deepseek_v3_layout_predicts_on_a_gpu_platform():
                  global_batch=8192, recompute="full", zero_stage=1)
     p = get_predictor("dgx-h100").predict(V3, lay)
     assert p.step_time_s > 0 and p.memory.peak_gib > 0
+
+
+def test_mla_model_flops_reproduce_megatron_bridges_published_deepseek_v3_flops_per_token():
+    """Megatron-Bridge's 25.11 table prints, for DeepSeek-V3 without MTP at seq 4096, Model TFLOP/s/GPU and
+    tokens/s/GPU (predictor/catalog/independent_nemo.json, never fitted); their ratio is the model FLOPs per token of
+    Megatron's formula, which counts causal attention at half (Q K^T and P V at MLA's 192 / 128 head dimensions).
+    Our model FLOPs (matmuls of the MLA shapes, the MoE's active experts, the head; attention not discounted) with
+    the causal half of the attention taken off reproduce it within 1 %."""
+    import pandas as pd
+
+    from predictor.checks import independent_nemo as nemo
+    from predictor.plan.predict import model_flops_per_step
+    runs = nemo.published_runs(nemo.load()).ok
+    rows = runs[runs["model"] == "DeepSeekV3 (w/o MTP)"]
+    assert len(rows) >= 2
+    published = float((pd.to_numeric(rows["tflops_per_gpu"]) * 1e12 / rows["tokens_per_s_per_gpu"]).median())
+    s = 4096
+    assert (rows["seq_len"] == s).all()
+    ours = model_flops_per_step(V3, Layout(num_gpus=1, seq_len=s, global_batch=1)) / s
+    causal_half = 3 * V3.num_layers * s * V3.num_heads * (V3.qk_head_size + V3.v_head_size)   # fwd + bwd, per token
+    assert ours - causal_half == pytest.approx(published, rel=0.01)
+    # the GQA reading of the same shapes (head dim 7168 / 128 = 56, KV heads = heads) misses it by 5 %
+    gqa = with_changes(V3, attention_kind="gqa", q_lora_rank=None, kv_lora_rank=None, qk_nope_head_dim=None,
+                       qk_rope_head_dim=None, v_head_dim=None)
+    ours_gqa = model_flops_per_step(gqa, Layout(num_gpus=1, seq_len=s, global_batch=1)) / s
+    assert abs(ours_gqa - 3 * 61 * s * 128 * 112 - published) / published > 0.04
