@@ -88,7 +88,8 @@ def memory_options_from_args(a: argparse.Namespace) -> MemoryOptions:
 
 def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:
     """The model's loose fields from parsed flags (layout_io.model_from_fields reads them)."""
-    return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS, "attention_kind", *MLA_FIELDS)}
+    return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS, "attention_kind", *MLA_FIELDS,
+                                             "moe_layer_interval")}
 
 
 # --- Multi-head latent attention (docs/mla.md) ---
@@ -102,10 +103,14 @@ MLA_FLAGS: dict[str, str] = {
 
 
 def add_mla_args(sp: argparse.ArgumentParser) -> None:
-    """--attention-kind and the MLA fields (ModelSpec names with dashes; `--attention` is the kernel)."""
+    """--attention-kind and the MLA fields (ModelSpec names with dashes; `--attention` is the kernel), and
+    --moe-layer-interval (interleaved MoE layers)."""
     g = sp.add_argument_group("multi-head latent attention (override a preset's, or describe a custom MLA model)")
     g.add_argument("--attention-kind", dest="attention_kind",
                    help=f"attention kind, one of {', '.join(ATTENTION_KINDS)}: gqa (MHA / GQA / MQA) or mla "
                         "(multi-head latent attention, DeepSeek-V2 / V3); default: the preset's, else gqa")
     for name in MLA_FIELDS:
         g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=MLA_FLAGS[name])
+    sp.add_argument("--moe-layer-interval", dest="moe_layer_interval", type=int,
+                    help="MoE models: every n-th layer after --dense-layers is a MoE layer, the others dense (Llama 4 "
+                         "Maverick 2); default: the preset's, else 1 (every layer)")

@@ -24,7 +24,9 @@ OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gat
                           "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep",
                           "grad_reduce_in_fp32", "fp8_param_gather", "tokens", "price_per_gpu_hour",
                           # --- multi-head latent attention (docs/mla.md): attention_kind, not `attention` (the kernel)
-                          "attention_kind", *MLA_FIELDS)
+                          "attention_kind", *MLA_FIELDS,
+                          # --- interleaved MoE layers (Llama 4 Maverick)
+                          "moe_layer_interval")
 
 # The layout's defaults for a field not given: an omitted flag of `predict` / `search`, an empty cell of
 # predict-batch, and the dashboard's inputs as they open (predictor_ui.inputs.DEFAULT_SETUP takes them from here), so
@@ -60,7 +62,7 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   Multi-head latent attention (docs/mla.md): attention_kind = gqa (MHA / GQA / MQA; a preset's own otherwise);
   attention_kind mla needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim (q_lora_rank empty = no
   query compression) and no kv_heads / head_dim. attention_kind gqa on an MLA preset drops its MLA fields (then give
-  kv_heads / head_dim as needed)."""
+  kv_heads / head_dim as needed). moe_layer_interval = 1 (every layer past dense_layers MoE; Llama 4 Maverick 2)."""
 
 
 def blank(v: Any) -> bool:
@@ -139,6 +141,8 @@ def mla_given(row: Mapping[str, Any]) -> dict[str, Any]:
     kind = _str(row, "attention_kind")
     if kind is not None:
         out["attention_kind"] = kind.strip().lower()
+    if not blank(row.get("moe_layer_interval")):   # interleaved MoE layers (Llama 4 Maverick)
+        out["moe_layer_interval"] = _int(row, "moe_layer_interval")
     return out
 
 

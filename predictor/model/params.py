@@ -165,9 +165,16 @@ def layer_expert_params_per_gpu(model: ModelSpec, ep: int, moe: bool = True) -> 
 
 def chunk_dense_layers(model: ModelSpec, counts: list[int] | tuple[int, ...]) -> list[int]:
     """Dense-MLP layers of each chunk (pipeline order): all of a dense model's; of a MoE model the leading
-    `dense_layers` layers, which fill the first chunks."""
+    `dense_layers` layers, which fill the first chunks (and, with moe_layer_interval > 1, the interleaved dense
+    layers of each chunk: ModelSpec.is_moe_layer)."""
     if not model.is_moe:
         return [int(n) for n in counts]
+    if model.moe_layer_interval != 1:   # interleaved MoE layers (Llama 4 Maverick): layer by layer
+        out, first = [], 0
+        for n in counts:
+            out.append(sum(not model.is_moe_layer(i) for i in range(first, first + int(n))))
+            first += int(n)
+        return out
     out, left = [], model.dense_layers
     for n in counts:
         k = min(int(n), left)

@@ -85,7 +85,36 @@ _PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
               num_experts=384, top_k=8, moe_ffn_hidden=2048, shared_experts=1, dense_layers=1,
               attention_kind="mla", q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
               v_head_dim=128),
+    # Llama 4 (interleaved MoE layers, moe_layer_interval): RMSNorm, SwiGLU, GQA 40 heads / 8 KV heads of 128, hidden
+    # 5120, 48 layers, vocab 202048, untied, one shared expert of the routed width beside top-1 routed experts.
+    # Llama-4-Scout-17B-16E text config (as posted in a vLLM issue, 'Llama4ForCausalLM' fine-tune of it): 16 local
+    # experts of intermediate_size 8192, interleave_moe_layer_step 1 (moe_layers 0-47), intermediate_size_mlp 16384.
+    # Published: 109B total, 17B active (Meta's Llama 4 model card). Approximated (PRESET_NOTES): chunked attention
+    # (attention_chunk_size 8192 on three of every four layers) is predicted as full causal attention, identical up
+    # to seq 8192 and an overestimate of those layers' attention above it; the NoPE layers' RoPE and the
+    # parameter-free QK L2-norm are not told apart.
+    ModelSpec("llama4-scout", "llama", 48, 5120, 40, 8, 16384, 202048, tied_embeddings=False, head_dim=128,
+              num_experts=16, top_k=1, moe_ffn_hidden=8192, shared_experts=1),
+    # Llama-4-Maverick-17B-128E text config (TensorRT-LLM's copy in its Llama 4 tests, "reduced to 2 layers from
+    # 48"): 128 local experts of 8192, interleave_moe_layer_step 2 (dense / MoE alternating, the MoE layers the
+    # odd ones: HF Llama4TextDecoderLayer), intermediate_size_mlp 16384 for the dense layers. Published: 400B total,
+    # 17B active (Meta's Llama 4 model card). Same approximations as Scout.
+    ModelSpec("llama4-maverick", "llama", 48, 5120, 40, 8, 16384, 202048, tied_embeddings=False, head_dim=128,
+              num_experts=128, top_k=1, moe_ffn_hidden=8192, shared_experts=1, moe_layer_interval=2),
 ]}
+
+# What a preset approximates, in words (the CLI's `models --json` prints it; docs/mla.md has the table).
+PRESET_NOTES: dict[str, str] = {
+    "deepseek-v3": "without the multi-token-prediction (MTP) module (not modelled); the router's expert-bias terms "
+                   "are not counted",
+    "kimi-k2": "MuonClip optimizer modelled as Adam",
+    "llama4-scout": "chunked attention (8192-token chunks on 3 of 4 layers) predicted as full causal attention: exact "
+                    "up to seq 8192, an overestimate of those layers' attention above; NoPE layers and the QK L2-norm "
+                    "not told apart",
+    "llama4-maverick": "chunked attention (8192-token chunks on 3 of 4 layers) predicted as full causal attention: "
+                       "exact up to seq 8192, an overestimate of those layers' attention above; NoPE layers and the "
+                       "QK L2-norm not told apart",
+}
 
 # Presets whose architecture the predictor does not model yet: asked for by name, refused with the reason.
 _REFUSED: dict[str, tuple[str, str]] = {

@@ -101,6 +101,24 @@ class ModelSpec:
     qk_nope_head_dim: int | None = None
     qk_rope_head_dim: int | None = None
     v_head_dim: int | None = None
+    # --- Interleaved MoE layers (Llama 4 Maverick; docs/mla.md) ---
+    # Of the layers after the leading dense_layers, every moe_layer_interval-th is a MoE layer and the others keep
+    # the dense MLP (ffn_hidden): layer i (counted from 0 after the leading dense ones) is MoE when
+    # (i + 1) % moe_layer_interval == 0, HF Llama4TextDecoderLayer's rule for interleave_moe_layer_step (Maverick: 2,
+    # dense / MoE alternating). 1 = every layer MoE (as before).
+    moe_layer_interval: int = 1
+
+    @property
+    def has_dense_layers(self) -> bool:
+        """Whether a MoE model has dense-MLP layers too (leading ones or interleaved ones)."""
+        return self.is_moe and self.moe_layers < self.num_layers
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index` (0-based, pipeline order) has a MoE block: past the leading dense_layers, every
+        moe_layer_interval-th layer (HF Llama 4's (i + 1) % interleave_moe_layer_step == 0)."""
+        if not self.is_moe or index < self.dense_layers:
+            return False
+        return (index - self.dense_layers + 1) % self.moe_layer_interval == 0
 
     @property
     def is_mla(self) -> bool:
@@ -124,12 +142,15 @@ class ModelSpec:
 
     def as_dense(self) -> ModelSpec:
         """The same model with every Mixture-of-Experts field at its dense default (MOE_DENSE_DEFAULTS)."""
-        return replace(self, **MOE_DENSE_DEFAULTS)
+        return replace(self, **MOE_DENSE_DEFAULTS, moe_layer_interval=1)
 
     @property
     def moe_layers(self) -> int:
-        """Layers whose MLP is a MoE block (all but the leading dense ones; 0 for a dense model)."""
-        return self.num_layers - self.dense_layers if self.is_moe else 0
+        """Layers whose MLP is a MoE block (all but the leading dense ones, every moe_layer_interval-th of them; 0
+        for a dense model)."""
+        if not self.is_moe:
+            return 0
+        return (self.num_layers - self.dense_layers) // max(self.moe_layer_interval, 1)
 
     @property
     def expert_ffn(self) -> int:
@@ -298,10 +319,16 @@ class ModelSpec:
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v == v
                                   or v in (float("inf"), float("-inf"))):
                 raise InfeasibleConfig(name, f"must be a number, got {v!r}.")
+        v = self.moe_layer_interval
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InfeasibleConfig("moe_layer_interval", f"must be a positive integer, got {v!r}.",
+                                   "use 1 (every layer MoE) or the model's interval (Llama 4 Maverick: 2).")
+        check_bound("moe_layer_interval", v)
         if not self.is_moe:
             given = [n for n in ("top_k", "moe_ffn_hidden", "shared_ffn_hidden", "capacity_factor", "moe_imbalance")
                      if getattr(self, n) is not None] + [n for n in ("shared_experts", "dense_layers")
-                                                         if getattr(self, n)]
+                                                         if getattr(self, n)] + \
+                (["moe_layer_interval"] if self.moe_layer_interval != 1 else [])
             if given:
                 raise InfeasibleConfig(given[0], f"{given[0]} is a Mixture-of-Experts field but num_experts is 0 "
                                                  "(a dense model).",
@@ -321,6 +348,11 @@ class ModelSpec:
             raise InfeasibleConfig("dense_layers", f"dense_layers {self.dense_layers} leaves no MoE layer of "
                                                    f"{self.num_layers}.",
                                    f"use fewer than {self.num_layers} leading dense layers, or num_experts 0.")
+        if self.moe_layers == 0:
+            raise InfeasibleConfig("moe_layer_interval", f"moe_layer_interval {self.moe_layer_interval} leaves no "
+                                                         f"MoE layer among the {self.num_layers - self.dense_layers} "
+                                                         "layers after the leading dense ones.",
+                                   "use a smaller interval (Llama 4 Maverick: 2), or num_experts 0.")
         if self.capacity_factor is not None and not 0 < self.capacity_factor <= self.num_experts / self.top_k:
             raise InfeasibleConfig("capacity_factor", f"capacity_factor {self.capacity_factor:g} is outside "
                                                       f"(0, num_experts / top_k = {self.num_experts / self.top_k:g}].",

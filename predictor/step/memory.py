@@ -613,7 +613,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                  if is_moe else dense_l)
         moe_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x) if is_moe else dense_f
         # what full recomputation rematerialises: the larger of the layer kinds the model has
-        full_f = (max(dense_f, moe_f) if model.dense_layers else moe_f) if is_moe else dense_f
+        full_f = (max(dense_f, moe_f) if model.has_dense_layers else moe_f) if is_moe else dense_f
         return (dense_l, full_f,
                 *edge_activation_bytes(model, sc, b, t, s, precision, options),
                 cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
