@@ -51,7 +51,9 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "grad_reduce_in_fp32", "fp8_param_gather",
                # multi-head latent attention (docs/mla.md)
                "attention_kind", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
-               "stage_layers"]
+               "stage_layers",
+               # sliding-window attention (GPT-OSS)
+               "sliding_window", "full_attention_interval"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
                 "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
@@ -247,7 +249,9 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         # the recipe's uneven pipeline layout for this (pp, vp), where the catalog model states one (DeepSeek-V3:
         # Megatron-Bridge's layout map, `pipeline_layouts_cite`); else Megatron-Core's even split
         "stage_layers": ",".join(map(str, model.get("pipeline_layouts", {}).get(f"{int(_num(r['pp']) or 1)}x{vp}", [])))
-        or None}
+        or None,
+        # sliding-window attention (GPT-OSS): the catalog model's, empty for full attention
+        "sliding_window": model.get("sliding_window"), "full_attention_interval": model.get("full_attention_interval")}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 

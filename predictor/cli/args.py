@@ -89,7 +89,7 @@ def memory_options_from_args(a: argparse.Namespace) -> MemoryOptions:
 def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:
     """The model's loose fields from parsed flags (layout_io.model_from_fields reads them)."""
     return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS, "attention_kind", *MLA_FIELDS,
-                                             "moe_layer_interval")}
+                                             "moe_layer_interval", "sliding_window", "full_attention_interval")}
 
 
 # --- Multi-head latent attention (docs/mla.md) ---
@@ -114,3 +114,9 @@ def add_mla_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--moe-layer-interval", dest="moe_layer_interval", type=int,
                     help="MoE models: every n-th layer after --dense-layers is a MoE layer, the others dense (Llama 4 "
                          "Maverick 2); default: the preset's, else 1 (every layer)")
+    sp.add_argument("--sliding-window", dest="sliding_window", type=int,
+                    help="sliding-window attention: each query sees this many tokens (GPT-OSS 128); default: the "
+                         "preset's, else full attention")
+    sp.add_argument("--full-attention-interval", dest="full_attention_interval", type=int,
+                    help="with --sliding-window: every n-th layer keeps full attention (GPT-OSS 2); default: the "
+                         "preset's, else every layer windowed")

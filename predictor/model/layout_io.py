@@ -26,7 +26,9 @@ OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gat
                           # --- multi-head latent attention (docs/mla.md): attention_kind, not `attention` (the kernel)
                           "attention_kind", *MLA_FIELDS,
                           # --- interleaved MoE layers (Llama 4 Maverick)
-                          "moe_layer_interval")
+                          "moe_layer_interval",
+                          # --- sliding-window attention (GPT-OSS)
+                          "sliding_window", "full_attention_interval")
 
 # The layout's defaults for a field not given: an omitted flag of `predict` / `search`, an empty cell of
 # predict-batch, and the dashboard's inputs as they open (predictor_ui.inputs.DEFAULT_SETUP takes them from here), so
@@ -62,7 +64,8 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   Multi-head latent attention (docs/mla.md): attention_kind = gqa (MHA / GQA / MQA; a preset's own otherwise);
   attention_kind mla needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim (q_lora_rank empty = no
   query compression) and no kv_heads / head_dim. attention_kind gqa on an MLA preset drops its MLA fields (then give
-  kv_heads / head_dim as needed). moe_layer_interval = 1 (every layer past dense_layers MoE; Llama 4 Maverick 2)."""
+  kv_heads / head_dim as needed). moe_layer_interval = 1 (every layer past dense_layers MoE; Llama 4 Maverick 2).
+  sliding_window = empty (full attention); full_attention_interval = empty (every layer windowed; GPT-OSS 2)."""
 
 
 def blank(v: Any) -> bool:
@@ -136,13 +139,16 @@ def moe_given(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def mla_given(row: Mapping[str, Any]) -> dict[str, Any]:
     """The multi-head latent attention fields the row gives (attention_kind and the MLA ranks / head dimensions),
-    parsed and named on bad input; absent / empty ones left out."""
+    and moe_layer_interval, sliding_window, full_attention_interval, parsed and named on bad input; absent / empty
+    ones left out."""
     out: dict[str, Any] = {n: _int(row, n) for n in MLA_FIELDS if not blank(row.get(n))}
     kind = _str(row, "attention_kind")
     if kind is not None:
         out["attention_kind"] = kind.strip().lower()
-    if not blank(row.get("moe_layer_interval")):   # interleaved MoE layers (Llama 4 Maverick)
-        out["moe_layer_interval"] = _int(row, "moe_layer_interval")
+    # interleaved MoE layers (Llama 4 Maverick), sliding-window attention (GPT-OSS)
+    for n in ("moe_layer_interval", "sliding_window", "full_attention_interval"):
+        if not blank(row.get(n)):
+            out[n] = _int(row, n)
     return out
 
 

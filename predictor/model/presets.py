@@ -101,6 +101,20 @@ _PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     # 17B active (Meta's Llama 4 model card). Same approximations as Scout.
     ModelSpec("llama4-maverick", "llama", 48, 5120, 40, 8, 16384, 202048, tied_embeddings=False, head_dim=128,
               num_experts=128, top_k=1, moe_ffn_hidden=8192, shared_experts=1, moe_layer_interval=2),
+    # GPT-OSS (sliding_window, full_attention_interval): gpt-oss-120b config.json (36 layers, hidden 2880, 64 heads
+    # of head_dim 64, 8 KV heads, 128 local experts of intermediate_size 2880, 4 per token, no shared expert,
+    # sliding_window 128 with layer_types alternating sliding / full attention from layer 0, vocab 201088, untied)
+    # as copied in public config tests (hidden 2880, 36 layers, 64 heads, 8 KV heads, head_dim 64, 128 experts,
+    # top-4) and the gpt-oss model card (arXiv 2508.10925 sec. 2: alternating banded window of 128 tokens and dense
+    # attention, 36 / 24 layers, 128 / 32 experts, top-4, o200k_harmony tokenizer of 201,088 tokens). Published:
+    # 116.8B / 20.9B total, 5.1B / 3.6B active (the card's Table 1, active without the input embedding).
+    # Approximated (PRESET_NOTES): the attention sinks (one learned logit per head) and the attention / expert /
+    # router biases (~0.05 % of the parameters) are not modelled; MXFP4 expert weights are a post-training format
+    # (training is planned in the layout's precision).
+    ModelSpec("gpt-oss-120b", "llama", 36, 2880, 64, 8, 2880, 201088, tied_embeddings=False, head_dim=64,
+              num_experts=128, top_k=4, moe_ffn_hidden=2880, sliding_window=128, full_attention_interval=2),
+    ModelSpec("gpt-oss-20b", "llama", 24, 2880, 64, 8, 2880, 201088, tied_embeddings=False, head_dim=64,
+              num_experts=32, top_k=4, moe_ffn_hidden=2880, sliding_window=128, full_attention_interval=2),
 ]}
 
 # What a preset approximates, in words (the CLI's `models --json` prints it; docs/mla.md has the table).
@@ -111,6 +125,10 @@ PRESET_NOTES: dict[str, str] = {
     "llama4-scout": "chunked attention (8192-token chunks on 3 of 4 layers) predicted as full causal attention: exact "
                     "up to seq 8192, an overestimate of those layers' attention above; NoPE layers and the QK L2-norm "
                     "not told apart",
+    "gpt-oss-120b": "attention sinks and the attention / expert / router biases not modelled (~0.05 % of the "
+                    "parameters); sliding-window layers timed as causal attention over 2 x 128-token blocks",
+    "gpt-oss-20b": "attention sinks and the attention / expert / router biases not modelled (~0.05 % of the "
+                   "parameters); sliding-window layers timed as causal attention over 2 x 128-token blocks",
     "llama4-maverick": "chunked attention (8192-token chunks on 3 of 4 layers) predicted as full causal attention: "
                        "exact up to seq 8192, an overestimate of those layers' attention above; NoPE layers and the "
                        "QK L2-norm not told apart",
@@ -118,18 +136,11 @@ PRESET_NOTES: dict[str, str] = {
 
 # Presets whose architecture the predictor does not model yet: asked for by name, refused with the reason.
 _REFUSED: dict[str, tuple[str, str]] = {
-    "gpt-oss-120b": ("GPT-OSS alternates sliding-window (128 tokens) and full attention layers and adds attention "
-                     "sinks and attention biases, which the operator decomposition does not model; predicting it "
-                     "with full attention everywhere would be a silently wrong number at long sequences.",
-                     "use qwen3-30b-a3b or qwen3-235b-a22b for a MoE plan, or give the fields of a full-attention "
-                     "approximation yourself (36 layers, hidden 2880, 64 heads, 8 kv_heads, head_dim 64, "
-                     "128 experts, top_k 4, moe_ffn_hidden 2880) knowing that its attention differs."),
-    "gpt-oss-20b": ("GPT-OSS alternates sliding-window (128 tokens) and full attention layers and adds attention "
-                    "sinks and attention biases, which the operator decomposition does not model; predicting it "
-                    "with full attention everywhere would be a silently wrong number at long sequences.",
-                    "use qwen3-30b-a3b for a small MoE plan, or give the fields of a full-attention approximation "
-                    "yourself (24 layers, hidden 2880, 64 heads, 8 kv_heads, head_dim 64, 32 experts, top_k 4, "
-                    "moe_ffn_hidden 2880) knowing that its attention differs."),
+    "deepseek-v3.2": ("DeepSeek-V3.2 attends through DeepSeek Sparse Attention (a lightning indexer picks 2048 keys "
+                      "per query), which the operator decomposition does not model; predicting it as dense multi-head "
+                      "latent attention would be a silently wrong number at long sequences.",
+                      "use deepseek-v3 (the same shapes with dense MLA) knowing that its attention differs, or "
+                      "qwen3-235b-a22b for another large MoE plan."),
 }
 
 

@@ -107,6 +107,23 @@ class ModelSpec:
     # (i + 1) % moe_layer_interval == 0, HF Llama4TextDecoderLayer's rule for interleave_moe_layer_step (Maverick: 2,
     # dense / MoE alternating). 1 = every layer MoE (as before).
     moe_layer_interval: int = 1
+    # --- Sliding-window attention (GPT-OSS; docs/mla.md) ---
+    # sliding_window: each query attends to itself and the sliding_window - 1 keys before it (None = full causal
+    # attention in every layer). full_attention_interval: every n-th layer keeps full attention, layer i (0-based)
+    # when (i + 1) % n == 0 (GPT-OSS: 2, sliding / full alternating from layer 0, its config.json layer_types);
+    # None = every layer windowed (Mistral-7B v0.1's sliding_window 4096).
+    sliding_window: int | None = None
+    full_attention_interval: int | None = None
+
+    @property
+    def full_attention_share(self) -> float:
+        """The share of layers with full (not windowed) attention: 1 without a sliding window; with one, the layers
+        i with (i + 1) % full_attention_interval == 0 over all layers (0 when every layer is windowed)."""
+        if self.sliding_window is None:
+            return 1.0
+        if not self.full_attention_interval:
+            return 0.0
+        return (self.num_layers // self.full_attention_interval) / self.num_layers
 
     @property
     def has_dense_layers(self) -> bool:
@@ -243,6 +260,33 @@ class ModelSpec:
                                    f"use one of {', '.join(ATTENTION_IMPLS)}.")
         self._validate_moe()
         self._validate_mla()
+        self._validate_sliding_window()
+
+    def _validate_sliding_window(self) -> None:
+        """sliding_window a positive integer within the sequence bound, with flash attention (an unfused kernel
+        materialises every score anyway); full_attention_interval only with a window, at least 2."""
+        w, k = self.sliding_window, self.full_attention_interval
+        for name, v in (("sliding_window", w), ("full_attention_interval", k)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.",
+                                       "leave it empty for full attention, or give the model's value (GPT-OSS: "
+                                       "sliding_window 128, full_attention_interval 2).")
+        if w is None:
+            if k is not None:
+                raise InfeasibleConfig("full_attention_interval", "full_attention_interval needs a sliding_window.",
+                                       "give sliding_window (GPT-OSS: 128), or leave full_attention_interval empty.")
+            return
+        check_bound("seq_len", w)
+        if k is not None:
+            check_bound("layers", k)
+            if k == 1:
+                raise InfeasibleConfig("full_attention_interval", "full_attention_interval 1 makes every layer full "
+                                                                  "attention: the sliding window would be unused.",
+                                       "leave sliding_window empty for full attention, or use an interval >= 2.")
+        if self.attention_impl not in FLASH_IMPLS:
+            raise InfeasibleConfig("sliding_window", f"sliding-window attention is modelled with flash attention, "
+                                                     f"not '{self.attention_impl}' attention.",
+                                   "use attention flash, or leave sliding_window empty.")
 
     def _validate_mla(self) -> None:
         """MLA fields: none given with attention_kind gqa; with mla the ranks and head dimensions given, positive,
@@ -578,6 +622,10 @@ class Layout:
             if model.ffn % self.tp:
                 raise InfeasibleConfig("tp", f"ffn_hidden {model.ffn} is not divisible by tp {self.tp}.",
                                        f"use a tp that divides {model.ffn}.")
+            if self.cp > 1 and model.sliding_window is not None:
+                raise InfeasibleConfig("cp", "context parallelism with sliding-window attention is not modelled (the "
+                                             "ring's blocks outside the window would be skipped).",
+                                       "set cp = 1, or leave sliding_window empty.")
             if self.cp > 1 and model.attention_impl not in FLASH_IMPLS:
                 raise InfeasibleConfig("cp", f"context parallelism needs a fused attention kernel; this model uses "
                                              f"'{model.attention_impl}' attention.",

@@ -192,9 +192,16 @@ def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: i
         # a decoder's attention is causal (Predictor.op_times discounts non-causal samples); the Triton kernel
         # runs TRITON_ATTENTION_FACTOR times longer than FlashAttention-2
         k = TRITON_ATTENTION_FACTOR if model.attention_impl == "triton" else 1.0
+        variant = FA2_BASE if model.attention_impl == "triton" else None
+        w = model.sliding_window
+        if w is not None and s > w:   # sliding-window layers (sliding_window_calls)
+            return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=seq, hidden=h, heads=model.num_heads,
+                                                            kv_heads=model.kv_heads, **_flash_hd(model)), n, phase,
+                           "layer", scale=k, variant=variant)
+                    for seq, n in sliding_window_calls(model, s) if n > 0]
         return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
                                                         kv_heads=model.kv_heads, **_flash_hd(model)), cp, phase,
-                       "layer", scale=k, variant=FA2_BASE if model.attention_impl == "triton" else None)]
+                       "layer", scale=k, variant=variant)]
     # MLA: the scores at the query / key head dimension, the context at the value head dimension
     shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
                      **({"head_dim": model.qk_head_size} if model.is_mla else _hd(model)))
@@ -205,6 +212,20 @@ def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: i
     return [OpCall("attn_scores", "fwd", shp, 1, phase, "layer"),
             OpCall("fused_masked_softmax", "fwd", shp_sm, 1, phase, "layer"),
             OpCall("attn_context", "fwd", shp_ctx, 1, phase, "layer")]
+
+
+def sliding_window_calls(model: ModelSpec, s: int) -> list[tuple[int, float]]:
+    """(sequence length, calls per layer) of flash attention for a model with a sliding window W < s: the full-
+    attention share of the layers (ModelSpec.full_attention_share) runs causal attention at s; the windowed share
+    runs the same score work as causal attention at 2W tokens, (s*W - W^2/2) / (2W^2) = s / (2W) - 1/4 calls per
+    layer (a query i attends keys i-W+1..i: the first W queries a causal W x W block, each later one W keys; a
+    causal call at 2W does 2W^2). The calls see b x 2W tokens each, s/(2W) of them the layer's b x s tokens, so the
+    kernel is timed at the block shape a windowed kernel tiles (Q, K, V read once), not as a long causal pass scaled
+    down. A chunk's layers get the model-wide share (exact over the model; within a chunk at most one layer's
+    attention off where its layers do not split evenly between the two kinds)."""
+    w = model.sliding_window or s
+    f = model.full_attention_share
+    return [(s, f), (2 * w, (1.0 - f) * (s / (2 * w) - 0.25))]
 
 
 def mla_flash_head_dim(model: ModelSpec) -> int:
