@@ -312,3 +312,16 @@ def test_mla_model_flops_reproduce_megatron_bridges_published_deepseek_v3_flops_
                        qk_rope_head_dim=None, v_head_dim=None)
     ours_gqa = model_flops_per_step(gqa, Layout(num_gpus=1, seq_len=s, global_batch=1)) / s
     assert abs(ours_gqa - 3 * 61 * s * 128 * 112 - published) / published > 0.04
+
+
+@pytest.mark.parametrize("name,platform,n,gb,seq,precision", [
+    ("deepseek-v2-lite", "dgx-h100", 32, 128, 4096, "bf16"),     # MLA without query compression
+    ("deepseek-v3", "dgx-b200", 256, 1024, 4096, "fp8"),         # MLA with compression, FP8 GEMMs
+    ("llama4-maverick", "dgx-h100", 64, 256, 8192, "bf16"),      # interleaved MoE layers
+    ("gpt-oss-20b", "dgx-h100", 32, 128, 8192, "bf16"),          # sliding-window attention
+])
+def test_search_and_predict_are_one_engine_for_the_new_models(name, platform, n, gb, seq, precision):
+    """The engine's search table equals Predictor.predict (step time, breakdown, memory) on random layouts of the
+    new models (tests/test_engine.py's check)."""
+    from tests.test_engine import _search_and_predict_agree
+    _search_and_predict_agree(name, platform, n, gb, seq, "megatron", precision)
