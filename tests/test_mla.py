@@ -325,3 +325,25 @@ def test_search_and_predict_are_one_engine_for_the_new_models(name, platform, n,
     new models (tests/test_engine.py's check)."""
     from tests.test_engine import _search_and_predict_agree
     _search_and_predict_agree(name, platform, n, gb, seq, "megatron", precision)
+
+
+def test_mla_fp8_weight_copies_keep_the_down_projections_whole():
+    from predictor.step import fp8
+    down = 7168 * 1536 + 7168 * 576
+    split = 1536 * 128 * 192 + 512 * 128 * 256 + 128 * 128 * 7168
+    assert fp8.layer_gemm_params_per_gpu(V3, 8) == pytest.approx(down + (split + 3 * 7168 * 18432) / 8)
+    moe = fp8.layer_gemm_params_per_gpu(V3, 8, moe=True, ep=64)
+    assert moe == pytest.approx(down + (split + 3 * 7168 * 2048) / 8 + 256 // 64 * 3 * 7168 * 2048)
+
+
+def test_unfused_mla_attention_scores_at_qk_and_context_at_v():
+    unfused = with_changes(V3, attention_impl="unfused")
+    ops = [c for c in _layer(unfused, 2, 1, 1024, False).ops if c.phase == "fwd"]
+    sc = next(c for c in ops if c.op == "attn_scores")
+    ctx = next(c for c in ops if c.op == "attn_context")
+    assert _bmm(sc) == (1024, 1024, 192, 64) and _bmm(ctx) == (1024, 128, 1024, 64)
+
+
+def _bmm(call: D.OpCall) -> tuple[int, int, int, int]:
+    M, N, K, B = features.gemm_mnk(call.op, features.derived_dims(features.arrays_from_shapes([call.shape])))
+    return int(M[0]), int(N[0]), int(K[0]), int(B[0])
