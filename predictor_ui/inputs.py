@@ -64,7 +64,9 @@ def _fill_custom_from_preset(prefix: str) -> None:
     vals = {"arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
             "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size, "head_dim": m.head_dim,
             "moe": m.is_moe, **experts.preset_values(m), "attention_kind": m.attention_kind,
-            **({n: getattr(m, n) for n in MLA_FIELDS} if m.is_mla else {})}
+            **({n: getattr(m, n) for n in MLA_FIELDS} if m.is_mla else {}),
+            "moe_layer_interval": m.moe_layer_interval, "sliding_window": m.sliding_window,
+            "full_attention_interval": m.full_attention_interval}
     for f, v in vals.items():
         st.session_state[_k(prefix, f)] = v
 
@@ -110,13 +112,33 @@ def model_inputs(prefix: str = "", container=None, default: str | None = None) -
     vocab = a.number_input("Vocabulary", 1, 2_000_000, d["vocab"], key=_k(prefix, "vocab"), bind=BIND)
     fields = {"arch": arch, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
               "ffn_hidden": ffn or None, "vocab": vocab, "head_dim": head_dim, "name": "custom",
-              **(mla_inputs(prefix, c) if kind == "mla" else {}), **experts.custom_moe_inputs(prefix, c)}
+              **(mla_inputs(prefix, c) if kind == "mla" else {}), **window_inputs(prefix, c),
+              **experts.custom_moe_inputs(prefix, c)}
+    if "num_experts" in fields:   # interleaved MoE layers (Llama 4 Maverick)
+        fields["moe_layer_interval"] = c.number_input(
+            "MoE every n-th layer", 1, 4096, 1, key=_k(prefix, "moe_layer_interval"), bind=BIND,
+            help="1 = every layer after the dense ones is a MoE layer; 2 = dense and MoE alternating (Llama 4 "
+                 "Maverick).")
     if "num_experts" in fields:
         try:
             c.caption(experts.moe_summary(model_from_fields(fields)))
         except InfeasibleConfig:
             pass   # the page shows the warning naming the field
     return fields
+
+
+def window_inputs(prefix: str, c) -> dict[str, Any]:
+    """Sliding-window attention of a custom model (docs/mla.md): the window and the full-attention interval, both
+    blank by default (full attention in every layer)."""
+    a, b = c.columns(2)
+    w = a.number_input("Sliding window", min_value=1, max_value=2 ** 22, value=None, step=128,
+                       key=_k(prefix, "sliding_window"), bind=BIND, placeholder="full attention",
+                       help="Each query attends to this many tokens (GPT-OSS: 128). Blank = full causal attention.")
+    k = b.number_input("Full attention every", min_value=1, max_value=4096, value=None,
+                       key=_k(prefix, "full_attention_interval"), bind=BIND, placeholder="every layer windowed",
+                       help="With a window: every n-th layer keeps full attention (GPT-OSS: 2). Blank = every layer "
+                            "windowed.")
+    return {"sliding_window": w, "full_attention_interval": k}
 
 
 def mla_inputs(prefix: str, c) -> dict[str, Any]:

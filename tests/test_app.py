@@ -246,6 +246,22 @@ def test_predict_custom_mla_model_from_an_mla_preset():
     assert any("qk_rope_head_dim" in x.value for x in at.warning)
 
 
+def test_a_custom_model_from_maverick_or_gpt_oss_keeps_its_layer_pattern():
+    """Switching Llama 4 Maverick / GPT-OSS to 'custom' keeps the MoE interval and the sliding window (never a
+    silent every-layer MoE or full attention)."""
+    at = run(query={"model": "llama4-maverick", "num_gpus": 64, "tp": 1, "pp": 4, "global_batch": 64, "ep": 16})
+    at.selectbox(key="model").set_value("custom").run()
+    assert not at.exception
+    assert at.number_input(key="moe_layer_interval").value == 2
+    at = run(query={"model": "gpt-oss-20b", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8,
+                    "recompute": "full"})
+    at.selectbox(key="model").set_value("custom").run()
+    assert not at.exception
+    assert at.number_input(key="sliding_window").value == 128
+    assert at.number_input(key="full_attention_interval").value == 2
+    assert STEP_RE.match(metric(at, "Step time"))
+
+
 def test_predict_uses_trained_models_when_present(tiny_env):
     at = run(query={"model": "gpt3-1.3b", "platform": PLATFORM, "num_gpus": 8, "tp": 2, "pp": 2, "global_batch": 16,
                     "schedule": "1f1b", "sequence_parallel": "false", "view": "Data basis"})
