@@ -347,3 +347,13 @@ def test_unfused_mla_attention_scores_at_qk_and_context_at_v():
 def _bmm(call: D.OpCall) -> tuple[int, int, int, int]:
     M, N, K, B = features.gemm_mnk(call.op, features.derived_dims(features.arrays_from_shapes([call.shape])))
     return int(M[0]), int(N[0]), int(K[0]), int(B[0])
+
+
+def test_mla_alignment_checks_its_own_head_dimensions():
+    """hidden / heads means nothing to MLA (7000 / 128 is not whole): the alignment check looks at the query / key
+    and value head dimensions instead, and the spec accepts such a hidden size."""
+    from predictor.step.alignment import unaligned_dims_at
+    m = with_changes(V3, hidden_size=7000)
+    m.validate()
+    assert unaligned_dims_at(m, 1) == {}
+    assert unaligned_dims_at(with_changes(V3, hidden_size=7004), 1) == {"hidden per TP rank": 7004}
