@@ -48,6 +48,16 @@ def test_mla_presets_have_their_published_sizes(name, total_b, total_rel, active
     assert active_wo_embedding / 1e9 == pytest.approx(active_b, rel=0.03)
 
 
+def test_moonlight_has_its_published_size():
+    """moonshotai/Moonlight-16B-A3B: 16B total, 3B activated, each printed to one significant figure (so: within
+    0.5B of 16B, and rounding to 3B with or without the input embedding)."""
+    m = get_preset("moonlight-16b-a3b")
+    assert m.is_mla and m.q_lora_rank is None
+    assert abs(m.total_params() / 1e9 - 16.0) < 0.5
+    emb = params.padded_vocab(m.vocab_size) * m.hidden_size
+    assert round(m.active_params() / 1e9) == 3 and round((m.active_params() - emb) / 1e9) == 3
+
+
 def test_mla_layer_parameters_follow_the_deepseek_v3_config():
     """Per layer, from DeepSeek-V3's config.json (HF DeepseekV3Attention's modules): q_a_proj 7168 x 1536,
     q_a_layernorm 1536, q_b_proj 1536 x 128*(128+64), kv_a_proj_with_mqa 7168 x (512+64), kv_a_layernorm 512,

@@ -73,6 +73,16 @@ _PRESETS: dict[str, ModelSpec] = {m.name: m for m in [
     ModelSpec("deepseek-v2-lite", "llama", 27, 2048, 16, None, 10944, 102400, tied_embeddings=False,
               num_experts=64, top_k=6, moe_ffn_hidden=1408, shared_experts=2, dense_layers=1,
               attention_kind="mla", kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+    # Moonlight-16B-A3B: MLA without query compression, the DeepSeek-V3 architecture at 2048 hidden: slime's
+    # scripts/models/moonlight.sh Megatron-Core arguments (--num-layers 27 --hidden-size 2048 --ffn-hidden-size 11264
+    # --num-attention-heads 16 --multi-latent-attention --kv-lora-rank 512 (no --q-lora-rank) --qk-head-dim 128
+    # --qk-pos-emb-head-dim 64 --v-head-dim 128 --num-experts 64 --moe-ffn-hidden-size 1408 --moe-router-topk 6
+    # --moe-shared-expert-intermediate-size 2816 (2 shared experts of 1408) FIRST_K_DENSE_REPLACE 1 --vocab-size
+    # 163840 --untie-embeddings-and-output-weights). Published: 16B total, 3B activated (moonshotai/Moonlight-16B-A3B
+    # model card). Trained with Muon; the optimizer is modelled as Adam's.
+    ModelSpec("moonlight-16b-a3b", "llama", 27, 2048, 16, None, 11264, 163840, tied_embeddings=False,
+              num_experts=64, top_k=6, moe_ffn_hidden=1408, shared_experts=2, dense_layers=1,
+              attention_kind="mla", kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
     # Kimi K2: the DeepSeek-V3 architecture with 64 heads, 384 experts and 1 leading dense layer: a Megatron-Core
     # Kimi-K2-Instruct training script (--num-layers 61 --hidden-size 7168 --ffn-hidden-size 18432
     # --num-attention-heads 64 --multi-latent-attention --q-lora-rank 1536 --kv-lora-rank 512 --qk-head-dim 128
@@ -122,6 +132,7 @@ PRESET_NOTES: dict[str, str] = {
     "deepseek-v3": "without the multi-token-prediction (MTP) module (not modelled); the router's expert-bias terms "
                    "are not counted",
     "kimi-k2": "MuonClip optimizer modelled as Adam",
+    "moonlight-16b-a3b": "Muon optimizer modelled as Adam",
     "llama4-scout": "chunked attention (8192-token chunks on 3 of 4 layers) predicted as full causal attention: exact "
                     "up to seq 8192, an overestimate of those layers' attention above; NoPE layers and the QK L2-norm "
                     "not told apart",
