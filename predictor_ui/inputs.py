@@ -16,7 +16,7 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
 from predictor.model.layout_io import LAYOUT_DEFAULTS, llama_ffn, model_from_fields
 from predictor.model.presets import get_preset, list_presets
-from predictor.model.specs import PRECISIONS, RECOMPUTES, SCHEDULES
+from predictor.model.specs import ATTENTION_KINDS, MLA_FIELDS, PRECISIONS, RECOMPUTES, SCHEDULES
 
 from . import config, experts, fmt, urlcheck
 from .clusters import CUSTOM_FIELDS, DASHBOARD_SOURCE, custom_platform
@@ -36,6 +36,9 @@ CUSTOM_MODEL_DEFAULT = {"arch": "llama", "layers": 32, "hidden": 4096, "heads": 
 CUSTOM_CLUSTER_DEFAULT = {"c_name": "my-cluster", "c_device": "h100-sxm5-80gb", "c_gpn": 8, "c_intra_bw": 450.0,
                           "c_intra_lat": 8.0, "c_inter_bw": 50.0, "c_inter_lat": 10.0, "c_models": "auto"}
 TARGET_DEFAULT = {"tokens_b": 2000.0, "price": None}
+# --- Multi-head latent attention (docs/mla.md): a custom MLA model opens on DeepSeek-V3's shapes
+CUSTOM_MLA_DEFAULT = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                      "v_head_dim": 128}
 SEQ_LENS = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -60,7 +63,10 @@ def _fill_custom_from_preset(prefix: str) -> None:
     m = get_preset(last)
     vals = {"arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
             "kv_heads": m.kv_heads, "ffn_hidden": m.ffn, "vocab": m.vocab_size, "head_dim": m.head_dim,
-            "moe": m.is_moe, **experts.preset_values(m)}
+            "moe": m.is_moe, **experts.preset_values(m), "attention_kind": m.attention_kind,
+            **({n: getattr(m, n) for n in MLA_FIELDS} if m.is_mla else {}),
+            "moe_layer_interval": m.moe_layer_interval, "sliding_window": m.sliding_window,
+            "full_attention_interval": m.full_attention_interval}
     for f, v in vals.items():
         st.session_state[_k(prefix, f)] = v
 
@@ -86,25 +92,73 @@ def model_inputs(prefix: str = "", container=None, default: str | None = None) -
     layers = a.number_input("Layers", 1, 1000, d["layers"], key=_k(prefix, "layers"), bind=BIND)
     hidden = b.number_input("Hidden size", 64, 131072, d["hidden"], step=128, key=_k(prefix, "hidden"), bind=BIND)
     heads = a.number_input("Heads", 1, 1024, d["heads"], key=_k(prefix, "heads"), bind=BIND)
-    kv = b.number_input("KV heads", 1, 1024, d["kv_heads"], key=_k(prefix, "kv_heads"), bind=BIND,
-                        help="Key/value heads: = heads for multi-head attention, fewer for grouped-query attention.")
-    head_dim = a.number_input("Head dim", min_value=1, max_value=4096, value=d["head_dim"], step=8,
-                              key=_k(prefix, "head_dim"), bind=BIND, placeholder="hidden / heads",
-                              help="Attention head dimension. Blank = hidden / heads; set it where heads x head dim "
-                                   "differs from hidden (Qwen3: 128).")
+    kind = b.selectbox("Attention kind", ATTENTION_KINDS, index=0, key=_k(prefix, "attention_kind"), bind=BIND,
+                       help="gqa: multi-head / grouped-query / multi-query attention (KV heads, head dim). mla: "
+                            "multi-head latent attention (DeepSeek-V2 / V3: low-rank compressed query and key / "
+                            "value with a decoupled RoPE part; docs/mla.md).")
+    if kind == "mla":   # every head has its own up-projected key and value: no KV heads / head dim
+        kv, head_dim = None, None
+    else:
+        kv = a.number_input("KV heads", 1, 1024, d["kv_heads"], key=_k(prefix, "kv_heads"), bind=BIND,
+                            help="Key/value heads: = heads for multi-head attention, fewer for grouped-query "
+                                 "attention.")
+        head_dim = b.number_input("Head dim", min_value=1, max_value=4096, value=d["head_dim"], step=8,
+                                  key=_k(prefix, "head_dim"), bind=BIND, placeholder="hidden / heads",
+                                  help="Attention head dimension. Blank = hidden / heads; set it where heads x head "
+                                       "dim differs from hidden (Qwen3: 128).")
     ffn = b.number_input("FFN hidden", 0, 1_000_000, d["ffn_hidden"], step=256, key=_k(prefix, "ffn_hidden"),
                          bind=BIND, help="MLP inner width (each of gate and up for SwiGLU). 0 = the architecture's "
                                          f"rule (4·hidden for gpt, {llama_ffn(4096)} for a 4096 llama).")
     vocab = a.number_input("Vocabulary", 1, 2_000_000, d["vocab"], key=_k(prefix, "vocab"), bind=BIND)
     fields = {"arch": arch, "layers": layers, "hidden": hidden, "heads": heads, "kv_heads": kv,
               "ffn_hidden": ffn or None, "vocab": vocab, "head_dim": head_dim, "name": "custom",
+              **(mla_inputs(prefix, c) if kind == "mla" else {}), **window_inputs(prefix, c),
               **experts.custom_moe_inputs(prefix, c)}
+    if "num_experts" in fields:   # interleaved MoE layers (Llama 4 Maverick)
+        fields["moe_layer_interval"] = c.number_input(
+            "MoE every n-th layer", 1, 4096, 1, key=_k(prefix, "moe_layer_interval"), bind=BIND,
+            help="1 = every layer after the dense ones is a MoE layer; 2 = dense and MoE alternating (Llama 4 "
+                 "Maverick).")
     if "num_experts" in fields:
         try:
             c.caption(experts.moe_summary(model_from_fields(fields)))
         except InfeasibleConfig:
             pass   # the page shows the warning naming the field
     return fields
+
+
+def window_inputs(prefix: str, c) -> dict[str, Any]:
+    """Sliding-window attention of a custom model (docs/mla.md): the window and the full-attention interval, both
+    blank by default (full attention in every layer)."""
+    a, b = c.columns(2)
+    w = a.number_input("Sliding window", min_value=1, max_value=2 ** 22, value=None, step=128,
+                       key=_k(prefix, "sliding_window"), bind=BIND, placeholder="full attention",
+                       help="Each query attends to this many tokens (GPT-OSS: 128). Blank = full causal attention.")
+    k = b.number_input("Full attention every", min_value=1, max_value=4096, value=None,
+                       key=_k(prefix, "full_attention_interval"), bind=BIND, placeholder="every layer windowed",
+                       help="With a window: every n-th layer keeps full attention (GPT-OSS: 2). Blank = every layer "
+                            "windowed.")
+    return {"sliding_window": w, "full_attention_interval": k}
+
+
+def mla_inputs(prefix: str, c) -> dict[str, Any]:
+    """The multi-head latent attention fields of a custom model (shown when its attention kind is MLA)."""
+    d = CUSTOM_MLA_DEFAULT
+    a, b = c.columns(2)
+    q = a.number_input("Q LoRA rank", min_value=1, max_value=131072, value=d["q_lora_rank"], step=64,
+                       key=_k(prefix, "q_lora_rank"), bind=BIND, placeholder="no query compression",
+                       help="Query compression rank (DeepSeek-V3 1536). Blank = the query is projected from the "
+                            "hidden state directly (DeepSeek-V2-Lite).")
+    kv = b.number_input("KV LoRA rank", 1, 131072, d["kv_lora_rank"], step=64, key=_k(prefix, "kv_lora_rank"),
+                        bind=BIND, help="Key / value latent rank (DeepSeek-V2 / V3: 512).")
+    nope = a.number_input("QK head dim (no RoPE)", 1, 4096, d["qk_nope_head_dim"], step=8,
+                          key=_k(prefix, "qk_nope_head_dim"), bind=BIND, help="DeepSeek-V3: 128.")
+    rope = b.number_input("QK RoPE head dim", 1, 4096, d["qk_rope_head_dim"], step=2,
+                          key=_k(prefix, "qk_rope_head_dim"), bind=BIND, help="Decoupled RoPE part, even (64).")
+    v = a.number_input("V head dim", 1, 4096, d["v_head_dim"], step=8, key=_k(prefix, "v_head_dim"), bind=BIND,
+                       help="Value head dimension (DeepSeek-V3: 128).")
+    return {"attention_kind": "mla", "q_lora_rank": q, "kv_lora_rank": kv, "qk_nope_head_dim": nope,
+            "qk_rope_head_dim": rope, "v_head_dim": v}
 
 
 # --------------------------------------------------------------------------- platform

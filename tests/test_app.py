@@ -250,6 +250,36 @@ def test_predict_custom_model_and_custom_cluster(tmp_path, monkeypatch):
     assert "on **my-a100-cluster**" in text(at)
 
 
+def test_predict_custom_mla_model_from_an_mla_preset():
+    """Multi-head latent attention on the dashboard: switching an MLA preset to 'custom' keeps its attention kind
+    and ranks (KV heads / head dim are not asked for), and a bad rank is a warning naming the field."""
+    at = run(query={"model": "deepseek-v2-lite", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8})
+    at.selectbox(key="model").set_value("custom").run()
+    assert not at.exception
+    assert at.selectbox(key="attention_kind").value == "mla"
+    assert at.number_input(key="kv_lora_rank").value == 512 and at.number_input(key="q_lora_rank").value is None
+    assert not [w for w in at.number_input if w.key in ("kv_heads", "head_dim")]
+    assert STEP_RE.match(metric(at, "Step time"))
+    at.number_input(key="qk_rope_head_dim").set_value(63).run()
+    assert any("qk_rope_head_dim" in x.value for x in at.warning)
+
+
+def test_a_custom_model_from_maverick_or_gpt_oss_keeps_its_layer_pattern():
+    """Switching Llama 4 Maverick / GPT-OSS to 'custom' keeps the MoE interval and the sliding window (never a
+    silent every-layer MoE or full attention)."""
+    at = run(query={"model": "llama4-maverick", "num_gpus": 64, "tp": 1, "pp": 4, "global_batch": 64, "ep": 16})
+    at.selectbox(key="model").set_value("custom").run()
+    assert not at.exception
+    assert at.number_input(key="moe_layer_interval").value == 2
+    at = run(query={"model": "gpt-oss-20b", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8,
+                    "recompute": "full"})
+    at.selectbox(key="model").set_value("custom").run()
+    assert not at.exception
+    assert at.number_input(key="sliding_window").value == 128
+    assert at.number_input(key="full_attention_interval").value == 2
+    assert STEP_RE.match(metric(at, "Step time"))
+
+
 def test_predict_uses_trained_models_when_present(tiny_env):
     at = run(query={"model": "gpt3-1.3b", "platform": PLATFORM, "num_gpus": 8, "tp": 2, "pp": 2, "global_batch": 16,
                     "schedule": "1f1b", "sequence_parallel": "false", "view": "Data basis"})

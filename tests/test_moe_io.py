@@ -101,7 +101,7 @@ def test_cli_models_lists_total_and_active_parameters(capsys):
     assert rows["qwen3-30b-a3b"]["active_params_b"] == pytest.approx(3.3, abs=0.1)
     dense = rows["llama3-8b"]
     assert dense["num_experts"] == 0 and dense["top_k"] is None and dense["active_params_b"] == dense["params_b"]
-    assert "deepseek-v3" not in rows
+    assert "deepseek-v3.2" not in rows
     rc, out, _ = _cli(capsys, ["models"])
     header, *lines = out.splitlines()
     assert "experts" in header and "active_b" in header
@@ -125,7 +125,7 @@ BAD_CLI = [
     ([*MIX, "--ep", "0"], "ep"),
     ([*MIX, "--capacity-factor", "nan"], "capacity_factor"),
     ([*MIX, "--moe-imbalance", "0.5"], "moe_imbalance"),
-    (["--model", "deepseek-v3", "--num-gpus", "8"], "model"),
+    (["--model", "deepseek-v3.2", "--num-gpus", "8"], "model"),
 ]
 
 
@@ -138,9 +138,9 @@ def test_cli_bad_moe_input_exits_2_naming_the_field(capsys, args, field):
         assert "Fix:" in err
 
 
-def test_deepseek_v3_is_refused_with_the_reason_and_a_fix(capsys):
-    rc, _, err = _cli(capsys, [*PRED, "--model", "deepseek-v3"])
-    assert rc == 2 and "Multi-head Latent Attention" in err and "qwen3-235b-a22b" in err
+def test_deepseek_v3_2_is_refused_with_the_reason_and_a_fix(capsys):
+    rc, _, err = _cli(capsys, [*PRED, "--model", "deepseek-v3.2"])
+    assert rc == 2 and "Sparse Attention" in err and "qwen3-235b-a22b" in err
 
 
 @pytest.mark.parametrize("platform", ["dgx-a100-80gb", "dgx1-v100"])
@@ -213,7 +213,7 @@ def test_predict_batch_reads_the_moe_columns_and_carries_them_back(tmp_path):
             batch_row(ROW, case_id="topk", model="mixtral-8x7b", top_k="9"),
             batch_row({**ROW, **dense}, case_id="densetopk", top_k="2"),
             batch_row({**ROW, **dense}, case_id="denseep", ep="2"),
-            batch_row(ROW, case_id="deepseek", model="deepseek-v3"),
+            batch_row(ROW, case_id="dsv32", model="deepseek-v3.2"),
             batch_row(ROW, case_id="cf", model="mixtral-8x7b", capacity_factor="inf")]
     res = _batch(tmp_path, rows, cols)
     # every MoE column is in the output (the absent ones appended), filled with what was predicted
@@ -228,7 +228,7 @@ def test_predict_batch_reads_the_moe_columns_and_carries_them_back(tmp_path):
     assert (res.loc["defaults", "ep"], res.loc["defaults", "top_k"]) == ("1", "2")   # empty cells: the values used
     assert (res.loc["dense", "num_experts"], res.loc["dense", "ep"], res.loc["dense", "top_k"]) == ("0", "1", "")
     for case, field in (("badep", "ep"), ("epranks", "ep"), ("topk", "top_k"), ("densetopk", "top_k"),
-                        ("denseep", "ep"), ("deepseek", "model"), ("cf", "capacity_factor")):
+                        ("denseep", "ep"), ("dsv32", "model"), ("cf", "capacity_factor")):
         assert res.loc[case, "error"].startswith(f"{field}:"), (case, res.loc[case, "error"])
         assert "Fix:" in res.loc[case, "error"] or field == "capacity_factor"
         assert res.loc[case, "step_time_s"] == ""

@@ -13,7 +13,7 @@ citation) and the systems' platforms. This module
    within 1 % of global_batch x seq_len / (tokens/s/GPU x GPUs); the published model TFLOP/s per token within 3 % of
    the same model's other rows of the same release (a typo in a transcribed throughput breaks it);
 2. keeps but does not predict a row whose system has no platform (GB300, B300), whose precision is not stated or not
-   modelled (NVFP4), or whose model the predictor does not model (DeepSeek-V3's MLA, GPT-OSS, Llama 4, Nemotron);
+   modelled (NVFP4), or whose model the predictor does not model (DeepSeek-V3 with MTP, GPT-OSS, Llama 4, Nemotron);
 3. predicts the rest with `predictor.plan.batch.predict_records(..., allow_oom=True)` and scores the measured step time
    (global_batch x seq_len / (tokens/s/GPU x GPUs), the document's own definition of tokens/s/GPU) per run and per
    group (GPU kind, MoE vs dense, precision, source). MoE runs of a source that states forced load balancing (the
@@ -48,7 +48,12 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "dense_layers", "moe_imbalance", "seq_len", "num_gpus", "tp", "pp", "cp", "ep", "dp", "vpp",
                "schedule", "micro_batch", "global_batch", "recompute", "sequence_parallel", "zero_stage",
                "precision", "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
-               "grad_reduce_in_fp32", "fp8_param_gather", "offload_activations"]
+               "grad_reduce_in_fp32", "fp8_param_gather", "offload_activations",
+               # multi-head latent attention (docs/mla.md)
+               "attention_kind", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+               "stage_layers",
+               # sliding-window attention (GPT-OSS)
+               "sliding_window", "full_attention_interval"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
                 "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
@@ -264,7 +269,16 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         # the recipe's gradient precision and FP8 primary weights (memory_settings: what its scripts state)
         **dict(zip(("grad_reduce_in_fp32", "fp8_param_gather"), memory_settings(r))),
         # the recipe's activation offloading (RECIPE_OFFLOAD; empty = none)
-        "offload_activations": recipe_offload(r) or None}
+        "offload_activations": recipe_offload(r) or None,
+        # multi-head latent attention (docs/mla.md): the catalog model's, empty for GQA models
+        **{k: model.get(k) for k in ("attention_kind", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                                     "qk_rope_head_dim", "v_head_dim")},
+        # the recipe's uneven pipeline layout for this (pp, vp), where the catalog model states one (DeepSeek-V3:
+        # Megatron-Bridge's layout map, `pipeline_layouts_cite`); else Megatron-Core's even split
+        "stage_layers": ",".join(map(str, model.get("pipeline_layouts", {}).get(f"{int(_num(r['pp']) or 1)}x{vp}", [])))
+        or None,
+        # sliding-window attention (GPT-OSS): the catalog model's, empty for full attention
+        "sliding_window": model.get("sliding_window"), "full_attention_interval": model.get("full_attention_interval")}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from predictor.model.layout_io import MOE_FIELDS
+from predictor.model.specs import ATTENTION_KINDS, MLA_FIELDS
 from predictor.step.memory import MemoryOptions
 
 MOE_FLAGS: dict[str, str] = {
@@ -87,7 +88,8 @@ def memory_options_from_args(a: argparse.Namespace) -> MemoryOptions:
 
 def model_fields(a: argparse.Namespace, keys: tuple[str, ...]) -> dict:
     """The model's loose fields from parsed flags (layout_io.model_from_fields reads them)."""
-    return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS)}
+    return {k: getattr(a, k, None) for k in (*keys, "head_dim", *MOE_FIELDS, "attention_kind", *MLA_FIELDS,
+                                             "moe_layer_interval", "sliding_window", "full_attention_interval")}
 
 
 def add_cp_offload_args(sp: argparse.ArgumentParser) -> None:
@@ -102,3 +104,34 @@ def add_cp_offload_args(sp: argparse.ArgumentParser) -> None:
     g.add_argument("--offload-activations", type=int,
                    help="layers per pipeline stage whose saved activations go to host memory (Megatron-Core "
                         "cpu_offloading_num_layers; needs pp = 1 and recompute none; default 0 = off)")
+
+
+
+# --- Multi-head latent attention (docs/mla.md) ---
+MLA_FLAGS: dict[str, str] = {
+    "q_lora_rank": "MLA query compression rank (DeepSeek-V3 1536); empty = the query is not compressed",
+    "kv_lora_rank": "MLA key / value latent rank (DeepSeek-V2 / V3 512)",
+    "qk_nope_head_dim": "MLA query / key head dimension without RoPE (DeepSeek-V3 128)",
+    "qk_rope_head_dim": "MLA decoupled RoPE head dimension, even (DeepSeek-V3 64)",
+    "v_head_dim": "MLA value head dimension (DeepSeek-V3 128)",
+}
+
+
+def add_mla_args(sp: argparse.ArgumentParser) -> None:
+    """--attention-kind and the MLA fields (ModelSpec names with dashes; `--attention` is the kernel), and
+    --moe-layer-interval (interleaved MoE layers)."""
+    g = sp.add_argument_group("multi-head latent attention (override a preset's, or describe a custom MLA model)")
+    g.add_argument("--attention-kind", dest="attention_kind",
+                   help=f"attention kind, one of {', '.join(ATTENTION_KINDS)}: gqa (MHA / GQA / MQA) or mla "
+                        "(multi-head latent attention, DeepSeek-V2 / V3); default: the preset's, else gqa")
+    for name in MLA_FIELDS:
+        g.add_argument(f"--{name.replace('_', '-')}", dest=name, type=int, help=MLA_FLAGS[name])
+    sp.add_argument("--moe-layer-interval", dest="moe_layer_interval", type=int,
+                    help="MoE models: every n-th layer after --dense-layers is a MoE layer, the others dense (Llama 4 "
+                         "Maverick 2); default: the preset's, else 1 (every layer)")
+    sp.add_argument("--sliding-window", dest="sliding_window", type=int,
+                    help="sliding-window attention: each query sees this many tokens (GPT-OSS 128); default: the "
+                         "preset's, else full attention")
+    sp.add_argument("--full-attention-interval", dest="full_attention_interval", type=int,
+                    help="with --sliding-window: every n-th layer keeps full attention (GPT-OSS 2); default: the "
+                         "preset's, else every layer windowed")

@@ -12,6 +12,7 @@ from predictor.cli.args import (
     add_ep_arg,
     add_head_dim_arg,
     add_memory_model_args,
+    add_mla_args,
     add_moe_args,
     add_precision_memory_args,
     memory_options_from_args,
@@ -120,22 +121,28 @@ def cmd_platforms(a: argparse.Namespace) -> int:
 
 
 def cmd_models(a: argparse.Namespace) -> int:
-    from predictor.model.presets import get_preset, list_presets
+    from predictor.model.presets import PRESET_NOTES, get_preset, list_presets
     rows = []
     for n in list_presets():
         m = get_preset(n)
         rows.append({"model": n, "arch": m.arch, "layers": m.num_layers, "hidden": m.hidden_size, "heads": m.num_heads,
-                     "kv_heads": m.kv_heads, "head_dim": m.head_size, "ffn_hidden": m.ffn, "vocab": m.vocab_size,
+                     "kv_heads": m.kv_heads,
+                     # MLA: the query / key and the value head dimensions, 'qk/v'
+                     "head_dim": f"{m.qk_head_size}/{m.v_head_size}" if m.is_mla else m.head_size,
+                     "ffn_hidden": m.ffn, "vocab": m.vocab_size,
                      "num_experts": m.num_experts, "top_k": m.top_k,
                      "moe_ffn_hidden": m.expert_ffn if m.is_moe else None,
                      "params_b": round(m.total_params() / 1e9, 2),
-                     "active_params_b": round(m.active_params() / 1e9, 2)})
+                     "active_params_b": round(m.active_params() / 1e9, 2),
+                     # multi-head latent attention / what a preset approximates (docs/mla.md)
+                     "attention_kind": m.attention_kind, "note": PRESET_NOTES.get(n)})
     if a.json:
         print(json.dumps(rows, indent=2))
     else:
         import pandas as pd
-        shown = [{**r, **(dict.fromkeys(("num_experts", "top_k", "moe_ffn_hidden", "active_params_b"), "-")
-                          if not r["num_experts"] else {})} for r in rows]   # dense: "-", not 0 / NaN
+        shown = [{**{k: v for k, v in r.items() if k not in ("note", "attention_kind")},
+                  **(dict.fromkeys(("num_experts", "top_k", "moe_ffn_hidden", "active_params_b"), "-")
+                     if not r["num_experts"] else {})} for r in rows]   # dense: "-", not 0 / NaN; MLA, notes: --json
         print(pd.DataFrame(shown).rename(columns={"num_experts": "experts", "moe_ffn_hidden": "expert_ffn",
                                                   "active_params_b": "active_b"}).to_string(index=False))
     return 0
@@ -422,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
     add_precision_memory_args(sp)
     add_moe_args(sp)
+    add_mla_args(sp)
     add_memory_model_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     sp.add_argument("--tokens", help="tokens to train (e.g. 2T, 300B): adds steps, days and GPU-hours to them")

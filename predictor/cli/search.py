@@ -286,7 +286,13 @@ def clusters_arg(sp: argparse.ArgumentParser) -> None:
 
 def add_search_parser(subparsers) -> None:
     """Register `search` on the CLI's subparsers."""
-    from predictor.cli.args import add_head_dim_arg, add_memory_model_args, add_moe_args, add_precision_memory_args
+    from predictor.cli.args import (
+        add_head_dim_arg,
+        add_memory_model_args,
+        add_mla_args,
+        add_moe_args,
+        add_precision_memory_args,
+    )
     from predictor.model.specs import PRECISIONS
     sp = subparsers.add_parser("search", help="rank every layout that fits by step time, tokens/s, MFU or cost",
                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -340,6 +346,7 @@ def add_search_parser(subparsers) -> None:
                                                  "on layouts with pp 1 and recompute none)")
     add_memory_model_args(sp)
     add_moe_args(sp)
+    add_mla_args(sp)
     sp.add_argument("--no-refine", action="store_true", help="skip the exact re-prediction of the top K")
     sp.add_argument("--all", action="store_true", help="also list rejected layouts with their reason")
     sp.add_argument("--explain", help="why layouts with these values are absent, e.g. tp=8,pp=1,zero_stage=0")

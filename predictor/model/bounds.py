@@ -42,6 +42,13 @@ BOUNDS: dict[str, tuple[int, str]] = {
     # all-to-all context parallelism and activation offloading
     "cp_a2a_size": (2 ** 20, "an all-to-all group cannot exceed the context-parallel ranks (at most 1,048,576)"),
     "offload_activations": (2 ** 12, "offloaded layers cannot exceed the layers (at most 4,096)"),
+    # --- Multi-head latent attention (docs/mla.md) ---
+    "q_lora_rank": (2 ** 17, "a compression rank is below the hidden size, itself at most 131,072"),
+    "kv_lora_rank": (2 ** 17, "a compression rank is below the hidden size, itself at most 131,072"),
+    "qk_nope_head_dim": (2 ** 12, "published MLA head dimensions are 64-192; 4,096 is 20x that"),
+    "qk_rope_head_dim": (2 ** 12, "published MLA RoPE head dimensions are 64; 4,096 is 64x that"),
+    "v_head_dim": (2 ** 12, "published MLA value head dimensions are 128-256; 4,096 is 16x that"),
+    "moe_layer_interval": (2 ** 12, "an interval cannot exceed the layers (at most 4,096)"),
 }
 # Tokens one GPU holds per micro-batch (micro_batch * seq_len): activations grow with it; beyond 2^24
 # (16M tokens) a single layer's activations exceed any device's memory by orders of magnitude, and

@@ -10,7 +10,7 @@ from predictor.model.bounds import check_bound
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK
 from predictor.model.presets import get_preset
-from predictor.model.specs import MOE_DENSE_DEFAULTS, MOE_FIELDS, Layout, ModelSpec
+from predictor.model.specs import MLA_FIELDS, MOE_DENSE_DEFAULTS, MOE_FIELDS, Layout, ModelSpec
 
 # Mixture-of-Experts model fields (ModelSpec names = CLI flags without dashes = batch columns); empty = default.
 MOE_FLOAT_FIELDS = ("capacity_factor", "moe_imbalance")
@@ -24,7 +24,13 @@ OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gat
                           "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep",
                           "grad_reduce_in_fp32", "fp8_param_gather", "tokens", "price_per_gpu_hour",
                           # all-to-all context parallelism and activation offloading (empty: p2p ring, no offload)
-                          "cp_comm", "cp_a2a_size", "offload_activations")
+                          "cp_comm", "cp_a2a_size", "offload_activations",
+                          # --- multi-head latent attention (docs/mla.md): attention_kind, not `attention` (the kernel)
+                          "attention_kind", *MLA_FIELDS,
+                          # --- interleaved MoE layers (Llama 4 Maverick)
+                          "moe_layer_interval",
+                          # --- sliding-window attention (GPT-OSS)
+                          "sliding_window", "full_attention_interval")
 
 # The layout's defaults for a field not given: an omitted flag of `predict` / `search`, an empty cell of
 # predict-batch, and the dashboard's inputs as they open (predictor_ui.inputs.DEFAULT_SETUP takes them from here), so
@@ -56,7 +62,12 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   (expert parallel: divides num_experts and tp*cp*dp). num_experts = 0 on a MoE preset makes it dense (the
   preset's other MoE fields are dropped; ones you give are still checked); a dense row may write top_k (and the
   expert widths) as 0 beside num_experts 0. predict-batch: with a `model` column the columns a preset fills (arch,
-  layers, hidden, heads, kv_heads, ffn_hidden, vocab) may be left out of the header."""
+  layers, hidden, heads, kv_heads, ffn_hidden, vocab) may be left out of the header.
+  Multi-head latent attention (docs/mla.md): attention_kind = gqa (MHA / GQA / MQA; a preset's own otherwise);
+  attention_kind mla needs kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim and v_head_dim (q_lora_rank empty = no
+  query compression) and no kv_heads / head_dim. attention_kind gqa on an MLA preset drops its MLA fields (then give
+  kv_heads / head_dim as needed). moe_layer_interval = 1 (every layer past dense_layers MoE; Llama 4 Maverick 2).
+  sliding_window = empty (full attention); full_attention_interval = empty (every layer windowed; GPT-OSS 2)."""
 
 
 def blank(v: Any) -> bool:
@@ -128,6 +139,21 @@ def moe_given(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 
+def mla_given(row: Mapping[str, Any]) -> dict[str, Any]:
+    """The multi-head latent attention fields the row gives (attention_kind and the MLA ranks / head dimensions),
+    and moe_layer_interval, sliding_window, full_attention_interval, parsed and named on bad input; absent / empty
+    ones left out."""
+    out: dict[str, Any] = {n: _int(row, n) for n in MLA_FIELDS if not blank(row.get(n))}
+    kind = _str(row, "attention_kind")
+    if kind is not None:
+        out["attention_kind"] = kind.strip().lower()
+    # interleaved MoE layers (Llama 4 Maverick), sliding-window attention (GPT-OSS)
+    for n in ("moe_layer_interval", "sliding_window", "full_attention_interval"):
+        if not blank(row.get(n)):
+            out[n] = _int(row, n)
+    return out
+
+
 def moe_echo(model: ModelSpec, layout: Layout) -> dict[str, Any]:
     """The MoE fields and ep a prediction used (None where the model leaves a field to its default)."""
     return {**{n: getattr(model, n) for n in MOE_FIELDS}, "ep": layout.ep}
@@ -169,6 +195,11 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
             # a MoE preset made dense: its routing fields go, ones given stay (checked)
             moe = {**MOE_DENSE_DEFAULTS, **moe}
         over.update(moe)
+        mla = mla_given(row)
+        if mla.get("attention_kind") == "gqa" and m.is_mla:
+            # an MLA preset made GQA: its MLA fields go, ones given stay (checked)
+            mla = {**dict.fromkeys(MLA_FIELDS), **mla}
+        over.update(mla)
         from dataclasses import replace
         m = replace(m, **over) if over else m
         m.validate()
@@ -190,7 +221,7 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
                   ffn_hidden_size=ffn, head_dim=_int(row, "head_dim"),
                   vocab_size=_int(row, "vocab", 50257),
                   tied_embeddings=_bool(row, "tied_embeddings", arch == "gpt"),
-                  attention_impl=attention or "flash", **moe_given(row))
+                  attention_impl=attention or "flash", **moe_given(row), **mla_given(row))
     m.validate()
     return m
 

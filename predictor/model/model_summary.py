@@ -8,7 +8,8 @@ from predictor.model.specs import ModelSpec
 def param_summary(m: ModelSpec) -> str:
     """'46.7 B parameters, 12.9 B active' (MoE: parameters one token passes through); '8.03 B parameters' (dense)."""
     total = f"{m.total_params() / 1e9:.3g} B parameters"
-    return f"{total}, {m.active_params() / 1e9:.3g} B active" if m.is_moe else total
+    total = f"{total}, {m.active_params() / 1e9:.3g} B active" if m.is_moe else total
+    return f"{total}, multi-head latent attention" if m.is_mla else total
 
 
 def routing_summary(m: ModelSpec) -> str:
@@ -20,6 +21,8 @@ def routing_summary(m: ModelSpec) -> str:
         parts.append(f"{m.shared_experts} shared")
     if m.dense_layers:
         parts.append(f"first {m.dense_layers} layers dense")
+    if m.moe_layer_interval != 1:
+        parts.append(f"every {m.moe_layer_interval} layers one MoE ({m.moe_layers} of {m.num_layers})")
     parts.append("dropless" if m.capacity_factor is None else f"capacity factor {m.capacity_factor:g}")
     if m.moe_imbalance is not None:
         parts.append(f"imbalance {m.moe_imbalance:g}")

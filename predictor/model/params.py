@@ -14,6 +14,15 @@ router (hidden x experts, replicated over tp), the shared experts (split over tp
 num_experts routed experts, num_experts / ep of them on each GPU, whole (not split over tp). The leading
 `dense_layers` layers keep the dense MLP. Model FLOPs count the *active* parameters (top_k routed experts).
 
+Multi-head latent attention (ModelSpec.attention_kind "mla", docs/mla.md; DeepSeek-V2 arXiv 2405.04434 sec. 2.1,
+Megatron-Core MLASelfAttention, HF DeepseekV3Attention): the query down projection W_DQ (hidden x q_lora_rank) and
+its RMSNorm, the query up projection W_UQ (q_lora_rank x heads * (qk_nope + qk_rope); hidden x that when the query
+is not compressed), the key / value down projection W_DKV (hidden x (kv_lora_rank + qk_rope), the shared RoPE key
+included) and its RMSNorm, the key / value up projection W_UKV (kv_lora_rank x heads * (qk_nope + v_head_dim)) and
+the output projection W_O (heads * v_head_dim x hidden); no biases. Megatron-Core replicates the two down projections
+over tp (TELinear parallel_mode "duplicated") with the latent norms; the up projections are column-parallel and W_O
+row-parallel (split over tp).
+
 Pure functions of a `ModelSpec` (typed only; no import of specs at run time, so specs can use them).
 """
 from __future__ import annotations
@@ -41,8 +50,47 @@ def layer_norm_params(model: ModelSpec) -> int:
 
 
 def attention_matmul_params(model: ModelSpec) -> int:
-    """QKV and output projection weights (heads * head_dim -> hidden)."""
+    """QKV and output projection weights (heads * head_dim -> hidden); MLA: its five projections (`mla_down_params`
+    + `mla_split_params`)."""
+    if model.is_mla:
+        return mla_down_params(model) + mla_split_params(model)
     return model.hidden_size * qkv_width(model) + model.attn_width * model.hidden_size
+
+
+def mla_down_params(model: ModelSpec) -> int:
+    """MLA's down projections, replicated over tp: W_DQ (hidden x q_lora_rank, where the query is compressed) and
+    W_DKV (hidden x (kv_lora_rank + qk_rope_head_dim)); 0 for GQA attention."""
+    if not model.is_mla:
+        return 0
+    h = model.hidden_size
+    return h * (model.q_lora_rank or 0) + h * ((model.kv_lora_rank or 0) + (model.qk_rope_head_dim or 0))
+
+
+def mla_split_params(model: ModelSpec) -> int:
+    """MLA's projections split over tp: W_UQ (q_lora_rank, or hidden without query compression, x heads * (qk_nope +
+    qk_rope)), W_UKV (kv_lora_rank x heads * (qk_nope + v_head_dim)) and W_O (heads * v_head_dim x hidden)."""
+    heads, h = model.num_heads, model.hidden_size
+    q_in = model.q_lora_rank or h
+    return (q_in * heads * model.qk_head_size
+            + (model.kv_lora_rank or 0) * heads * ((model.qk_nope_head_dim or 0) + model.v_head_size)
+            + heads * model.v_head_size * h)
+
+
+def mla_norm_params(model: ModelSpec) -> int:
+    """MLA's latent RMSNorm gains (q_lora_rank where the query is compressed, kv_lora_rank), replicated over tp."""
+    return (model.q_lora_rank or 0) + (model.kv_lora_rank or 0) if model.is_mla else 0
+
+
+def attention_replicated_params(model: ModelSpec) -> int:
+    """What of the attention is replicated over tp besides the layer norms: MLA's down projections and latent norms
+    (0 for GQA attention)."""
+    return mla_down_params(model) + mla_norm_params(model)
+
+
+def attention_matmul_params_per_gpu(model: ModelSpec, tp: int) -> float:
+    """The attention GEMM weights on one tensor-parallel rank (MLA: the down projections whole, the rest / tp)."""
+    down = mla_down_params(model)
+    return (attention_matmul_params(model) - down) / tp + down
 
 
 def mlp_params(model: ModelSpec, width: int) -> int:
@@ -55,7 +103,7 @@ def _mlp_biases(model: ModelSpec, width: int) -> int:
 
 
 def _attention_biases(model: ModelSpec) -> int:
-    return 0 if model.arch == "llama" else qkv_width(model) + model.hidden_size
+    return 0 if model.arch == "llama" or model.is_mla else qkv_width(model) + model.hidden_size
 
 
 def router_params(model: ModelSpec) -> int:
@@ -85,7 +133,8 @@ def layer_matmul_params(model: ModelSpec, moe: bool = False) -> int:
 
 def layer_params(model: ModelSpec, moe: bool = False) -> int:
     """Parameters of one transformer layer (weights, biases, norm gains); `moe`: a MoE layer of a MoE model."""
-    base = attention_matmul_params(model) + _attention_biases(model) + layer_norm_params(model)
+    base = (attention_matmul_params(model) + _attention_biases(model) + layer_norm_params(model)
+            + mla_norm_params(model))
     if moe and model.is_moe:
         return base + router_params(model) + shared_expert_params(model) + model.num_experts * expert_params(model)
     return base + mlp_params(model, model.ffn) + _mlp_biases(model, model.ffn)
@@ -99,9 +148,10 @@ def layer_params_per_gpu(model: ModelSpec, tp: int, moe: bool = False, ep: int =
 
 def layer_dense_params_per_gpu(model: ModelSpec, tp: int, moe: bool = False) -> int:
     """What of one layer on one GPU is not a routed expert (reduced over the data-parallel(-with-CP) group)."""
-    norm = layer_norm_params(model)
+    norm = layer_norm_params(model) + attention_replicated_params(model)   # MLA: + down projections, latent norms
     if moe and model.is_moe:
-        split = attention_matmul_params(model) + _attention_biases(model) + shared_expert_params(model)
+        split = (attention_matmul_params(model) - mla_down_params(model) + _attention_biases(model)
+                 + shared_expert_params(model))
         return split // tp + norm + router_params(model)
     return (layer_params(model) - norm) // tp + norm
 
@@ -115,9 +165,16 @@ def layer_expert_params_per_gpu(model: ModelSpec, ep: int, moe: bool = True) -> 
 
 def chunk_dense_layers(model: ModelSpec, counts: list[int] | tuple[int, ...]) -> list[int]:
     """Dense-MLP layers of each chunk (pipeline order): all of a dense model's; of a MoE model the leading
-    `dense_layers` layers, which fill the first chunks."""
+    `dense_layers` layers, which fill the first chunks (and, with moe_layer_interval > 1, the interleaved dense
+    layers of each chunk: ModelSpec.is_moe_layer)."""
     if not model.is_moe:
         return [int(n) for n in counts]
+    if model.moe_layer_interval != 1:   # interleaved MoE layers (Llama 4 Maverick): layer by layer
+        out, first = [], 0
+        for n in counts:
+            out.append(sum(not model.is_moe_layer(i) for i in range(first, first + int(n))))
+            first += int(n)
+        return out
     out, left = [], model.dense_layers
     for n in counts:
         k = min(int(n), left)

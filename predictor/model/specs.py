@@ -30,6 +30,10 @@ ATTENTION_IMPLS = ("flash", "triton", "unfused")
 # FlashAttention kernels (no s^2 score matrix kept): FlashAttention-2/3 CUDA ("flash") or the Triton implementation
 # ("triton", as MPT / llm-foundry ran it); "unfused" is Megatron's QK^T + fused scale-mask-softmax + AV.
 FLASH_IMPLS = ("flash", "triton")
+# ModelSpec.attention_kind: "gqa" (MHA / GQA / MQA) or "mla" (multi-head latent attention, docs/mla.md)
+ATTENTION_KINDS = ("gqa", "mla")
+# The MLA fields of ModelSpec (= CLI flags without dashes = batch columns); None = not given
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 BYTES_PER_ELEMENT = {"fp16": 2, "bf16": 2, "fp32": 4, "fp8": 2, "mxfp8": 2, "nvfp4": 2}
 # Gradient element size held between backward and the optimizer, and reduced over data parallel:
 # Megatron-LM forces fp32 gradient accumulation and reduction for bf16, torchtitan / llm-foundry
@@ -86,6 +90,70 @@ class ModelSpec:
     dense_layers: int = 0
     capacity_factor: float | None = None
     moe_imbalance: float | None = None
+    # --- Multi-head latent attention (MLA; docs/mla.md) ---
+    # attention_kind "gqa": MHA / GQA / MQA as above. "mla": multi-head latent attention (DeepSeek-V2,
+    # arXiv 2405.04434 sec. 2.1): the query is compressed to q_lora_rank (None = not compressed: DeepSeek-V2-Lite,
+    # Moonlight), keys and values to one kv_lora_rank latent plus a shared qk_rope_head_dim RoPE key; each of the
+    # num_heads heads has a query / key of qk_nope_head_dim + qk_rope_head_dim and a value of v_head_dim (names as in
+    # DeepSeek-V3's config.json). num_kv_heads and head_dim are not used by MLA (leave them empty). The field is
+    # named attention_kind because `attention` (CLI / batch column) already names the kernel (attention_impl).
+    attention_kind: str = "gqa"
+    q_lora_rank: int | None = None
+    kv_lora_rank: int | None = None
+    qk_nope_head_dim: int | None = None
+    qk_rope_head_dim: int | None = None
+    v_head_dim: int | None = None
+    # --- Interleaved MoE layers (Llama 4 Maverick; docs/mla.md) ---
+    # Of the layers after the leading dense_layers, every moe_layer_interval-th is a MoE layer and the others keep
+    # the dense MLP (ffn_hidden): layer i (counted from 0 after the leading dense ones) is MoE when
+    # (i + 1) % moe_layer_interval == 0, HF Llama4TextDecoderLayer's rule for interleave_moe_layer_step (Maverick: 2,
+    # dense / MoE alternating). 1 = every layer MoE (as before).
+    moe_layer_interval: int = 1
+    # --- Sliding-window attention (GPT-OSS; docs/mla.md) ---
+    # sliding_window: each query attends to itself and the sliding_window - 1 keys before it (None = full causal
+    # attention in every layer). full_attention_interval: every n-th layer keeps full attention, layer i (0-based)
+    # when (i + 1) % n == 0 (GPT-OSS: 2, sliding / full alternating from layer 0, its config.json layer_types);
+    # None = every layer windowed (Mistral-7B v0.1's sliding_window 4096).
+    sliding_window: int | None = None
+    full_attention_interval: int | None = None
+
+    @property
+    def full_attention_share(self) -> float:
+        """The share of layers with full (not windowed) attention: 1 without a sliding window; with one, the layers
+        i with (i + 1) % full_attention_interval == 0 over all layers (0 when every layer is windowed)."""
+        if self.sliding_window is None:
+            return 1.0
+        if not self.full_attention_interval:
+            return 0.0
+        return (self.num_layers // self.full_attention_interval) / self.num_layers
+
+    @property
+    def has_dense_layers(self) -> bool:
+        """Whether a MoE model has dense-MLP layers too (leading ones or interleaved ones)."""
+        return self.is_moe and self.moe_layers < self.num_layers
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer `index` (0-based, pipeline order) has a MoE block: past the leading dense_layers, every
+        moe_layer_interval-th layer (HF Llama 4's (i + 1) % interleave_moe_layer_step == 0)."""
+        if not self.is_moe or index < self.dense_layers:
+            return False
+        return (index - self.dense_layers + 1) % self.moe_layer_interval == 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention_kind == "mla"
+
+    @property
+    def qk_head_size(self) -> int:
+        """MLA: the query / key head dimension, qk_nope_head_dim + qk_rope_head_dim; else head_size."""
+        if self.is_mla:
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
+        return self.head_size
+
+    @property
+    def v_head_size(self) -> int:
+        """MLA: the value head dimension v_head_dim; else head_size."""
+        return (self.v_head_dim or 0) if self.is_mla else self.head_size
 
     @property
     def is_moe(self) -> bool:
@@ -93,12 +161,15 @@ class ModelSpec:
 
     def as_dense(self) -> ModelSpec:
         """The same model with every Mixture-of-Experts field at its dense default (MOE_DENSE_DEFAULTS)."""
-        return replace(self, **MOE_DENSE_DEFAULTS)
+        return replace(self, **MOE_DENSE_DEFAULTS, moe_layer_interval=1)
 
     @property
     def moe_layers(self) -> int:
-        """Layers whose MLP is a MoE block (all but the leading dense ones; 0 for a dense model)."""
-        return self.num_layers - self.dense_layers if self.is_moe else 0
+        """Layers whose MLP is a MoE block (all but the leading dense ones, every moe_layer_interval-th of them; 0
+        for a dense model)."""
+        if not self.is_moe:
+            return 0
+        return (self.num_layers - self.dense_layers) // max(self.moe_layer_interval, 1)
 
     @property
     def expert_ffn(self) -> int:
@@ -112,6 +183,7 @@ class ModelSpec:
 
     @property
     def kv_heads(self) -> int:
+        """Key / value heads (MLA: num_heads, every head has its own up-projected key and value)."""
         return self.num_kv_heads or self.num_heads
 
     @property
@@ -175,7 +247,7 @@ class ModelSpec:
                     "head_dim", f"heads * head_dim = {self.num_heads} * {self.head_dim} = "
                                 f"{self.num_heads * self.head_dim} is over 4 x hidden ({4 * self.hidden_size}).",
                     f"check heads and head_dim; hidden / heads = {self.hidden_size / self.num_heads:g}.")
-        elif self.hidden_size % self.num_heads:
+        elif self.hidden_size % self.num_heads and not self.is_mla:
             raise InfeasibleConfig(
                 "hidden", f"hidden size {self.hidden_size} is not divisible by heads {self.num_heads}.",
                 "choose hidden and heads so that hidden / heads is an integer head dimension.")
@@ -189,6 +261,90 @@ class ModelSpec:
             raise InfeasibleConfig("attention_impl", f"unknown '{self.attention_impl}'.",
                                    f"use one of {', '.join(ATTENTION_IMPLS)}.")
         self._validate_moe()
+        self._validate_mla()
+        self._validate_sliding_window()
+
+    def _validate_sliding_window(self) -> None:
+        """sliding_window a positive integer within the sequence bound, with flash attention (an unfused kernel
+        materialises every score anyway); full_attention_interval only with a window, at least 2."""
+        w, k = self.sliding_window, self.full_attention_interval
+        for name, v in (("sliding_window", w), ("full_attention_interval", k)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.",
+                                       "leave it empty for full attention, or give the model's value (GPT-OSS: "
+                                       "sliding_window 128, full_attention_interval 2).")
+        if w is None:
+            if k is not None:
+                raise InfeasibleConfig("full_attention_interval", "full_attention_interval needs a sliding_window.",
+                                       "give sliding_window (GPT-OSS: 128), or leave full_attention_interval empty.")
+            return
+        check_bound("seq_len", w)
+        if k is not None:
+            check_bound("layers", k)
+            if k == 1:
+                raise InfeasibleConfig("full_attention_interval", "full_attention_interval 1 makes every layer full "
+                                                                  "attention: the sliding window would be unused.",
+                                       "leave sliding_window empty for full attention, or use an interval >= 2.")
+        if self.attention_impl not in FLASH_IMPLS:
+            raise InfeasibleConfig("sliding_window", f"sliding-window attention is modelled with flash attention, "
+                                                     f"not '{self.attention_impl}' attention.",
+                                   "use attention flash, or leave sliding_window empty.")
+
+    def _validate_mla(self) -> None:
+        """MLA fields: none given with attention_kind gqa; with mla the ranks and head dimensions given, positive,
+        below the hidden size, the RoPE part even (rotary pairs), and no GQA head fields."""
+        if self.attention_kind not in ATTENTION_KINDS:
+            raise InfeasibleConfig("attention_kind", f"unknown attention kind '{self.attention_kind}'.",
+                                   f"use one of {', '.join(ATTENTION_KINDS)} (gqa covers MHA, GQA and MQA).")
+        for name in MLA_FIELDS:
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+                raise InfeasibleConfig(name, f"must be a positive integer, got {v!r}.",
+                                       "give the model's value (DeepSeek-V3: q_lora_rank 1536, kv_lora_rank 512, "
+                                       "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128).")
+        if not self.is_mla:
+            given = [n for n in MLA_FIELDS if getattr(self, n) is not None]
+            if given:
+                raise InfeasibleConfig(given[0], f"{given[0]} is a multi-head latent attention field but "
+                                                 "attention_kind is gqa.",
+                                       "set attention_kind mla (--attention-kind mla), or leave the MLA fields empty.")
+            return
+        if self.arch != "llama":
+            raise InfeasibleConfig("arch", "multi-head latent attention is modelled in Llama-style layers (RMSNorm, "
+                                           "SwiGLU, no biases), as DeepSeek-V2 / V3, Moonlight and Kimi K2 have them.",
+                                   "use arch llama with attention_kind mla.")
+        for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+            if getattr(self, name) is None:
+                raise InfeasibleConfig(name, f"attention_kind mla needs {name}.",
+                                       f"give --{name.replace('_', '-')} (DeepSeek-V3: kv_lora_rank 512, "
+                                       "qk_nope_head_dim 128, qk_rope_head_dim 64, v_head_dim 128), or use "
+                                       "attention_kind gqa.")
+        for name in ("num_kv_heads", "head_dim"):
+            if getattr(self, name) is not None and not (name == "num_kv_heads" and self.num_kv_heads == self.num_heads):
+                raise InfeasibleConfig(_flag(name), f"{_flag(name)} is a grouped-query attention field; with "
+                                                    "attention_kind mla every head has its own key and value of "
+                                                    "qk_nope_head_dim + qk_rope_head_dim / v_head_dim.",
+                                       f"leave {_flag(name)} empty with attention_kind mla.")
+        for name in ("q_lora_rank", "kv_lora_rank"):
+            v = getattr(self, name)
+            if v is not None and v >= self.hidden_size:
+                raise InfeasibleConfig(name, f"{name} {v} is not below the hidden size {self.hidden_size}: a "
+                                             "low-rank compression narrower than the model is its point.",
+                                       f"use a rank below {self.hidden_size} (DeepSeek-V3: 1536 / 512 of 7168), or "
+                                       "leave q_lora_rank empty for an uncompressed query.")
+        for name in MLA_FIELDS:
+            v = getattr(self, name)
+            if v is not None:
+                check_bound(name, v)
+        if (self.qk_rope_head_dim or 0) % 2:
+            raise InfeasibleConfig("qk_rope_head_dim", f"qk_rope_head_dim {self.qk_rope_head_dim} is odd; RoPE "
+                                                       "rotates pairs of dimensions.",
+                                   "use an even size (DeepSeek-V2 / V3: 64).")
+        if self.qk_head_size % 8 or self.v_head_size % 8:
+            raise InfeasibleConfig("qk_nope_head_dim" if self.qk_head_size % 8 else "v_head_dim",
+                                   f"the query / key head dimension (qk_nope + qk_rope = {self.qk_head_size}) and "
+                                   f"the value head dimension ({self.v_head_size}) must be multiples of 8 (attention "
+                                   "kernels need it).", "use multiples of 8, e.g. 128 + 64 and 128.")
 
     def _validate_moe(self) -> None:
         """MoE fields: all zero / empty for a dense model; for a MoE model top_k in 1..num_experts, widths
@@ -209,10 +365,16 @@ class ModelSpec:
             if v is not None and (not isinstance(v, (int, float)) or isinstance(v, bool) or not v == v
                                   or v in (float("inf"), float("-inf"))):
                 raise InfeasibleConfig(name, f"must be a number, got {v!r}.")
+        v = self.moe_layer_interval
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise InfeasibleConfig("moe_layer_interval", f"must be a positive integer, got {v!r}.",
+                                   "use 1 (every layer MoE) or the model's interval (Llama 4 Maverick: 2).")
+        check_bound("moe_layer_interval", v)
         if not self.is_moe:
             given = [n for n in ("top_k", "moe_ffn_hidden", "shared_ffn_hidden", "capacity_factor", "moe_imbalance")
                      if getattr(self, n) is not None] + [n for n in ("shared_experts", "dense_layers")
-                                                         if getattr(self, n)]
+                                                         if getattr(self, n)] + \
+                (["moe_layer_interval"] if self.moe_layer_interval != 1 else [])
             if given:
                 raise InfeasibleConfig(given[0], f"{given[0]} is a Mixture-of-Experts field but num_experts is 0 "
                                                  "(a dense model).",
@@ -232,6 +394,11 @@ class ModelSpec:
             raise InfeasibleConfig("dense_layers", f"dense_layers {self.dense_layers} leaves no MoE layer of "
                                                    f"{self.num_layers}.",
                                    f"use fewer than {self.num_layers} leading dense layers, or num_experts 0.")
+        if self.moe_layers == 0:
+            raise InfeasibleConfig("moe_layer_interval", f"moe_layer_interval {self.moe_layer_interval} leaves no "
+                                                         f"MoE layer among the {self.num_layers - self.dense_layers} "
+                                                         "layers after the leading dense ones.",
+                                   "use a smaller interval (Llama 4 Maverick: 2), or num_experts 0.")
         if self.capacity_factor is not None and not 0 < self.capacity_factor <= self.num_experts / self.top_k:
             raise InfeasibleConfig("capacity_factor", f"capacity_factor {self.capacity_factor:g} is outside "
                                                       f"(0, num_experts / top_k = {self.num_experts / self.top_k:g}].",
@@ -537,6 +704,10 @@ class Layout:
             if model.ffn % self.tp:
                 raise InfeasibleConfig("tp", f"ffn_hidden {model.ffn} is not divisible by tp {self.tp}.",
                                        f"use a tp that divides {model.ffn}.")
+            if self.cp > 1 and model.sliding_window is not None:
+                raise InfeasibleConfig("cp", "context parallelism with sliding-window attention is not modelled (the "
+                                             "ring's blocks outside the window would be skipped).",
+                                       "set cp = 1, or leave sliding_window empty.")
             if self.cp > 1 and model.attention_impl not in FLASH_IMPLS:
                 raise InfeasibleConfig("cp", f"context parallelism needs a fused attention kernel; this model uses "
                                              f"'{model.attention_impl}' attention.",

@@ -176,7 +176,13 @@ def model_flops_per_step(model: ModelSpec, layout: Layout) -> float:
     # decoupled from hidden / heads)
     # MoE: the active parameters (router, shared and top_k routed experts) of the MoE layers
     gemm = (L - model.moe_layers) * layer_matmul_params(model) + model.moe_layers * layer_matmul_params(model, True)
-    per_token_fwd = (2 * gemm + 2 * 2 * L * s * model.attn_width
+    # MLA: Q K^T at heads * (qk_nope + qk_rope), P V at heads * v_head_dim
+    attn = (model.num_heads * (model.qk_head_size + model.v_head_size) / 2 if model.is_mla else model.attn_width)
+    w = model.sliding_window
+    if w is not None and s > w:   # windowed layers: (s*W - W^2/2) of the causal s^2/2 score work
+        f = model.full_attention_share
+        attn *= f + (1.0 - f) * (s * w - w * w / 2) / (s * s / 2)
+    per_token_fwd = (2 * gemm + 2 * 2 * L * s * attn
                      + 2 * h * padded_vocab(model.vocab_size))
     return 3.0 * per_token_fwd * layout.tokens_per_step
 

@@ -319,6 +319,8 @@ def _cp_choices(model: ModelSpec, platform: Platform, num_gpus: int, seq_len: in
                    f"balancing).")
         elif model.attention_impl not in FLASH_IMPLS:
             why = "context parallelism needs flash attention."
+        elif model.sliding_window is not None:   # Layout.validate's refusal (docs/mla.md)
+            why = "context parallelism with sliding-window attention is not modelled."
         elif platform.device.vendor == "cpu":
             why = "context parallelism needs GPU peer-to-peer collectives."
         if why:

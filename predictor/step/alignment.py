@@ -36,6 +36,11 @@ def unaligned_dims(model: ModelSpec, layout: Layout) -> dict[str, int]:
 
 def unaligned_dims_at(model: ModelSpec, tp: int) -> dict[str, int]:
     """`unaligned_dims` for a tensor-parallel degree (a search row has no Layout)."""
+    if model.is_mla:   # MLA's head dimensions are its own (ModelSpec validates them as multiples of 8)
+        dims = {"query / key head dimension": model.qk_head_size, "value head dimension": model.v_head_size,
+                "hidden per TP rank": model.hidden_size // tp if model.hidden_size % tp == 0 else model.hidden_size,
+                "FFN width per TP rank": model.ffn // tp if model.ffn % tp == 0 else model.ffn}
+        return {k: v for k, v in dims.items() if v % ALIGN_ELEMENTS}
     dims = {"head dimension (hidden / heads)": model.head_size,
             "hidden per TP rank": model.hidden_size // tp if model.hidden_size % tp == 0 else model.hidden_size,
             "FFN width per TP rank": model.ffn // tp if model.ffn % tp == 0 else model.ffn}

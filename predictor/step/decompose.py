@@ -192,15 +192,121 @@ def _attention_core(model: ModelSpec, tp: int, b: int, s: int, phase: str, cp: i
         # a decoder's attention is causal (Predictor.op_times discounts non-causal samples); the Triton kernel
         # runs TRITON_ATTENTION_FACTOR times longer than FlashAttention-2
         k = TRITON_ATTENTION_FACTOR if model.attention_impl == "triton" else 1.0
+        variant = FA2_BASE if model.attention_impl == "triton" else None
+        w = model.sliding_window
+        if w is not None and s > w:   # sliding-window layers (sliding_window_calls)
+            return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=seq, hidden=h, heads=model.num_heads,
+                                                            kv_heads=model.kv_heads, **_flash_hd(model)), n, phase,
+                           "layer", scale=k, variant=variant)
+                    for seq, n in sliding_window_calls(model, s) if n > 0]
         return [OpCall("flash_attn", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
-                                                        kv_heads=model.kv_heads, **_hd(model)), cp, phase, "layer",
-                       scale=k, variant=FA2_BASE if model.attention_impl == "triton" else None)]
-    shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, **_hd(model))
+                                                        kv_heads=model.kv_heads, **_flash_hd(model)), cp, phase,
+                       "layer", scale=k, variant=variant)]
+    # MLA: the scores at the query / key head dimension, the context at the value head dimension
+    shp = make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
+                     **({"head_dim": model.qk_head_size} if model.is_mla else _hd(model)))
+    shp_ctx = (make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, head_dim=model.v_head_size)
+               if model.is_mla else shp)
     # the fused softmax kernel was sampled per rank (tp = 1, heads already divided)
     shp_sm = make_shape(tp=1, batch=b, seq=s, heads=model.num_heads // tp)
     return [OpCall("attn_scores", "fwd", shp, 1, phase, "layer"),
             OpCall("fused_masked_softmax", "fwd", shp_sm, 1, phase, "layer"),
-            OpCall("attn_context", "fwd", shp, 1, phase, "layer")]
+            OpCall("attn_context", "fwd", shp_ctx, 1, phase, "layer")]
+
+
+def sliding_window_calls(model: ModelSpec, s: int) -> list[tuple[int, float]]:
+    """(sequence length, calls per layer) of flash attention for a model with a sliding window W < s: the full-
+    attention share of the layers (ModelSpec.full_attention_share) runs causal attention at s; the windowed share
+    runs the same score work as causal attention at 2W tokens, (s*W - W^2/2) / (2W^2) = s / (2W) - 1/4 calls per
+    layer (a query i attends keys i-W+1..i: the first W queries a causal W x W block, each later one W keys; a
+    causal call at 2W does 2W^2). The calls see b x 2W tokens each, s/(2W) of them the layer's b x s tokens, so the
+    kernel is timed at the block shape a windowed kernel tiles (Q, K, V read once), not as a long causal pass scaled
+    down. A chunk's layers get the model-wide share (exact over the model; within a chunk at most one layer's
+    attention off where its layers do not split evenly between the two kinds)."""
+    w = model.sliding_window or s
+    f = model.full_attention_share
+    return [(s, f), (2 * w, (1.0 - f) * (s / (2 * w) - 0.25))]
+
+
+def mla_flash_head_dim(model: ModelSpec) -> int:
+    """The head dimension MLA's flash attention is timed at: (qk_nope + qk_rope + v_head_dim) / 2.
+
+    The attention regressor's work model (predictor.regress.features) has one head dimension d: 4*b*H*l^2*d FLOPs
+    (Q K^T and P V, 2*l^2*d each) and Q, K, V, O of d each. MLA's Q K^T runs at d_qk = qk_nope + qk_rope and P V at
+    d_v: 2*l^2*(d_qk + d_v) FLOPs and Q, K of d_qk, V, O of d_v; d = (d_qk + d_v) / 2 gives the same FLOPs and the
+    same bytes (DeepSeek-V3: (192 + 128) / 2 = 160). What it cannot carry is a kernel's speed at unequal head
+    dimensions (FlashAttention-3 / cuDNN tile Q K^T at 192 and P V at 128): that rests on the regressor at d."""
+    return (model.qk_head_size + model.v_head_size) // 2
+
+
+def _flash_hd(model: ModelSpec) -> dict[str, int]:
+    """The head_dim shape column of a flash-attention call: MLA's `mla_flash_head_dim`, else `_hd`."""
+    return {"head_dim": mla_flash_head_dim(model)} if model.is_mla else _hd(model)
+
+
+def mla_projection_ops(model: ModelSpec, tp: int, b: int, s: int, sp: bool, phase: str) -> list[OpCall]:
+    """MLA's projections, latent norms and RoPE for one layer (docs/mla.md; DeepSeek-V2 arXiv 2405.04434 sec. 2.1,
+    Megatron-Core MLASelfAttention).
+
+    Each projection is a GEMM of its own shape, timed through the sampled `mlp_up` GEMM regressor, whose shape
+    columns mean M = batch * seq, K = hidden, N = ffn_hidden / tp (predictor.regress.features.gemm_mnk): `hidden`
+    carries the projection's input width and `ffn_hidden` its whole output width. The down projections W_DQ
+    (hidden -> q_lora_rank) and W_DKV (hidden -> kv_lora_rank + qk_rope_head_dim) are replicated over tp
+    (TELinear "duplicated"): tp = 1, on the sequence-parallel shard (seq / tp tokens) with sequence parallelism,
+    on the whole sequence on every rank without it. Their RMSNorms run on the same tokens. The up projections W_UQ
+    (q_lora_rank, or hidden without query compression, -> heads * (qk_nope + qk_rope)) and W_UKV (kv_lora_rank ->
+    heads * (qk_nope + v_head_dim)) are column-parallel (split over tp) on the whole sequence. RoPE rotates the
+    qk_rope_head_dim part only: of the query's heads / tp heads and of the one shared key head; timed as the
+    sampled `rope` operator (which rotates q and k of heads / tp heads each) at head_dim qk_rope_head_dim, scaled by
+    (heads / tp + 1) / (2 * heads / tp) for the single key head."""
+    h, heads = model.hidden_size, model.num_heads
+    s_down = s // tp if sp else s
+    q_lora, kv_lora = model.q_lora_rank, model.kv_lora_rank or 0
+    rope_d, nope_d = model.qk_rope_head_dim or 0, model.qk_nope_head_dim or 0
+    ops: list[OpCall] = []
+    if q_lora:
+        ops += [OpCall("mlp_up", "fwd", make_shape(tp=1, batch=b, seq=s_down, hidden=h, ffn_hidden=q_lora), 1,
+                       phase, "layer"),
+                OpCall("rmsnorm", "fwd", make_shape(batch=b, seq=s_down, hidden=q_lora), 1, phase, "layer")]
+    ops += [OpCall("mlp_up", "fwd", make_shape(tp=1, batch=b, seq=s_down, hidden=h, ffn_hidden=kv_lora + rope_d), 1,
+                   phase, "layer"),
+            OpCall("rmsnorm", "fwd", make_shape(batch=b, seq=s_down, hidden=kv_lora), 1, phase, "layer"),
+            OpCall("mlp_up", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=q_lora or h,
+                                               ffn_hidden=heads * model.qk_head_size), 1, phase, "layer"),
+            OpCall("mlp_up", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=kv_lora,
+                                               ffn_hidden=heads * (nope_d + model.v_head_size)), 1, phase, "layer")]
+    hr = heads / tp
+    ops.append(OpCall("rope", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=heads, head_dim=rope_d), 1,
+                      phase, "layer", scale=(hr + 1) / (2 * hr)))
+    return ops
+
+
+def mla_tp_comms(model: ModelSpec, b: int, s: int, e: int, sp: bool, tp_topo: Topology, phase: str
+                 ) -> list[CommCall]:
+    """The tensor-parallel exchanges of one MLA attention block (Megatron-Core MLASelfAttention; `e` bytes per
+    element, `s` tokens per CP rank).
+
+    Sequence parallelism: the replicated down projections run on the local seq / tp tokens, so what is gathered
+    is not the [b, s, hidden] input but the latents the column-parallel up projections read, [b, s, q_lora_rank]
+    (hidden without query compression) and [b, s, kv_lora_rank], and the shared RoPE key [b, s, qk_rope_head_dim];
+    the output projection reduce-scatters [b, s, hidden]. The backward reduce-scatters the latents' gradients and
+    all-gathers the output's. Without sequence parallelism: the forward all-reduces the output projection's
+    [b, s, hidden]; the backward all-reduces the gradients of the up projections' inputs (column-parallel layers),
+    [b, s, q_lora_rank or hidden] and [b, s, kv_lora_rank]."""
+    if tp_topo[0] <= 1:
+        return []
+    h = model.hidden_size
+    q_w, kv_w, rope_d = model.q_lora_rank or h, model.kv_lora_rank or 0, model.qk_rope_head_dim or 0
+    out = b * s * h * e
+    latents = [b * s * w * e for w in (q_w, kv_w, rope_d) if w]
+    bwd = phase == "bwd"
+    if sp:
+        gather, scatter = ("reducescatter", "allgather") if bwd else ("allgather", "reducescatter")
+        return [CommCall(gather, n, "tp", phase, 1, *tp_topo) for n in latents] + \
+            [CommCall(scatter, out, "tp", phase, 1, *tp_topo)]
+    if bwd:
+        return [CommCall("allreduce", n, "tp", phase, 1, *tp_topo) for n in latents[:2]]
+    return [CommCall("allreduce", out, "tp", phase, 1, *tp_topo)]
 
 
 def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
@@ -211,15 +317,22 @@ def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_byte
     h = model.hidden_size
     s_sp = s // tp if sp else s
     shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
-    ops = [OpCall(_norm(model), "fwd", shp_norm, 2, phase, "layer"),
-           OpCall("qkv_proj", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
-                                                 kv_heads=model.kv_heads, **_hd(model)), 1, phase, "layer")]
-    if model.arch == "llama":
+    if model.is_mla:   # multi-head latent attention: its own projections (mla_projection_ops)
+        ops = [OpCall(_norm(model), "fwd", shp_norm, 2, phase, "layer")] + mla_projection_ops(model, tp, b, s, sp,
+                                                                                              phase)
+    else:
+        ops = [OpCall(_norm(model), "fwd", shp_norm, 2, phase, "layer"),
+               OpCall("qkv_proj", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
+                                                     kv_heads=model.kv_heads, **_hd(model)), 1, phase, "layer")]
+    if model.arch == "llama" and not model.is_mla:
         ops.append(OpCall("rope", "fwd", make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads,
                                                     **_hd(model)), 1, phase, "layer"))
     ops += _attention_core(model, tp, b, s, phase, cp)
-    # the output projection's input is heads * head_dim wide (= hidden unless head_dim is decoupled)
-    out_shp = (make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, **_hd(model))
+    # the output projection's input is heads * head_dim wide (= hidden unless head_dim is decoupled; MLA: heads *
+    # v_head_dim)
+    out_shp = (make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, head_dim=model.v_head_size)
+               if model.is_mla else
+               make_shape(tp=tp, batch=b, seq=s, hidden=h, heads=model.num_heads, **_hd(model))
                if model.head_dim_decoupled else make_shape(tp=tp, batch=b, seq=s, hidden=h))
     ops.append(OpCall("attn_out_proj", "fwd", out_shp, 1, phase, "layer"))
     ops.append(OpCall("res_add", "fwd", shp_norm, 2, phase, "layer"))
@@ -231,11 +344,15 @@ def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_byte
         m_ops, comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, phase, *moe)
         ops += m_ops
         exchanges = 1   # around attention; the routed experts run on the sequence-parallel shard
+    attn: list[CommCall] = []
+    if model.is_mla:   # MLA's attention exchanges are its own (mla_tp_comms), first in the list
+        exchanges -= 1
+        attn = mla_tp_comms(model, b, s, act_bytes // max(b * s * h, 1), sp, tp_topo, phase)
     if sp:
-        comms = (_tp_comms("allgather", phase, exchanges, act_bytes, tp_topo)
+        comms = (attn + _tp_comms("allgather", phase, exchanges, act_bytes, tp_topo)
                  + _tp_comms("reducescatter", phase, exchanges, act_bytes, tp_topo) + comms)
     else:
-        comms = _tp_comms("allreduce", phase, exchanges, act_bytes, tp_topo) + comms
+        comms = attn + _tp_comms("allreduce", phase, exchanges, act_bytes, tp_topo) + comms
     return ops, comms
 
 
@@ -307,6 +424,9 @@ def cp_kv_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, preci
     """Bytes of one context-parallel ring step: this rank's K and V block, 2 x [b, seq_len/cp, kv heads per
     tp rank x head_dim] (kv heads replicated where tp > kv_heads)."""
     kv_r = max(model.kv_heads // tp, 1)
+    if model.is_mla:   # MLA: the up-projected K (qk_nope + qk_rope) and V (v_head_dim) of heads / tp heads
+        return (micro_batch * (seq_len // cp) * kv_r * (model.qk_head_size + model.v_head_size)
+                * BYTES_PER_ELEMENT[precision])
     return 2 * micro_batch * (seq_len // cp) * kv_r * model.head_size * BYTES_PER_ELEMENT[precision]
 
 
@@ -399,6 +519,10 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
     f_ops = fuse(f_ops, fused)
     b_ops = _as_phase(f_ops, "bwd", "bwd")
     b_comms = _as_phase(f_comms, "bwd")
+    if model.is_mla:   # MLA's attention exchanges differ between forward and backward (mla_tp_comms)
+        e = BYTES_PER_ELEMENT[precision]
+        n_attn = len(mla_tp_comms(model, micro_batch, s, e, sequence_parallel, tp_topo, "fwd"))
+        b_comms = mla_tp_comms(model, micro_batch, s, e, sequence_parallel, tp_topo, "bwd") + b_comms[n_attn:]
     if recompute == "full":
         r_ops, r_comms = _as_phase(f_ops, "recompute"), _as_phase(f_comms, "recompute")
     elif recompute == "selective" and model.attention_impl not in FLASH_IMPLS:

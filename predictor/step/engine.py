@@ -306,7 +306,7 @@ class Engine:
                              fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo),
                 D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused),
                 D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused))
-            if model.is_moe and model.dense_layers:
+            if model.has_dense_layers:
                 units += (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo,
                                        moe=False, fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo),)
             todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec, cp))
@@ -575,7 +575,7 @@ class Engine:
 
         def kvec(get) -> np.ndarray:
             return np.array([get(p) for p in parts], float)[kinv]
-        names = ("layer", "first", "last") + (("dense",) if model.is_moe and model.dense_layers else ())
+        names = ("layer", "first", "last") + (("dense",) if model.has_dense_layers else ())
         unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name) or p.layer, f))
                        for f in UNIT_FIELDS}
                 for name in names}
@@ -875,7 +875,7 @@ def terms_error(e2e: EndToEndTerms | None) -> float:
 def chunk_dense(s: Structure, model: ModelSpec) -> list[int]:
     """A MoE model's dense-MLP layers in each chunk of `s` (all zero for a dense model, whose layer unit is the
     dense layer)."""
-    if not model.is_moe or not model.dense_layers:
+    if not model.has_dense_layers:
         return [0] * len(s.counts)
     from predictor.model.params import chunk_dense_layers
     return chunk_dense_layers(model, s.counts)

@@ -233,5 +233,9 @@ def layer_gemm_params_per_gpu(model: Any, tp: int, moe: bool = False, ep: int = 
     if moe and model.is_moe:
         shared = model.shared_experts * params.mlp_params(model, model.shared_ffn)
         split = params.attention_matmul_params(model) + shared
+        if model.is_mla:   # MLA's down projections are replicated over tp (predictor.model.params)
+            split += params.mla_down_params(model) * (tp - 1)
         return split / tp + model.num_experts // max(ep, 1) * params.mlp_params(model, model.expert_ffn)
+    if model.is_mla:
+        return (params.layer_matmul_params(model) + params.mla_down_params(model) * (tp - 1)) / tp
     return params.layer_matmul_params(model) / tp

@@ -318,6 +318,17 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     q = s * b * (a / t) * hd * e
     kv = 2 * s * b * kv_r * hd * e
     o = s * b * (a / t) * hd * g
+    if model.is_mla:
+        # MLA (Megatron-Core MLASelfAttention with Transformer Engine; docs/mla.md): the down projections' input is
+        # the one norm output counted above; the latents each keep their RMSNorm input (e) and the up projection's
+        # input (g): q_lora_rank where the query is compressed, kv_lora_rank (replicated, split by SP like the layer
+        # input). The shared RoPE key keeps nothing (a rotation's backward needs only cos / sin). Flash attention
+        # keeps the up-projected Q and K (heads / tp x (qk_nope + qk_rope)) and V (heads / tp x v_head_dim) and
+        # its output, the output projection's input (heads / tp x v_head_dim).
+        replicated += s * b * ((model.q_lora_rank or 0) + (model.kv_lora_rank or 0)) * (e + g)
+        q = s * b * (a / t) * model.qk_head_size * e
+        kv = s * b * (a / t) * (model.qk_head_size + model.v_head_size) * e
+        o = s * b * (a / t) * model.v_head_size * g
     def mlp_terms(width: float) -> float:
         if model.arch == "llama":
             return s * b * (width / t) * (2 * e + g)   # fc1 output (gate and up, 2*ffn) + SwiGLU output (fc2 input)
@@ -415,6 +426,9 @@ def cp_ring_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     if cp <= 1:
         return 0.0
     kv_r = max(model.kv_heads / tp, 1.0)
+    if model.is_mla:   # MLA: the up-projected K (qk_nope + qk_rope) and V (v_head_dim) blocks
+        return (micro_batch * (seq_len // cp) * kv_r * (model.qk_head_size + model.v_head_size)
+                * BYTES_PER_ELEMENT[precision])
     return 2.0 * micro_batch * (seq_len // cp) * kv_r * model.head_size * BYTES_PER_ELEMENT[precision]
 
 
@@ -616,7 +630,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                  if is_moe else dense_l)
         moe_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x) if is_moe else dense_f
         # what full recomputation rematerialises: the larger of the layer kinds the model has
-        full_f = (max(dense_f, moe_f) if model.dense_layers else moe_f) if is_moe else dense_f
+        full_f = (max(dense_f, moe_f) if model.has_dense_layers else moe_f) if is_moe else dense_f
         return (dense_l, full_f,
                 *edge_activation_bytes(model, sc, b, t, s, precision, options),
                 cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
