@@ -122,6 +122,34 @@ def ep_choices(num_experts: int, ranks: int | None) -> list[int]:
     return [e for e in range(1, num_experts + 1) if num_experts % e == 0 and (ranks is None or ranks % e == 0)]
 
 
+# --- MoE expert tensor parallelism and the dispatch / combine overlap ---
+ETP_DEFAULT = "default"   # the ETP select's entry for Layout.etp None (the framework's default)
+
+
+def etp_input(prefix: str, c, num_experts: int, tp: int | None) -> int | None:
+    """Expert tensor parallelism: the framework's default (None), 1 (experts whole) or TP; a value held now that is
+    none of those (from the URL) is kept so that the page can name it. Disabled for a dense model."""
+    key = _k(prefix, "etp")
+    opts: list[Any] = [ETP_DEFAULT, *sorted({1, int(tp or 1)})]
+    cur = _current(key)
+    if cur is not None and cur >= 1 and cur not in opts:
+        opts.append(cur)
+    v = c.selectbox("ETP", opts, index=0, key=key, bind=BIND, disabled=not num_experts,
+                    help="Expert tensor-parallel degree (Megatron-Core expert_tensor_parallel_size): each routed "
+                         "expert's GEMMs split over ETP ranks; ETP × EP divides TP × CP × DP. default: the "
+                         "framework's (Megatron-Core: ETP = TP; NeMo / Megatron-Bridge MoE recipes set 1)")
+    return None if v == ETP_DEFAULT or not num_experts else int(v)
+
+
+def moe_overlap_input(prefix: str, c, num_experts: int, ep: int) -> bool:
+    """The dispatch / combine overlap toggle (Layout.moe_overlap), off and disabled without expert parallelism."""
+    on = c.toggle("Overlap EP dispatch / combine", False, key=_k(prefix, "moe_overlap"), bind=BIND,
+                  disabled=not num_experts or ep <= 1,
+                  help="Megatron-Core overlap_moe_expert_parallel_comm: one micro-batch's all-to-all hidden under "
+                       "another's compute (combined 1F1B); needs EP > 1, PP 1 or the interleaved schedule")
+    return bool(on) and bool(num_experts) and ep > 1
+
+
 def _current(key: str) -> int | None:
     v = st.session_state.get(key)
     if v is None:

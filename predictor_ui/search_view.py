@@ -51,4 +51,8 @@ def predict_query(row: pd.Series | dict[str, Any]) -> dict[str, str]:
         v = getattr(L, f)
         if v is not None:
             out[f] = query_value(f, v)
+    if L.etp is not None:   # MoE expert tensor parallelism (left out at the framework's default) and its overlap
+        out["etp"] = str(L.etp)
+    if L.moe_overlap:
+        out["moe_overlap"] = query_value("moe_overlap", True)
     return out

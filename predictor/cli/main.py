@@ -12,6 +12,7 @@ from predictor.cli.args import (
     add_head_dim_arg,
     add_memory_model_args,
     add_moe_args,
+    add_moe_parallel_args,
     add_precision_memory_args,
     memory_options_from_args,
     model_fields,
@@ -145,7 +146,8 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
     keys = ("model", "arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "seq_len", "num_gpus",
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
-            "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather")
+            "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather",
+            "etp", "moe_overlap")
     return model_fields(a, keys)
 
 
@@ -415,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--stage-layers", help="uneven split, e.g. 7,9,9,7 (pp*vpp entries)")
     add_precision_memory_args(sp)
     add_moe_args(sp)
+    add_moe_parallel_args(sp)
     add_memory_model_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     sp.add_argument("--tokens", help="tokens to train (e.g. 2T, 300B): adds steps, days and GPU-hours to them")

@@ -22,7 +22,9 @@ BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
 OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm", "attention",
                           "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep",
-                          "grad_reduce_in_fp32", "fp8_param_gather", "tokens", "price_per_gpu_hour")
+                          "grad_reduce_in_fp32", "fp8_param_gather", "tokens", "price_per_gpu_hour",
+                          # MoE expert tensor parallelism and the dispatch / combine overlap (Layout.etp, moe_overlap)
+                          "etp", "moe_overlap")
 
 # The layout's defaults for a field not given: an omitted flag of `predict` / `search`, an empty cell of
 # predict-batch, and the dashboard's inputs as they open (predictor_ui.inputs.DEFAULT_SETUP takes them from here), so
@@ -51,7 +53,8 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   Mixture of Experts: num_experts = 0 (dense; a preset's own count otherwise); top_k required for a MoE model;
   moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
   capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
-  (expert parallel: divides num_experts and tp*cp*dp). num_experts = 0 on a MoE preset makes it dense (the
+  (expert parallel: divides num_experts and tp*cp*dp); etp = empty (expert tensor parallel: the framework's
+  default, tp for megatron, else 1); moe_overlap = false. num_experts = 0 on a MoE preset makes it dense (the
   preset's other MoE fields are dropped; ones you give are still checked); a dense row may write top_k (and the
   expert widths) as 0 beside num_experts 0. predict-batch: with a `model` column the columns a preset fills (arch,
   layers, hidden, heads, kv_heads, ffn_hidden, vocab) may be left out of the header."""
@@ -196,7 +199,7 @@ def model_from_fields(row: Mapping[str, Any]) -> ModelSpec:
 def _given_ints_in_range(row: Mapping[str, Any]) -> None:
     """The integer fields the user gave, positive and within their bounds, checked before any is
     derived from another (so `--tp 0` is reported as tp, not as the num_gpus it would give)."""
-    for name in ("tp", "pp", "dp", "cp", "ep", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp"):
+    for name in ("tp", "pp", "dp", "cp", "ep", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp", "etp"):
         v = _int(row, name)
         if v is not None:
             if v <= 0:
@@ -246,7 +249,8 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   ep=_int(row, "ep", LAYOUT_DEFAULTS["ep"]),
                   overlap_tp_comm=_bool(row, "overlap_tp_comm", False),
                   grad_reduce_in_fp32=_opt_bool(row, "grad_reduce_in_fp32"),
-                  fp8_param_gather=_bool(row, "fp8_param_gather", False))
+                  fp8_param_gather=_bool(row, "fp8_param_gather", False),
+                  etp=_int(row, "etp"), moe_overlap=_bool(row, "moe_overlap", False))
 
 
 def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:

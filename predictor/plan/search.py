@@ -91,6 +91,13 @@ class SearchSpace:
     # leave out of the ranking the layouts that fit only if the caching allocator fragments less than it typically
     # does (memory_tight); they stay in the table, unranked, with the reason
     leave_out_tight: bool = False
+    # --- MoE: expert tensor parallelism and the dispatch / combine overlap ---
+    # expert tensor-parallel degrees (MoE models); None = 1 and tp (whole experts, and Megatron-Core's default of
+    # experts split like the attention), those that divide moe_ffn_hidden and, with ep, tp * cp * dp
+    etp: tuple[int, ...] | None = None
+    # the dispatch / combine overlap (Layout.moe_overlap) values to try; True only where it runs (ep > 1; pp = 1 or
+    # interleaved; no full recomputation)
+    moe_overlap: tuple[bool, ...] = (False,)
 
 
 @dataclass
@@ -195,7 +202,7 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
                                     "vpp",
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
                                     "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
-                                    "grad_reduce_in_fp32", "fp8_param_gather")}
+                                    "grad_reduce_in_fp32", "fp8_param_gather", "etp", "moe_overlap")}
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
     d["num_micro_batches"] = L.num_micro_batches
     return d
@@ -378,9 +385,27 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                             for ep in eps:
                                 if ep > 1 and z >= 2:   # MoE states shard with the distributed optimizer (ZeRO-1)
                                     continue
-                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr, opg,
-                                             cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)), gbytes,
-                                             f8p))
+                                for etp in _etp_choices(model, space, fw, tp, ep, tp * cp * dp):
+                                    if model.is_moe and etp > 1 and z >= 2:
+                                        continue
+                                    for mo in space.moe_overlap:
+                                        if mo and not (model.is_moe and ep > 1 and (pp == 1 or _v >= 2)
+                                                       and rc != "full"):
+                                            continue
+                                        rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr,
+                                                     opg, cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)),
+                                                     gbytes, f8p, etp, int(mo)))
+
+
+def _etp_choices(model: ModelSpec, space: SearchSpace, fw: Any, tp: int, ep: int, ranks: int) -> list[int]:
+    """Expert tensor-parallel degrees for a stage of `ranks` = tp * cp * dp GPUs with expert parallelism `ep`: the
+    framework's default (tp for Megatron-Core, else 1) for a dense model, where it changes nothing; for a MoE model
+    1 and tp (or `space.etp`), those dividing moe_ffn_hidden whose product with ep divides `ranks`."""
+    default = tp if fw.expert_tp_follows_tp else 1
+    if not model.is_moe:
+        return [default]
+    cand = space.etp or tuple(sorted({default, 1, tp}))
+    return [e for e in cand if e >= 1 and model.expert_ffn % e == 0 and ranks % (e * ep) == 0]
 
 
 def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:
@@ -502,6 +527,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
         "cp": arr[:, 13], "ep": arr[:, 14], "overlap_tp_comm": arr[:, 15].astype(bool),
         "grad_bytes": arr[:, 16], "fp8_param_gather": arr[:, 17].astype(bool),
+        "etp": arr[:, 18], "moe_overlap": arr[:, 19].astype(bool),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -604,7 +630,19 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1,
                   ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1,
                   overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False,
-                  **_precision_fields(row))
+                  **_precision_fields(row), **_moe_fields(row))
+
+
+def _moe_fields(row: pd.Series | dict) -> dict[str, Any]:
+    """etp (None where it is the framework's default) and moe_overlap of a table row."""
+    out: dict[str, Any] = {}
+    if "etp" in row and row["etp"] == row["etp"]:
+        fw = get_framework(str(row.get("framework") or DEFAULT_FRAMEWORK))
+        default = int(row["tp"]) if fw.expert_tp_follows_tp else 1
+        out["etp"] = None if int(row["etp"]) == default else int(row["etp"])
+    if "moe_overlap" in row and row["moe_overlap"] == row["moe_overlap"]:
+        out["moe_overlap"] = bool(row["moe_overlap"])
+    return out
 
 
 def _precision_fields(row: pd.Series | dict) -> dict[str, Any]:

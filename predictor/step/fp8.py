@@ -226,12 +226,12 @@ def mfu_peak_precision(precision: str) -> str:
     return COMPUTE_PRECISION if is_low_precision(precision) else precision
 
 
-def layer_gemm_params_per_gpu(model: Any, tp: int, moe: bool = False, ep: int = 1) -> float:
+def layer_gemm_params_per_gpu(model: Any, tp: int, moe: bool = False, ep: int = 1, etp: int = 1) -> float:
     """Parameters of one layer's FP8 GEMMs on one tensor-parallel rank (what gets an FP8 copy); `moe`: a MoE layer,
     whose attention and shared experts are split over tp and whose num_experts / ep routed experts are whole here
     (the router stays in higher precision)."""
     if moe and model.is_moe:
         shared = model.shared_experts * params.mlp_params(model, model.shared_ffn)
         split = params.attention_matmul_params(model) + shared
-        return split / tp + model.num_experts // max(ep, 1) * params.mlp_params(model, model.expert_ffn)
+        return split / tp + model.num_experts // max(ep, 1) * params.mlp_params(model, model.expert_ffn) / max(etp, 1)
     return params.layer_matmul_params(model) / tp
