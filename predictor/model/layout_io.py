@@ -16,7 +16,7 @@ from predictor.model.specs import MOE_DENSE_DEFAULTS, MOE_FIELDS, Layout, ModelS
 MOE_FLOAT_FIELDS = ("capacity_factor", "moe_imbalance")
 MOE_INT_FIELDS = tuple(n for n in MOE_FIELDS if n not in MOE_FLOAT_FIELDS)
 # What a predict-batch output row carries back of the MoE set-up (the resolved values, preset ones included).
-MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep")
+MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep", "etp")   # etp: the expert tensor parallelism used (an unset one resolved)
 BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
@@ -130,8 +130,10 @@ def moe_given(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def moe_echo(model: ModelSpec, layout: Layout) -> dict[str, Any]:
-    """The MoE fields and ep a prediction used (None where the model leaves a field to its default)."""
-    return {**{n: getattr(model, n) for n in MOE_FIELDS}, "ep": layout.ep}
+    """The MoE fields, ep and etp a prediction used (None where the model leaves a field to its default; etp resolved
+    to the framework's default where unset, None for a dense model)."""
+    return {**{n: getattr(model, n) for n in MOE_FIELDS}, "ep": layout.ep,
+            "etp": layout.expert_tp if model.is_moe else None}
 
 
 def _bool(row: Mapping[str, Any], name: str, default: bool = False) -> bool:
