@@ -183,3 +183,30 @@ def test_the_nemo_check_takes_etp_and_the_overlap_from_the_recipes():
     assert h100["etp"] == "1" and h100["moe_overlap"] == "true" and h100["tp"] == "2"
     assert rows[("DGX-GB200", "qwen3-235b-a22b", "26.02")]["moe_overlap"] == "false"
     assert all(r["etp"] == "1" for k, r in rows.items() if k[1].startswith("qwen3"))
+
+
+def test_search_enumerates_etp_and_the_overlap_and_agrees_with_predict():
+    """Search tries etp 1 and tp (those that fold) and, asked to, the overlap where it runs; every row's step time,
+    breakdown and memory equal a single prediction of its layout."""
+    from predictor.plan.predict import get_predictor
+    from predictor.plan.search import SearchSpace, layout_of, search
+    from predictor.step.compose import CATEGORIES
+    P = get_predictor("dgx-h100")
+    rep = search(QWEN, P, 16, 64, 4096, top_k=1, refine=False,
+                 space=SearchSpace(tp=(1, 2), pp=(1, 2), ep=(4, 8), micro_batch=(1,), zero_stage=(1,),
+                                   recompute=("none", "full"), moe_overlap=(False, True)))
+    t = rep.table
+    assert set(t.loc[t["tp"] == 2, "etp"]) == {1, 2} and set(t.loc[t["tp"] == 1, "etp"]) == {1}
+    assert ((t["tp"] * t["cp"] * t["dp"]) % (t["etp"] * t["ep"]) == 0).all()   # MoE parallel folding
+    on = t[t["moe_overlap"]]
+    assert len(on) and (on["recompute"] != "full").all() and ((on["pp"] == 1) | (on["vpp"] > 1)).all()
+    rng = np.random.default_rng(5)
+    for i in rng.choice(len(t), size=min(30, len(t)), replace=False):
+        row = t.iloc[int(i)]
+        L = layout_of(row)
+        assert L.expert_tp == int(row["etp"]) and L.moe_overlap == bool(row["moe_overlap"])
+        p = P.predict(QWEN, L, timeline=False)
+        assert row["step_time_s"] == pytest.approx(p.step_time_s, rel=1e-9)
+        for c in CATEGORIES:
+            assert row[f"{c}_s"] == pytest.approx(p.breakdown_s[c], rel=1e-9, abs=1e-12 * p.step_time_s)
+        assert row["peak_mem_gib"] == pytest.approx(p.memory_gib, rel=1e-12)
