@@ -7,6 +7,7 @@ from typing import Any
 
 import streamlit as st
 
+from predictor.model.bounds import bound_problem
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import MOE_FIELDS, model_from_fields
 from predictor.model.model_summary import param_summary, routing_summary
@@ -120,6 +121,38 @@ def ep_choices(num_experts: int, ranks: int | None) -> list[int]:
     if num_experts <= 0:
         return [1]
     return [e for e in range(1, num_experts + 1) if num_experts % e == 0 and (ranks is None or ranks % e == 0)]
+
+
+# --- MoE expert tensor parallelism and the dispatch / combine overlap ---
+ETP_DEFAULT = "default"   # the ETP select's entry for Layout.etp None (the framework's default)
+
+
+def etp_input(prefix: str, c, num_experts: int, tp: int | None) -> int | None:
+    """Expert tensor parallelism: the framework's default (None), 1 (experts whole) or TP; a value held now that is
+    none of those (from the URL) is kept so that the page can name it (never silently replaced). Disabled for a dense
+    model unless it holds a value to undo."""
+    key = _k(prefix, "etp")
+    opts: list[Any] = [ETP_DEFAULT, *sorted({1, int(tp or 1)})]
+    cur = _current(key)
+    if cur is not None and cur >= 1 and bound_problem("etp", cur) is None and cur not in opts:
+        opts.append(cur)   # (a value beyond the bound stays out: the link check names it)
+    v = c.selectbox("ETP", opts, index=0, key=key, bind=BIND, disabled=not num_experts and cur is None,
+                    help="Expert tensor-parallel degree (Megatron-Core expert_tensor_parallel_size): each routed "
+                         "expert's GEMMs split over ETP ranks; ETP × EP divides TP × CP × DP. default: the "
+                         "framework's (Megatron-Core: ETP = TP; NeMo / Megatron-Bridge MoE recipes set 1)")
+    return None if v == ETP_DEFAULT else int(v)
+
+
+def moe_overlap_input(prefix: str, c, num_experts: int, ep: int) -> bool:
+    """The dispatch / combine overlap toggle (Layout.moe_overlap): disabled without expert parallelism unless it is
+    on (from the URL or left by another layout), which the page then names instead of turning it off silently."""
+    key = _k(prefix, "moe_overlap")
+    held = str(st.session_state.get(key, st.query_params.get(key, ""))).lower() in ("true", "1", "on")
+    on = c.toggle("Overlap EP dispatch / combine", False, key=key, bind=BIND,
+                  disabled=(not num_experts or ep <= 1) and not held,
+                  help="Megatron-Core overlap_moe_expert_parallel_comm: one micro-batch's all-to-all hidden under "
+                       "another's compute (combined 1F1B); needs EP > 1, PP 1 or the interleaved schedule")
+    return bool(on)
 
 
 def _current(key: str) -> int | None:

@@ -270,6 +270,11 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
         out["dp"] = e.number_input("DP", 1, 1_000_000, d["dp"], key=_k(prefix, "dp"), bind=BIND, placeholder="auto",
                                    help="Data-parallel degree; leave empty for GPUs / (TP × PP × CP).")
     out["ep"] = experts.ep_input(prefix, c, experts.num_experts_of(model) if model else 0, _stage_ranks(out))
+    # MoE expert tensor parallelism and the dispatch / combine overlap
+    a, b = c.columns(2)
+    out["etp"] = experts.etp_input(prefix, a, experts.num_experts_of(model) if model else 0, out.get("tp"))
+    out["moe_overlap"] = experts.moe_overlap_input(prefix, b, experts.num_experts_of(model) if model else 0,
+                                                   int(out["ep"]))
     a, b = c.columns(2)
     out["micro_batch"] = a.number_input("Micro-batch", 1, 4096, d["micro_batch"], key=_k(prefix, "micro_batch"),
                                         bind=BIND, help="Sequences per micro-batch per GPU")

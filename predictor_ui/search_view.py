@@ -55,4 +55,8 @@ def predict_query(row: pd.Series | dict[str, Any]) -> dict[str, str]:
         out["cp_comm"] = L.cp_comm
     if L.offload_activations:
         out["offload_activations"] = str(L.offload_activations)
+    if L.etp is not None:   # MoE expert tensor parallelism (left out at the framework's default) and its overlap
+        out["etp"] = str(L.etp)
+    if L.moe_overlap:
+        out["moe_overlap"] = query_value("moe_overlap", True)
     return out

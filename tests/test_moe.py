@@ -171,15 +171,17 @@ def test_bad_ep_names_the_field(kw, field):
     assert e.value.field == "ep"
 
 
-def test_the_routing_note_says_experts_are_not_split_over_tp():
-    """With tp > 1 a MoE prediction says that its experts are whole on each rank (expert TP 1), not Megatron-Core's
-    unset default of expert TP = TP; with tp 1 there is nothing to say."""
+def test_the_routing_note_says_how_experts_are_split_over_tp():
+    """With tp > 1 a MoE prediction says its expert tensor parallelism and where it comes from: unset, Megatron-Core's
+    default (expert TP = TP); given as 1, experts whole on each rank; with tp 1 there is nothing to say."""
     from predictor.model.moe import routing_note
     from predictor.model.presets import get_preset
     from predictor.model.specs import Layout
     m = get_preset("mixtral-8x7b")
-    two = routing_note(m, Layout(num_gpus=16, tp=2, dp=8, ep=8, global_batch=16, seq_len=4096,
-                                 sequence_parallel=True))
+    kw = dict(num_gpus=16, tp=2, dp=8, global_batch=16, seq_len=4096, sequence_parallel=True)
+    unset = routing_note(m, Layout(**kw, ep=4))
+    whole = routing_note(m, Layout(**kw, ep=8, etp=1))
     one = routing_note(m, Layout(num_gpus=8, dp=8, ep=8, global_batch=8, seq_len=4096))
-    assert "expert_tensor_parallel_size = 1" in two and "tp 2" in two
-    assert "expert_tensor_parallel_size" not in one
+    assert "Expert tensor parallelism 2 (unset: the megatron default)" in unset
+    assert "Experts whole on each rank (expert tensor parallelism 1, as given)" in whole and "tp 2" in whole
+    assert "xpert tensor parallelism" not in one

@@ -53,11 +53,13 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "attention_kind", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                "stage_layers",
                # sliding-window attention (GPT-OSS)
-               "sliding_window", "full_attention_interval"]
+               "sliding_window", "full_attention_interval",
+               # MoE expert tensor parallelism and the dispatch / combine overlap, as the recipes state them
+               "etp", "moe_overlap"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
                 "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
-                "moe_imbalance": {""}, "ep": {"", "1"}}
+                "moe_imbalance": {""}, "ep": {"", "1"}, "etp": {""}, "moe_overlap": {"", "false"}}
 
 NO_STEP = "no step time: global batch, micro-batch or throughput not printed"
 BAD_GPUS = "GPU count is not tp x pp x cp x dp with an integer dp"
@@ -234,6 +236,27 @@ def recipe_offload(r: pd.Series) -> int:
                                str(r["precision"])), 0)
 
 
+# Megatron-Bridge's Qwen3 MoE performance presets (scripts/performance/configs/qwen3/qwen3_workload_base_configs.py,
+# "Parallelism presets for Qwen3 performance configs", V1 / V2): BASE_QWEN3_235B_A22B_CONFIG and
+# BASE_QWEN3_30B_A3B_CONFIG set expert_tensor_parallel_size=1; the H100 Qwen3-235B-A22B presets (TP2 PP8 VP4 EP32,
+# V1 GBS 2048 / V2 GBS 8192: the 25.11 / 26.02 rows) set moe_a2a_overlap=True, the B200 / B300 and H100 Qwen3-30B-A3B
+# ones False, the GB200 / GB300 ones leave it unset (HybridEP dispatcher with CUDA graphs). The same H100 layout with
+# A2A_OVERLAP=1 is NVIDIA's Megatron-MoE-ModelZoo best-practice/qwen3/run_235b.sh H100 baseline.
+MB_OVERLAP = {("qwen3-235b-a22b", "DGX-H100")}
+
+
+def moe_recipe_settings(r: pd.Series, model_key: str, moe: bool) -> tuple[int | None, bool]:
+    """(etp, moe_overlap) of a MoE run as its row or recipe states them: the printed ETP (the model cards print 1),
+    else 1 for a Megatron-Bridge performance row (the Qwen3 presets above); the overlap where the preset turns it
+    on. (None, False) for a dense run or where nothing states them (etp then takes the framework's default)."""
+    if not moe:
+        return None, False
+    printed = _num(r.get("etp"))
+    src = str(r["source"])
+    etp = int(printed) if printed is not None else (1 if src.startswith("megatron-bridge") else None)
+    return etp, src == "megatron-bridge" and (model_key, str(r["system"])) in MB_OVERLAP
+
+
 def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
     """One predict-batch record (ROW_COLUMNS, all strings) for a checked run `r` of `model` (catalog fields)."""
     tp = int(_num(r["tp"]) or 1)
@@ -278,7 +301,9 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         "stage_layers": ",".join(map(str, model.get("pipeline_layouts", {}).get(f"{int(_num(r['pp']) or 1)}x{vp}", [])))
         or None,
         # sliding-window attention (GPT-OSS): the catalog model's, empty for full attention
-        "sliding_window": model.get("sliding_window"), "full_attention_interval": model.get("full_attention_interval")}
+        "sliding_window": model.get("sliding_window"), "full_attention_interval": model.get("full_attention_interval"),
+        # expert tensor parallelism and the dispatch / combine overlap as the recipe states them
+        **dict(zip(("etp", "moe_overlap"), moe_recipe_settings(r, str(r.get("model_key", "")), moe)))}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 

@@ -47,7 +47,7 @@ def layout_fields(raw: dict[str, Any], recompute: str | None = None) -> dict[str
     fields["sequence_parallel"] = bool(raw["sequence_parallel"]) and raw["tp"] > 1
     fields["schedule"] = "interleaved" if raw.get("vpp", 1) > 1 else "1f1b"
     fields.update(ep=raw.get("ep", 1), grad_reduce_in_fp32=raw.get("grad_reduce_in_fp32"),
-                  fp8_param_gather=bool(raw.get("fp8_param_gather", False)))
+                  fp8_param_gather=bool(raw.get("fp8_param_gather", False)), etp=raw.get("etp"))
     return fields
 
 

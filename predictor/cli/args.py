@@ -40,6 +40,17 @@ def add_ep_arg(sp: argparse.ArgumentParser) -> None:
                                            "(default 1)")
 
 
+def add_moe_parallel_args(sp: argparse.ArgumentParser) -> None:
+    """--etp and --moe-overlap (Layout.etp, Layout.moe_overlap) for predict."""
+    sp.add_argument("--etp", type=int, help="expert tensor-parallel degree (MoE models; Megatron-Core "
+                                            "expert_tensor_parallel_size): each expert's fc1 / fc2 split over etp "
+                                            "ranks; etp x ep divides tp*cp*dp (default: the framework's, tp for "
+                                            "megatron)")
+    sp.add_argument("--moe-overlap", dest="moe_overlap", action="store_true", default=None,
+                    help="overlap the expert-parallel dispatch / combine with another micro-batch's compute "
+                         "(Megatron-Core overlap_moe_expert_parallel_comm); needs ep > 1, pp 1 or interleaved")
+
+
 def add_precision_memory_args(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:
     """--grad-reduce-in-fp32 / --no-grad-reduce-in-fp32 and --fp8-param-gather (Layout fields of those names)."""
     where = " on every layout" if every_layout else ""

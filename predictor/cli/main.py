@@ -14,6 +14,7 @@ from predictor.cli.args import (
     add_memory_model_args,
     add_mla_args,
     add_moe_args,
+    add_moe_parallel_args,
     add_precision_memory_args,
     memory_options_from_args,
     model_fields,
@@ -154,7 +155,8 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
             "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather",
-            "cp_comm", "cp_a2a_size", "offload_activations")
+            "cp_comm", "cp_a2a_size", "offload_activations",
+            "etp", "moe_overlap")
     return model_fields(a, keys)
 
 
@@ -430,6 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_precision_memory_args(sp)
     add_moe_args(sp)
     add_mla_args(sp)
+    add_moe_parallel_args(sp)
     add_memory_model_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     sp.add_argument("--tokens", help="tokens to train (e.g. 2T, 300B): adds steps, days and GPU-hours to them")

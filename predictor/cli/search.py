@@ -87,7 +87,8 @@ def cmd_search(a: argparse.Namespace) -> int:
                         overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm),
                         grad_reduce_in_fp32=a.grad_reduce_in_fp32, fp8_param_gather=bool(a.fp8_param_gather),
                         cp_comm=(tuple(x.strip() for x in a.cp_comm.split(",")) if a.cp_comm else ("p2p",)),
-                        offload_activations=_ints(a.offload_activations, "offload_activations") or (0,))
+                        offload_activations=_ints(a.offload_activations, "offload_activations") or (0,),
+                        etp=_ints(a.etp, "etp"), moe_overlap=(False, True) if a.moe_overlap else (False,))
     mopt = memory_options_from_args(a)
     try:
         tokens = parse_count(a.tokens)
@@ -326,6 +327,13 @@ def add_search_parser(subparsers) -> None:
                                 "divides the GPUs with seq_len / cp a multiple of 2*cp)")
     g.add_argument("--ep", help="expert-parallel degrees for a MoE model, e.g. 1,8 (default: every divisor of "
                                 "num_experts that divides tp x cp x dp)")
+    # MoE expert tensor parallelism and the dispatch / combine overlap
+    g.add_argument("--etp", help="expert tensor-parallel degrees for a MoE model, e.g. 1 (default: 1 and tp, those "
+                                 "dividing moe_ffn_hidden whose product with ep divides tp x cp x dp)")
+    g.add_argument("--moe-overlap", dest="moe_overlap", action="store_true",
+                   help="also try the expert-parallel dispatch / combine overlapped with compute (Megatron-Core "
+                        "overlap_moe_expert_parallel_comm) where it runs (ep > 1; pp 1 or interleaved; no full "
+                        "recomputation)")
     g.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,2")
     g.add_argument("--max-micro-batch", type=int, default=16)
     g.add_argument("--vpp", help="virtual stages for the interleaved schedule, e.g. 2,4")

@@ -28,6 +28,7 @@ BOUNDS: dict[str, tuple[int, str]] = {
     "shared_experts": (2 ** 10, "published MoE models have at most a few shared experts"),
     "dense_layers": (2 ** 12, "dense layers cannot exceed the layers (at most 4,096)"),
     "ep": (2 ** 20, "expert parallelism cannot exceed the number of GPUs (at most 1,048,576)"),
+    "etp": (2 ** 20, "expert tensor parallelism cannot exceed the number of GPUs (at most 1,048,576)"),
     "vocab": (2 ** 22, "the largest vocabularies in use hold about 256k tokens; 4,194,304 is 16x that"),
     "seq_len": (2 ** 22, "the longest training contexts published are about 1M tokens; 4,194,304 is 4x that"),
     "num_gpus": (2 ** 20, "the largest training clusters have about 100k-200k GPUs; 1,048,576 is 5x that"),

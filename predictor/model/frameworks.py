@@ -65,12 +65,17 @@ class Framework:
     description: str
     fused_kernels: bool = False      # norms, RoPE, activation and residual run as fused single-pass kernels
     fused_grad_accumulation: bool = False   # the weight-gradient GEMM accumulates over micro-batches itself
+    # --- MoE expert tensor parallelism (Layout.etp) ---
+    # what an unset Layout.etp means: True = the tensor-parallel degree (Megatron-Core: expert_tensor_parallel_size
+    # None is set to tensor_model_parallel_size, megatron/core/transformer/transformer_config.py and
+    # megatron/training/arguments.py), False = 1 (experts whole on every rank: DeepSpeed-MoE's default)
+    expert_tp_follows_tp: bool = False
 
 
 FRAMEWORK_SPECS: dict[str, Framework] = {f.name: f for f in [
     Framework("megatron", False, False, (0, 1, 2, 3), "per_micro_batch", False, True,
               "Megatron-LM / Megatron-Core (distributed optimizer = ZeRO-1, Megatron FSDP = 2/3)", fused_kernels=True,
-              fused_grad_accumulation=True),
+              fused_grad_accumulation=True, expert_tp_follows_tp=True),
     Framework("megatron-deepspeed", False, False, (0, 1, 2, 3), "per_step", True, False,
               "Megatron-DeepSpeed (DeepSpeed engine; ZeRO-2/3 only without pipeline parallelism)"),
     Framework("deepspeed", False, False, (0, 1, 2, 3), "per_step", True, False,

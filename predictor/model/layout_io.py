@@ -16,7 +16,7 @@ from predictor.model.specs import MLA_FIELDS, MOE_DENSE_DEFAULTS, MOE_FIELDS, La
 MOE_FLOAT_FIELDS = ("capacity_factor", "moe_imbalance")
 MOE_INT_FIELDS = tuple(n for n in MOE_FIELDS if n not in MOE_FLOAT_FIELDS)
 # What a predict-batch output row carries back of the MoE set-up (the resolved values, preset ones included).
-MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep")
+MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep", "etp")   # etp: the expert tensor parallelism used (an unset one resolved)
 BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
@@ -30,7 +30,9 @@ OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gat
                           # --- interleaved MoE layers (Llama 4 Maverick)
                           "moe_layer_interval",
                           # --- sliding-window attention (GPT-OSS)
-                          "sliding_window", "full_attention_interval")
+                          "sliding_window", "full_attention_interval",
+                          # MoE expert tensor parallelism and the dispatch / combine overlap (Layout.etp, moe_overlap)
+                          "etp", "moe_overlap")
 
 # The layout's defaults for a field not given: an omitted flag of `predict` / `search`, an empty cell of
 # predict-batch, and the dashboard's inputs as they open (predictor_ui.inputs.DEFAULT_SETUP takes them from here), so
@@ -59,7 +61,8 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   Mixture of Experts: num_experts = 0 (dense; a preset's own count otherwise); top_k required for a MoE model;
   moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
   capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
-  (expert parallel: divides num_experts and tp*cp*dp). num_experts = 0 on a MoE preset makes it dense (the
+  (expert parallel: divides num_experts and tp*cp*dp); etp = empty (expert tensor parallel: the framework's
+  default, tp for megatron, else 1); moe_overlap = false. num_experts = 0 on a MoE preset makes it dense (the
   preset's other MoE fields are dropped; ones you give are still checked); a dense row may write top_k (and the
   expert widths) as 0 beside num_experts 0. predict-batch: with a `model` column the columns a preset fills (arch,
   layers, hidden, heads, kv_heads, ffn_hidden, vocab) may be left out of the header.
@@ -155,8 +158,10 @@ def mla_given(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def moe_echo(model: ModelSpec, layout: Layout) -> dict[str, Any]:
-    """The MoE fields and ep a prediction used (None where the model leaves a field to its default)."""
-    return {**{n: getattr(model, n) for n in MOE_FIELDS}, "ep": layout.ep}
+    """The MoE fields, ep and etp a prediction used (None where the model leaves a field to its default; etp resolved
+    to the framework's default where unset, None for a dense model)."""
+    return {**{n: getattr(model, n) for n in MOE_FIELDS}, "ep": layout.ep,
+            "etp": layout.expert_tp if model.is_moe else None}
 
 
 def _bool(row: Mapping[str, Any], name: str, default: bool = False) -> bool:
@@ -230,7 +235,7 @@ def _given_ints_in_range(row: Mapping[str, Any]) -> None:
     """The integer fields the user gave, positive and within their bounds, checked before any is
     derived from another (so `--tp 0` is reported as tp, not as the num_gpus it would give)."""
     for name in ("tp", "pp", "dp", "cp", "ep", "num_gpus", "micro_batch", "global_batch", "seq_len", "vpp",
-                 "cp_a2a_size"):
+                 "cp_a2a_size", "etp"):
         v = _int(row, name)
         if v is not None:
             if v <= 0:
@@ -282,7 +287,8 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   grad_reduce_in_fp32=_opt_bool(row, "grad_reduce_in_fp32"),
                   fp8_param_gather=_bool(row, "fp8_param_gather", False),
                   cp_comm=_str(row, "cp_comm", "p2p"), cp_a2a_size=_int(row, "cp_a2a_size"),
-                  offload_activations=_int(row, "offload_activations", 0))
+                  offload_activations=_int(row, "offload_activations", 0),
+                  etp=_int(row, "etp"), moe_overlap=_bool(row, "moe_overlap", False))
 
 
 def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:

@@ -1,4 +1,4 @@
-"""Mixture-of-Experts layers as Megatron-Core runs them (alltoall token dispatcher, expert tensor parallelism 1).
+"""Mixture-of-Experts layers as Megatron-Core runs them (alltoall token dispatcher, expert tensor parallelism etp).
 
 One MoE layer of one micro-batch on one GPU replaces the dense MLP by:
 
@@ -7,7 +7,7 @@ One MoE layer of one micro-batch on one GPU replaces the dense MLP by:
   dispatch       all-to-all over the ep ranks of the expert-parallel group     `alltoall[ep]`
   (sort)         rows re-sorted by local expert when a rank holds several      `moe_permute` again
   experts        per local expert: up (gate + up for SwiGLU), activation, down  `mlp_up`, `swiglu`/`gelu`,
-                 on that expert's rows (tp = 1: whole experts)                  `mlp_down` x local experts
+                 on that expert's rows (split over etp ranks; 1: whole experts)   `mlp_down` x local experts
   (unsort)       back to source-rank order                                     `moe_unpermute` again
   combine        all-to-all back                                               `alltoall[ep]`
   unpermute      rows weighted by the router probabilities and summed          `moe_unpermute`
@@ -44,6 +44,10 @@ class Routing:
     rows_per_expert: int     # rows each local expert computes on the busiest rank
     permutes: int            # permute (and unpermute) passes: 2 when rows are re-sorted by local expert after the
     #                          all-to-all (ep > 1 and several local experts), else 1
+    # --- expert tensor parallelism ---
+    etp: int = 1             # expert tensor-parallel degree: the rows received are all-gathered over etp ranks, each
+    #                          computing every gathered row on 1/etp of each expert's width
+    received_rows: int = 0   # rows the busiest rank receives from the all-to-all (before the etp all-gather)
 
 
 def tokens_per_gpu(micro_batch: int, seq_len: int, cp: int, tp: int, sequence_parallel: bool) -> int:
@@ -63,29 +67,41 @@ def modelled_imbalance(rows_per_rank: float, ep: int) -> float:
 
 
 def routing(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, ep: int,
-            sequence_parallel: bool) -> Routing:
-    """The routing of one MoE layer (see the module docstring)."""
+            sequence_parallel: bool, etp: int = 1) -> Routing:
+    """The routing of one MoE layer (see the module docstring). Expert tensor parallelism (`etp` > 1, Megatron-Core's
+    alltoall dispatcher with expert_tensor_parallel_size > 1, megatron/core/transformer/moe/token_dispatcher.py):
+    after the all-to-all over the ep ranks the received rows are all-gathered over the etp ranks, so each rank's
+    local experts compute etp x the rows it received, each on 1/etp of the expert's width (the same FLOPs); the
+    busiest expert set's load is binomial over the etp x T x top_k rows the etp group routes to it."""
     k = model.top_k or 1
     t = tokens_per_gpu(micro_batch, seq_len, cp, tp, sequence_parallel)
     rows = t * k
+    e = max(etp, 1)
     local = max(model.num_experts // max(ep, 1), 1)
-    imb = model.moe_imbalance if model.moe_imbalance is not None else modelled_imbalance(rows, ep)
+    imb = model.moe_imbalance if model.moe_imbalance is not None else modelled_imbalance(rows * e, ep)
     if model.capacity_factor is not None:
         imb = min(imb, float(model.capacity_factor))
-    per_expert = max(1, math.ceil(rows * imb / local))
-    return Routing(t, rows, local, imb, per_expert, 2 if ep > 1 and local > 1 else 1)
+    per_expert = max(1, math.ceil(e * rows * imb / local))
+    return Routing(t, rows, local, imb, per_expert, 2 if ep > 1 and local > 1 else 1, e,
+                   int(math.ceil(rows * imb)))
 
 
 def routing_note(model: ModelSpec, layout: Any) -> str:
     """What a MoE prediction rests on, said with it: the routed rows, the imbalance and where it comes from."""
-    r = routing(model, layout.micro_batch, layout.seq_len, layout.tp, layout.cp, layout.ep, layout.sequence_parallel)
+    etp = layout.expert_tp
+    r = routing(model, layout.micro_batch, layout.seq_len, layout.tp, layout.cp, layout.ep, layout.sequence_parallel,
+                etp)
+    basis = "as given" if layout.etp is not None else f"unset: the {layout.framework} default"
     return (f"MoE: {r.tokens:,} tokens x top-{model.top_k} per GPU and micro-batch, {r.local_experts} of "
             f"{model.num_experts} experts per GPU (ep {layout.ep}), the busiest rank computing {r.imbalance:.3f}x the "
             f"mean rows; {imbalance_basis(model)}. Grouped expert GEMMs are timed as one GEMM per local expert."
-            + (f" Experts are modelled whole on each rank (expert_tensor_parallel_size = 1, as MoE recipes "
-               f"commonly set it), not split over the tp {layout.tp} ranks: Megatron-Core's default when that is "
-               "unset is expert TP = TP, which this planner does not model yet."
-               if layout.tp > 1 else ""))
+            + (f" Expert tensor parallelism {etp} ({basis}): each expert's fc1 / fc2 split over {etp} ranks, the "
+               "dispatched rows all-gathered over them and the expert output reduce-scattered back."
+               if etp > 1 else
+               (f" Experts whole on each rank (expert tensor parallelism 1, {basis}), not split over the tp "
+                f"{layout.tp} ranks." if layout.tp > 1 else ""))
+            + (" Dispatch / combine overlapped with the other micro-batch's compute (combined 1F1B)."
+               if getattr(layout, "moe_overlap", False) else ""))
 
 
 def imbalance_basis(model: ModelSpec) -> str:

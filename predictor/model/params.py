@@ -140,10 +140,10 @@ def layer_params(model: ModelSpec, moe: bool = False) -> int:
     return base + mlp_params(model, model.ffn) + _mlp_biases(model, model.ffn)
 
 
-def layer_params_per_gpu(model: ModelSpec, tp: int, moe: bool = False, ep: int = 1) -> int:
+def layer_params_per_gpu(model: ModelSpec, tp: int, moe: bool = False, ep: int = 1, etp: int = 1) -> int:
     """Parameters of one layer on one GPU: matrices (and their biases) split by tp, norms replicated; in a MoE layer
-    the router replicated, shared experts split by tp and num_experts / ep whole routed experts."""
-    return layer_dense_params_per_gpu(model, tp, moe) + layer_expert_params_per_gpu(model, ep, moe)
+    the router replicated, shared experts split by tp and num_experts / ep routed experts (each split over etp)."""
+    return layer_dense_params_per_gpu(model, tp, moe) + layer_expert_params_per_gpu(model, ep, moe, etp)
 
 
 def layer_dense_params_per_gpu(model: ModelSpec, tp: int, moe: bool = False) -> int:
@@ -156,11 +156,13 @@ def layer_dense_params_per_gpu(model: ModelSpec, tp: int, moe: bool = False) -> 
     return (layer_params(model) - norm) // tp + norm
 
 
-def layer_expert_params_per_gpu(model: ModelSpec, ep: int, moe: bool = True) -> int:
-    """The routed experts of one MoE layer on one GPU (num_experts / ep whole experts); 0 for a dense layer."""
+def layer_expert_params_per_gpu(model: ModelSpec, ep: int, moe: bool = True, etp: int = 1) -> int:
+    """The routed experts of one MoE layer on one GPU: num_experts / ep experts, each split over the etp ranks of
+    expert tensor parallelism (fc1 by columns, fc2 by rows; Megatron-Core expert_tensor_parallel_size); 0 for a
+    dense layer."""
     if not (moe and model.is_moe):
         return 0
-    return model.num_experts // max(ep, 1) * expert_params(model)
+    return model.num_experts // max(ep, 1) * expert_params(model) // max(etp, 1)
 
 
 def chunk_dense_layers(model: ModelSpec, counts: list[int] | tuple[int, ...]) -> list[int]:
@@ -212,11 +214,11 @@ def edge_params(model: ModelSpec, tp: int, pp: int, first: bool, last: bool) -> 
 
 
 def chunk_params(model: ModelSpec, tp: int, pp: int, layers: int, first: bool, last: bool, seq_len: int,
-                 dense: int | None = None, ep: int = 1) -> int:
+                 dense: int | None = None, ep: int = 1, etp: int = 1) -> int:
     """Parameters of one pipeline chunk on one GPU; `dense`: how many of its layers have a dense MLP (None = all
     of a dense model's, none of a MoE model's), the rest being MoE layers with num_experts / ep experts here."""
     nd = layers if not model.is_moe else (dense or 0)
-    n = (nd * layer_params_per_gpu(model, tp) + (layers - nd) * layer_params_per_gpu(model, tp, True, ep)
+    n = (nd * layer_params_per_gpu(model, tp) + (layers - nd) * layer_params_per_gpu(model, tp, True, ep, etp)
          + edge_params(model, tp, pp, first, last))
     if first:
         n += position_params(model, seq_len)

@@ -476,6 +476,24 @@ class Layout:
     # activation_offload_layers): the saved activations of this many transformer layers per pipeline stage go to
     # host memory after their forward and come back before their backward (Transformer Engine's CPU offload). 0 = off.
     offload_activations: int = 0
+    # --- MoE: expert tensor parallelism and dispatch / combine overlap (predictor.model.moe) ---
+    # Expert tensor parallelism (Megatron-Core expert_tensor_parallel_size): each routed expert's fc1 split by columns
+    # and fc2 by rows over etp ranks, the dispatched rows all-gathered over that group before the experts and
+    # reduce-scattered after them. MoE parallel folding (arXiv 2504.14960): etp x ep x expert-dp = tp x cp x dp.
+    # None = the framework's default (`expert_tp`: Megatron-Core sets an unset size to tp; the others keep experts
+    # whole, 1).
+    etp: int | None = None
+    # Megatron-Core's overlap_moe_expert_parallel_comm ("1F1B A2A overlap", megatron/core/pipeline_parallel/
+    # combined_1f1b.py): one micro-batch's forward runs merged with another's backward, the all-to-all dispatch /
+    # combine of each hidden under the other's compute (predictor.step.engine, `moe_overlap_hidden`). Off by default.
+    moe_overlap: bool = False
+
+    @property
+    def expert_tp(self) -> int:
+        """The expert tensor-parallel degree in use: `etp`, or the framework's default where it is None."""
+        if self.etp is not None:
+            return self.etp
+        return self.tp if get_framework(self.framework).expert_tp_follows_tp else 1
 
     @property
     def grad_bytes(self) -> int:
@@ -612,8 +630,56 @@ class Layout:
 
     @property
     def expert_dp(self) -> int:
-        """Ranks each expert's weights are replicated over (tp * cp * dp / ep): the expert-data-parallel group."""
-        return self.tp * self.cp * self.dp // self.ep
+        """Ranks each expert's weights are replicated over (tp * cp * dp / (ep * etp)): the expert-data-parallel
+        group."""
+        return self.tp * self.cp * self.dp // (self.ep * self.expert_tp)
+
+    def _validate_moe_etp_overlap(self, model: ModelSpec) -> None:
+        """Expert tensor parallelism and the dispatch / combine overlap: etp divides each expert's width and, with
+        ep, the tp x cp x dp ranks (MoE parallel folding); the overlap needs ep > 1 and Megatron-Core's combined
+        1F1B schedule (pp = 1, or interleaved), and no full recomputation."""
+        etp = self.etp
+        if etp is not None:
+            if not isinstance(etp, int) or isinstance(etp, bool) or etp <= 0:
+                raise InfeasibleConfig("etp", f"must be a positive integer, got {etp!r}.",
+                                       "leave etp empty for the framework's default, or give e.g. 1 or the tp.")
+            check_bound("etp", etp)
+            if not model.is_moe and etp > 1:
+                raise InfeasibleConfig("etp", f"etp = {etp} but the model is dense (num_experts 0).",
+                                       "leave etp empty (or 1), or give the model's num_experts and top_k.")
+        if model.is_moe:
+            e = self.expert_tp
+            said = "etp" if etp is not None else f"etp (unset: the {self.framework} default, tp = {e})"
+            if model.expert_ffn % e:
+                raise InfeasibleConfig("etp", f"{said} {e} does not divide the experts' width moe_ffn_hidden "
+                                              f"{model.expert_ffn} (fc1 / fc2 are split over the etp ranks).",
+                                       f"use an etp dividing {model.expert_ffn}, e.g. 1.")
+            ranks = self.tp * self.cp * self.dp
+            if ranks % (e * self.ep):
+                raise InfeasibleConfig("etp", f"{said} {e} x ep {self.ep} = {e * self.ep} does not divide the tp x "
+                                              f"cp x dp = {ranks} ranks of a pipeline stage (MoE parallel folding: "
+                                              "etp x ep x expert-dp = tp x cp x dp).",
+                                       f"use an etp and ep whose product divides {ranks} (etp 1 keeps experts "
+                                       "whole), or raise dp.")
+            if e > 1 and self.zero_stage >= 2:
+                raise InfeasibleConfig("etp", f"expert tensor parallelism ({said} {e}) with ZeRO-{self.zero_stage} "
+                                              "is not modelled (Megatron-Core shards MoE optimizer states with its "
+                                              "distributed optimizer, ZeRO-1).",
+                                       "set etp 1, or use zero_stage 1 (or 0).")
+        if self.moe_overlap:
+            if not model.is_moe or self.ep <= 1:
+                raise InfeasibleConfig("moe_overlap", "the dispatch / combine overlap hides the expert-parallel "
+                                                      f"all-to-all, which needs a MoE model with ep > 1 (ep = "
+                                                      f"{self.ep}).",
+                                       "set ep > 1, or turn moe_overlap off.")
+            if self.pp > 1 and self.schedule != "interleaved":
+                raise InfeasibleConfig("moe_overlap", "with pipeline parallelism Megatron-Core runs the overlap in "
+                                                      "its interleaved schedule only (combined 1F1B).",
+                                       "use --schedule interleaved with vpp >= 2, or pp = 1, or moe_overlap off.")
+            if self.recompute == "full":
+                raise InfeasibleConfig("moe_overlap", "the dispatch / combine overlap does not run with full "
+                                                      "recomputation (Megatron-Core supports selective only).",
+                                       "use recompute none or selective, or turn moe_overlap off.")
 
     def validate(self, model: ModelSpec | None = None) -> None:
         for name in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp", "cp", "ep"):
@@ -714,6 +780,7 @@ class Layout:
                                        "set cp = 1 or use flash attention (Megatron-Core runs CP inside "
                                        "Transformer Engine's fused attention).")
             self._validate_ep(model)
+            self._validate_moe_etp_overlap(model)
             if self.sequence_parallel and (self.seq_len // self.cp) % self.tp:
                 raise InfeasibleConfig("seq_len", f"sequence parallelism needs seq_len divisible by tp ({self.tp}).")
             chunks = self.pp * self.vpp

@@ -101,6 +101,13 @@ class SearchSpace:
     # recompute none, fewer layers than the model has); a layout that fits only with offload shows it in its
     # offload_activations column
     offload_activations: tuple[int, ...] = (0,)
+    # --- MoE: expert tensor parallelism and the dispatch / combine overlap ---
+    # expert tensor-parallel degrees (MoE models); None = 1 and tp (whole experts, and Megatron-Core's default of
+    # experts split like the attention), those that divide moe_ffn_hidden and, with ep, tp * cp * dp
+    etp: tuple[int, ...] | None = None
+    # the dispatch / combine overlap (Layout.moe_overlap) values to try; True only where it runs (ep > 1; pp = 1 or
+    # interleaved; no full recomputation)
+    moe_overlap: tuple[bool, ...] = (False,)
 
 
 @dataclass
@@ -205,7 +212,7 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
                                     "vpp",
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
                                     "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
-                                    "grad_reduce_in_fp32", "fp8_param_gather")}
+                                    "grad_reduce_in_fp32", "fp8_param_gather", "etp", "moe_overlap")}
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
     d["num_micro_batches"] = L.num_micro_batches
     return d
@@ -403,9 +410,17 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                     for off in offs:
                                         if off and (rc != "none" or pp > 1):
                                             continue
-                                        rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z, fw_i, ogr,
-                                                     opg, cp, ep, int(space.overlap_tp_comm and tp > 1 and bool(sp)),
-                                                     gbytes, f8p, cpc, 0, off))
+                                        for etp in _etp_choices(model, space, fw, tp, ep, tp * cp * dp):
+                                            if model.is_moe and etp > 1 and z >= 2:
+                                                continue
+                                            for mo in space.moe_overlap:
+                                                if mo and not (model.is_moe and ep > 1 and (pp == 1 or _v >= 2)
+                                                               and rc != "full"):
+                                                    continue
+                                                rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z,
+                                                             fw_i, ogr, opg, cp, ep,
+                                                             int(space.overlap_tp_comm and tp > 1 and bool(sp)),
+                                                             gbytes, f8p, cpc, 0, off, etp, int(mo)))
 
 
 def _cp_comm_choices(model: ModelSpec, space: SearchSpace, tp: int, cp: int, gpus_per_node: int) -> list[int]:
@@ -426,6 +441,17 @@ def _cp_comm_choices(model: ModelSpec, space: SearchSpace, tp: int, cp: int, gpu
             continue
         out.append(CP_COMMS.index(kind))
     return out or [0]
+
+
+def _etp_choices(model: ModelSpec, space: SearchSpace, fw: Any, tp: int, ep: int, ranks: int) -> list[int]:
+    """Expert tensor-parallel degrees for a stage of `ranks` = tp * cp * dp GPUs with expert parallelism `ep`: the
+    framework's default (tp for Megatron-Core, else 1) for a dense model, where it changes nothing; for a MoE model
+    1 and tp (or `space.etp`), those dividing moe_ffn_hidden whose product with ep divides `ranks`."""
+    default = tp if fw.expert_tp_follows_tp else 1
+    if not model.is_moe:
+        return [default]
+    cand = space.etp or tuple(sorted({default, 1, tp}))
+    return [e for e in cand if e >= 1 and model.expert_ffn % e == 0 and ranks % (e * ep) == 0]
 
 
 def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:
@@ -550,6 +576,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         # all-to-all context parallelism and activation offloading
         "cp_comm": pd.Series(np.array(CP_COMMS, dtype=object)[arr[:, 18]], dtype=object),
         "offload_activations": arr[:, 20],
+        "etp": arr[:, 21], "moe_overlap": arr[:, 22].astype(bool),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -653,7 +680,7 @@ def layout_of(row: pd.Series | dict) -> Layout:
                   cp=int(row["cp"]) if "cp" in row and row["cp"] == row["cp"] else 1,
                   ep=int(row["ep"]) if "ep" in row and row["ep"] == row["ep"] else 1,
                   overlap_tp_comm=bool(row["overlap_tp_comm"]) if "overlap_tp_comm" in row else False,
-                  **_precision_fields(row), **_cp_offload_fields(row))
+                  **_precision_fields(row), **_cp_offload_fields(row), **_moe_fields(row))
 
 
 def _needs_offload(arr: np.ndarray, fits: np.ndarray) -> np.ndarray:
@@ -676,6 +703,18 @@ def _cp_offload_fields(row: pd.Series | dict) -> dict[str, Any]:
         out["cp_comm"] = row["cp_comm"]
     if "offload_activations" in row and row["offload_activations"] == row["offload_activations"]:
         out["offload_activations"] = int(row["offload_activations"])
+    return out
+
+
+def _moe_fields(row: pd.Series | dict) -> dict[str, Any]:
+    """etp (None where it is the framework's default) and moe_overlap of a table row."""
+    out: dict[str, Any] = {}
+    if "etp" in row and row["etp"] == row["etp"]:
+        fw = get_framework(str(row.get("framework") or DEFAULT_FRAMEWORK))
+        default = int(row["tp"]) if fw.expert_tp_follows_tp else 1
+        out["etp"] = None if int(row["etp"]) == default else int(row["etp"])
+    if "moe_overlap" in row and row["moe_overlap"] == row["moe_overlap"]:
+        out["moe_overlap"] = bool(row["moe_overlap"])
     return out
 
 

@@ -126,15 +126,23 @@ def group_topology(platform: Platform, layout: Layout, group: str) -> Topology:
     return topology(platform.gpus_per_node, layout.tp, layout.dp * layout.cp, layout.pp, group)
 
 
-def ep_topology(gpus_per_node: int, ep: int) -> Topology:
-    """The expert-parallel group: ep consecutive ranks of a stage's tp x cp x dp ranks (MoE parallel folding)."""
-    return topology(gpus_per_node, 1, ep, 1, "ep")
+def ep_topology(gpus_per_node: int, ep: int, etp: int = 1) -> Topology:
+    """The expert-parallel group: ep ranks of a stage's tp x cp x dp ranks (MoE parallel folding, expert rank order
+    etp fastest, then ep: ep consecutive ranks with etp 1, one every etp ranks otherwise)."""
+    if etp <= 1:
+        return topology(gpus_per_node, 1, ep, 1, "ep")
+    return topology(gpus_per_node, etp, ep, 1, "dp")
 
 
-def edp_topology(gpus_per_node: int, tp: int, dp: int, ep: int) -> Topology:
-    """The expert-data-parallel group (expert gradients): the tp * dp / ep ranks holding the same experts, one
-    every ep ranks (`dp` is the data-parallel-with-CP degree)."""
-    return topology(gpus_per_node, ep, tp * dp // ep, 1, "dp")
+def etp_topology(gpus_per_node: int, etp: int) -> Topology:
+    """The expert-tensor-parallel group: etp consecutive ranks (expert rank order etp fastest)."""
+    return topology(gpus_per_node, etp, 1, 1, "tp")
+
+
+def edp_topology(gpus_per_node: int, tp: int, dp: int, ep: int, etp: int = 1) -> Topology:
+    """The expert-data-parallel group (expert gradients): the tp * dp / (ep * etp) ranks holding the same expert
+    shards, one every ep * etp ranks (`dp` is the data-parallel-with-CP degree)."""
+    return topology(gpus_per_node, ep * etp, tp * dp // (ep * etp), 1, "dp")
 
 
 def topology(gpus_per_node: int, tp: int, dp: int, pp: int, group: str) -> Topology:
@@ -310,8 +318,8 @@ def mla_tp_comms(model: ModelSpec, b: int, s: int, e: int, sp: bool, tp_topo: To
 
 
 def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
-                   phase: str, cp: int = 1, moe: tuple[moe_.Routing, Topology] | None = None
-                   ) -> tuple[list[OpCall], list[CommCall]]:
+                   phase: str, cp: int = 1, moe: tuple[moe_.Routing, Topology] | None = None,
+                   etp_topo: Topology = (1, 1, 1)) -> tuple[list[OpCall], list[CommCall]]:
     """The forward calls of one layer: attention, then the dense MLP or (`moe` = its routing and the
     expert-parallel group's topology) the MoE block (predictor.model.moe)."""
     h = model.hidden_size
@@ -341,7 +349,7 @@ def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_byte
         exchanges = 2   # around attention and around the MLP
         comms: list[CommCall] = []
     else:
-        m_ops, comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, phase, *moe)
+        m_ops, comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, phase, *moe, etp_topo=etp_topo)
         ops += m_ops
         exchanges = 1   # around attention; the routed experts run on the sequence-parallel shard
     attn: list[CommCall] = []
@@ -371,21 +379,29 @@ def _mlp_ops(model: ModelSpec, tp: int, b: int, s: int, width: int, phase: str, 
 
 
 def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_topo: Topology, phase: str,
-               r: moe_.Routing, ep_topo: Topology) -> tuple[list[OpCall], list[CommCall]]:
+               r: moe_.Routing, ep_topo: Topology, etp_topo: Topology = (1, 1, 1)
+               ) -> tuple[list[OpCall], list[CommCall]]:
     """The MoE block of one layer (predictor.model.moe): router, permutation, all-to-all dispatch and combine over the
-    expert-parallel group, each local expert's MLP on its rows, shared experts."""
+    expert-parallel group, each local expert's MLP on its rows, shared experts. Expert tensor parallelism
+    (r.etp > 1, Megatron-Core's alltoall dispatcher): the received rows are all-gathered over the etp group before
+    the experts and the expert output reduce-scattered back after them (group "ep": part of dispatch / combine,
+    category ep_comm), each expert's GEMMs on 1/etp of its width (column-parallel fc1, row-parallel fc2)."""
     h = model.hidden_size
     e = act_bytes // max(b * s * h, 1)   # bytes per element of the activations
     rows = make_shape(batch=1, seq=r.routed_rows, hidden=h)
     ops = [OpCall("moe_router", "fwd", make_shape(batch=1, seq=r.tokens, hidden=h, params=h * model.num_experts),
                   1, phase, "moe"),
            OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe")]
-    ops += _mlp_ops(model, 1, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
+    ops += _mlp_ops(model, r.etp, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
     ops.append(OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe"))
     comms: list[CommCall] = []
     if ep_topo[0] > 1:   # dispatch and combine: the busiest rank receives imbalance x its mean rows
         a2a = int(math.ceil(r.routed_rows * r.imbalance)) * h * e
         comms.append(CommCall("alltoall", a2a, "ep", phase, 2, *ep_topo))
+    if r.etp > 1 and etp_topo[0] > 1:   # the received rows gathered over etp ranks, the output reduce-scattered back
+        gathered = r.etp * r.received_rows * h * e
+        comms += [CommCall("allgather", gathered, "ep", phase, 1, *etp_topo),
+                  CommCall("reducescatter", gathered, "ep", phase, 1, *etp_topo)]
     if model.shared_experts:
         ops += _mlp_ops(model, tp, b, s, model.shared_experts * model.shared_ffn, phase, "shared_experts")
         if tp_topo[0] > 1:   # the shared experts gather the sequence-parallel shards and reduce-scatter back
@@ -500,12 +516,13 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
                recompute: str, precision: str, tp_topo: Topology, cp: int = 1,
                cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True,
                fused: bool = False, tp_overlap: bool = False, cp_a2a: int = 1,
-               a2a_topo: Topology = (1, 1, 1)) -> Unit:
+               a2a_topo: Topology = (1, 1, 1), etp: int = 1, etp_topo: Topology = (1, 1, 1)) -> Unit:
     """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
     tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
     sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added.
     A MoE model's layer is a MoE layer (`moe` False: one of its leading dense layers), its experts spread over
-    the `ep` ranks of `ep_topo`. `fused`: the framework's fused kernels (`fuse`).
+    the `ep` ranks of `ep_topo`, each split over the `etp` ranks of `etp_topo`. `fused`: the framework's fused
+    kernels (`fuse`).
     All-to-all context parallelism (`cp_a2a` > 1 ranks per all-to-all group of `a2a_topo`, `cp_topo` then the ring
     across the cp / cp_a2a groups): the attention of a rank runs on seq_len / (cp / cp_a2a) tokens with the heads
     of tp x cp_a2a ranks' share (the ring's blocks over the rest), with `cp_a2a_comms` around it."""
@@ -513,9 +530,9 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
     act_bytes = micro_batch * s * model.hidden_size * BYTES_PER_ELEMENT[precision]
     routed = None
     if moe and model.is_moe:
-        routed = (moe_.routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel), ep_topo)
+        routed = (moe_.routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel, etp), ep_topo)
     f_ops, f_comms = _layer_forward(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo, "fwd", cp,
-                                    routed)
+                                    routed, etp_topo)
     f_ops = fuse(f_ops, fused)
     b_ops = _as_phase(f_ops, "bwd", "bwd")
     b_comms = _as_phase(f_comms, "bwd")
@@ -610,7 +627,7 @@ def p2p_calls_per_pass(chunk_index: int, chunks: int, pp: int) -> int:
 
 
 def gather_bytes(model: ModelSpec, n_params: float, precision: str, *, tp: int, layers: int, dense: int = 0,
-                 ep: int = 1, fp8_param: bool = False) -> int:
+                 ep: int = 1, fp8_param: bool = False, etp: int = 1) -> int:
     """Bytes of `n_params` parameters of a chunk of `layers` transformer layers (`dense` of them dense in a MoE
     model) as the data-parallel all-gathers move them: the compute precision, except the GEMM weights under FP8
     primary weights (`fp8_param`: Megatron's --fp8-param-gather), which travel in FP8 (1 byte)."""
@@ -619,7 +636,7 @@ def gather_bytes(model: ModelSpec, n_params: float, precision: str, *, tp: int, 
         return int(n_params * elem)
     moe_layers = layers - dense if model.is_moe else 0
     gemm = ((layers - moe_layers) * fp8_.layer_gemm_params_per_gpu(model, tp)
-            + moe_layers * fp8_.layer_gemm_params_per_gpu(model, tp, True, ep))
+            + moe_layers * fp8_.layer_gemm_params_per_gpu(model, tp, True, ep, etp))
     return int(n_params * elem - min(gemm, n_params) * (elem - 1))
 
 
@@ -646,7 +663,7 @@ def grad_accumulation_calls(model: ModelSpec, n_params: int, layers: int, shard:
 def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
               layers: int, first: bool, last: bool, dp_topo: Topology, zero2_gather: str = "per_micro_batch",
               dense: int | None = None, ep: int = 1, edp_topo: Topology | None = None,
-              grad_bytes: int | None = None, fp8_param: bool = False) -> StepWork:
+              grad_bytes: int | None = None, fp8_param: bool = False, etp: int = 1) -> StepWork:
     """The optimizer of one chunk and its data-parallel traffic, by ZeRO stage:
 
     zero_stage  as frameworks name it                         data-parallel traffic of this chunk
@@ -674,6 +691,7 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
         return _moe_step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=zero_stage, precision=precision,
                               seq_len=seq_len, layers=layers, first=first, last=last, dp_topo=dp_topo,
                               dense=dense or 0, ep=ep, edp_topo=edp_topo or (1, 1, 1), grad_bytes=grad_bytes,
+                              etp=etp,
                               fp8_param=fp8_param)
     gelem = grad_bytes or grad_comm_bytes(precision)
     n_params = params.chunk_params(model, tp, pp, layers, first, last, seq_len)
@@ -715,17 +733,18 @@ def step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, p
 
 def _moe_step_work(model: ModelSpec, *, tp: int, pp: int, dp: int, zero_stage: int, precision: str, seq_len: int,
                    layers: int, first: bool, last: bool, dp_topo: Topology, dense: int, ep: int,
-                   edp_topo: Topology, grad_bytes: int | None = None, fp8_param: bool = False) -> StepWork:
+                   edp_topo: Topology, grad_bytes: int | None = None, fp8_param: bool = False,
+                   etp: int = 1) -> StepWork:
     """`step_work` of a MoE model's chunk: the optimizer over both parameter groups, each group's data-parallel
     traffic over its own group (ZeRO stages 0 and 1; `Layout.validate` refuses ZeRO-2/3 with ep > 1, and with
     ep = 1 the expert-data-parallel group is the data-parallel group and stages 2-3 move whole layers as
     for a dense model)."""
     gelem = grad_bytes or grad_comm_bytes(precision)
-    n_all = params.chunk_params(model, tp, pp, layers, first, last, seq_len, dense=dense, ep=ep)
-    n_exp = (layers - dense) * params.layer_expert_params_per_gpu(model, ep)
+    n_all = params.chunk_params(model, tp, pp, layers, first, last, seq_len, dense=dense, ep=ep, etp=etp)
+    n_exp = (layers - dense) * params.layer_expert_params_per_gpu(model, ep, etp=etp)
     n_dense = n_all - n_exp
     pelem = gather_bytes(model, n_all, precision, tp=tp, layers=layers, dense=dense, ep=ep,
-                         fp8_param=fp8_param) / max(n_all, 1)
+                         fp8_param=fp8_param, etp=etp) / max(n_all, 1)
     edp = edp_topo[0]
     shard_d, shard_e = (dp, edp) if zero_stage >= 1 else (1, 1)
     variant = "first" if first else "last" if last else "middle"
@@ -779,7 +798,7 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     counts = chunk_layer_counts(model, layout)
     dense_counts = params.chunk_dense_layers(model, counts)
     tp, b, s, sp, prec = layout.tp, layout.micro_batch, layout.seq_len, layout.sequence_parallel, layout.precision
-    cp, ep = layout.cp, layout.ep
+    cp, ep, etp = layout.cp, layout.ep, (layout.expert_tp if model.is_moe else 1)
     dpc = layout.dp * cp   # the data-parallel-with-CP group: gradients and ZeRO shards
     g = platform.gpus_per_node
     tp_topo = topology(g, tp, dpc, layout.pp, "tp")
@@ -787,12 +806,12 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     dp_topo = topology(g, tp, dpc, layout.pp, "dp")
     a2a = cp_a2a_ranks(model, tp, cp, layout.cp_comm, layout.cp_a2a_size, g)
     cp_topo, a2a_topo = cp_topologies(g, tp, cp, a2a)
-    ep_topo = ep_topology(g, ep)
-    edp_topo = edp_topology(g, tp, dpc, ep)
+    ep_topo = ep_topology(g, ep, etp)
+    edp_topo = edp_topology(g, tp, dpc, ep, etp)
     fused = fused_kernels_on(layout.framework, platform)
     otp = layout.overlap_tp_comm
     lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused,
-                     tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo)
+                     tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, etp=etp, etp_topo=etp_topology(g, etp))
     dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False,
                             fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo) if model.is_moe else lay)
     fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
@@ -805,7 +824,8 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
         n_dense = dense_counts[idx] if model.is_moe else 0
         plan = StagePlan(stage=idx % layout.pp, chunk=idx // layout.pp, layers=n_layers, is_first=first,
                          is_last=last, params_per_gpu=params.chunk_params(model, tp, layout.pp, n_layers, first,
-                                                                          last, s, dense=n_dense, ep=ep))
+                                                                          last, s, dense=n_dense, ep=ep,
+                                                                          etp=etp))
         plan.ops += [_times(c, n_layers - n_dense) for c in lay.ops] + [_times(c, n_dense) for c in dense_lay.ops
                                                                         if n_dense]
         plan.comms += ([_ctimes(c, n_layers - n_dense) for c in lay.comms]
@@ -823,7 +843,7 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
         work = step_work(model, tp=tp, pp=layout.pp, dp=dpc, zero_stage=layout.zero_stage, precision=prec,
                          seq_len=s, layers=n_layers, first=first, last=last, dp_topo=dp_topo,
                          zero2_gather=get_framework(layout.framework).zero2_gather, dense=n_dense, ep=ep,
-                         edp_topo=edp_topo, grad_bytes=layout.grad_bytes)
+                         edp_topo=edp_topo, grad_bytes=layout.grad_bytes, etp=etp)
         plan.step_ops += list(work.step_ops)
         plan.step_comms += list(work.step_comms)
         plan.comms += list(work.mb_comms)

@@ -50,9 +50,11 @@ COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "st
            "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_bytes", "fp8_param_gather",
            # all-to-all context parallelism and activation offloading: cp_comm = index into CP_COMMS, cp_a2a =
            # Layout.cp_a2a_size (0 = the default), offload_activations = offloaded layers per stage
-           "cp_comm", "cp_a2a", "offload_activations")
+           "cp_comm", "cp_a2a", "offload_activations",
+           # --- MoE expert tensor parallelism (resolved, Layout.expert_tp) and the dispatch / combine overlap ---
+           "etp", "moe_overlap")
 (I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
- I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF) = range(len(COLUMNS))
+ I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload_comm")
@@ -95,7 +97,7 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
                      FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm),
                      L.grad_bytes, int(L.fp8_param_gather), CP_COMMS.index(L.cp_comm), L.cp_a2a_size or 0,
-                     L.offload_activations))
+                     L.offload_activations, L.expert_tp, int(L.moe_overlap)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -111,7 +113,10 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   cp=int(row[I_CP]), ep=int(row[I_EP]), overlap_tp_comm=bool(row[I_OTP]),
                   grad_reduce_in_fp32=grad_reduce_in_fp32_of(int(row[I_GB]), precision),
                   fp8_param_gather=bool(row[I_F8P]), cp_comm=CP_COMMS[int(row[I_CPC])],
-                  cp_a2a_size=int(row[I_CPA]) or None, offload_activations=int(row[I_OFF]))
+                  cp_a2a_size=int(row[I_CPA]) or None, offload_activations=int(row[I_OFF]),
+                  etp=(None if int(row[I_ETP]) == (int(row[I_TP]) if fw.expert_tp_follows_tp else 1)
+                       else int(row[I_ETP])),
+                  moe_overlap=bool(row[I_MO]))
 
 
 def dp_cp(rows: np.ndarray) -> np.ndarray:
@@ -143,6 +148,9 @@ class UnitTimes:
     bcp: float = 0.0     # ... backward and recomputation
     fep: float = 0.0     # MoE all-to-all (dispatch and combine over the expert-parallel group), forward
     bep: float = 0.0     # ... backward and recomputation
+    hfep: float = 0.0    # of fep, what the dispatch / combine overlap can hide: min(fep, bc), the other micro-batch's
+    #                      backward compute of the same layer (moe_overlap_hidden)
+    hbep: float = 0.0    # ... of bep under the other micro-batch's forward compute: min(bep, fc)
     fi: float = 0.0      # forward tensor-core FLOPs at the achievable matmul throughput (seconds)
     bi: float = 0.0      # ... backward and recomputation
     ri: float = 0.0      # ... recomputation
@@ -295,15 +303,17 @@ class Engine:
             fused = bool(k[6]) if len(k) > 6 else False
             otp = bool(k[7]) if len(k) > 7 else False
             a2a = k[8] if len(k) > 8 else 1   # ranks per all-to-all group of context parallelism (1: the ring)
-            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp), a2a)
+            etp = int(k[9]) if len(k) > 9 else 1   # expert tensor-parallel ranks (1: experts whole)
+            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp), a2a, etp)
             if key in self._parts or key in todo:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
             cp_topo, a2a_topo = D.cp_topologies(g, tp, cp, a2a)
-            ep_topo = D.ep_topology(g, ep)
+            ep_topo = D.ep_topology(g, ep, etp)
             units: tuple[D.Unit, ...] = (
                 D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo,
-                             fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo),
+                             fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, etp=etp,
+                             etp_topo=D.etp_topology(g, etp)),
                 D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused),
                 D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused))
             if model.has_dense_layers:
@@ -400,6 +410,7 @@ class Engine:
         u.fc, u.bc, u.rc, u.ft, u.bt = fc, bc, rc, ft, bt
         u.fi, u.bi, u.ri = (float(sum(kern[f][1])) for f in ("fi", "bi", "ri"))
         u.fep, u.bep = fep, bep
+        u.hfep, u.hbep = min(fep, bc), min(bep, fc)
         (u.fa, u.ba, u.ra), (u.fm, u.bm, u.rm) = kind["a"], kind["m"]
         u.caps = {f: CapCurve.of(ts, ids) for f, (ts, ids) in kern.items()}
         if unit.tp_overlap:
@@ -435,12 +446,13 @@ class Engine:
             full = (model, seq, prec, *k)
             if full in self._classes or full in todo:
                 continue
-            tp, pp, dp, z, gmode, ep, gb, f8p, n, first, last, dense = k
+            tp, pp, dp, z, gmode, ep, gb, f8p, n, first, last, dense = k[:12]
+            etp = int(k[12]) if len(k) > 12 else 1
             todo[full] = D.step_work(model, tp=tp, pp=pp, dp=dp, zero_stage=z, precision=prec, seq_len=seq,
                                      layers=n, first=bool(first), last=bool(last),
                                      dp_topo=D.topology(g, tp, dp, pp, "dp"), zero2_gather=ZERO2_GATHER[gmode],
-                                     dense=dense, ep=ep, edp_topo=D.edp_topology(g, tp, dp, ep), grad_bytes=gb,
-                                     fp8_param=bool(f8p))
+                                     dense=dense, ep=ep, edp_topo=D.edp_topology(g, tp, dp, ep, etp), grad_bytes=gb,
+                                     fp8_param=bool(f8p), etp=etp)
         if not todo:
             return
         by_prec: dict[str, list] = {}
@@ -497,7 +509,7 @@ class Engine:
         last, dense layers): the one spelling of the class key outside `evaluate`'s vectorised loop."""
         return self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP] * row[I_CP]),
                               int(row[I_ZERO]), int(gather_mode(row[None, :])[0]), int(row[I_EP]), int(row[I_GB]),
-                              int(row[I_F8P]), *cls)]
+                              int(row[I_F8P]), *cls, int(row[I_ETP]))]
 
     def _emb_sync(self, model: ModelSpec, tp: int, pp: int, dp: int, prec: str) -> tuple[float, str, float]:
         key = (model, tp, pp, dp, prec)
@@ -568,7 +580,7 @@ class Engine:
         dpc_a = dp_cp(rows)   # the data-parallel(-with-CP) group: gradients, ZeRO, pipeline stride
         ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a, ep_a,
                                                     fused_kernels(rows, self.platform), rows[:, I_OTP],
-                                                    a2a_ranks(model, rows, self.platform)]))
+                                                    a2a_ranks(model, rows, self.platform), rows[:, I_ETP]]))
         klist = [tuple(int(v) for v in k) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
         parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
@@ -624,12 +636,12 @@ class Engine:
         cls_of = np.array([classes.index((S.counts[i], int(i == 0), int(i == nch - 1), int(dn[i])))
                            for i in range(nch)])
         combo, cinv = _unique_rows(np.column_stack([sub[:, I_TP], dp_cp(sub), sub[:, I_ZERO], gather_mode(sub),
-                                                    sub[:, I_EP], sub[:, I_GB], sub[:, I_F8P]]))
+                                                    sub[:, I_EP], sub[:, I_GB], sub[:, I_F8P], sub[:, I_ETP]]))
         work = np.zeros((len(combo), len(classes), 8))
-        for ci, (tp, dp, z, gm, ep, gb, f8p) in enumerate(combo):
+        for ci, (tp, dp, z, gm, ep, gb, f8p, etp) in enumerate(combo):
             for j, (n_l, f, l_, d_) in enumerate(classes):
                 c = self._classes[(model, seq_len, precision, int(tp), pp, int(dp), int(z), int(gm), int(ep), int(gb),
-                                   int(f8p), n_l, f, l_, d_)]
+                                   int(f8p), n_l, f, l_, d_, int(etp))]
                 work[ci, j] = (c.optimizer_s, c.dp_sync_s, c.param_gather_s, c.zf_total, c.zf_unit, c.zb_total,
                                c.zb_unit, c.accum_s)
         W = work[cinv][:, cls_of, :]          # [R, chunks, 8]
@@ -643,6 +655,11 @@ class Engine:
         fc, bc, rcp, ft, bt, fcp, bcp, fep, bep = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt", "fcp", "bcp",
                                                                           "fep", "bep"))
         m_r = sub[:, I_M].astype(float)
+        if model.is_moe and sub[:, I_MO].any():
+            # the dispatch / combine overlap (Layout.moe_overlap): what the paired passes hide (moe_overlap_hidden)
+            on = sub[:, I_MO].astype(float) * moe_overlap_paired_share(m_r, pp, vpp)
+            fep = fep - on[:, None] * chunks_of("hfep")
+            bep = bep - on[:, None] * chunks_of("hbep")
         # every micro-batch after the first adds its gradients into the earlier ones' (predictor.model.frameworks): the
         # pass ends that micro-batch's backward, so a micro-batch's backward carries (m - 1) / m of it on average
         acc_share = separate_accumulation(sub, self.platform) * (m_r - 1.0) / m_r
@@ -702,7 +719,7 @@ class Engine:
         onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
         arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
                                       tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
-                                      ep=sub[:, I_EP],
+                                      ep=sub[:, I_EP], etp=sub[:, I_ETP],
                                       micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
                                       recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
                                       comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P],
@@ -890,7 +907,20 @@ def structure_classes(s: Structure, model: ModelSpec) -> list[tuple[int, int, in
 
 
 UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep", "fa", "ba", "ra", "fm", "bm",
-               "rm")
+               "rm", "hfep", "hbep")
+
+
+def moe_overlap_paired_share(m: np.ndarray, pp: int, vpp: int) -> np.ndarray:
+    """Share of a rank's forward / backward chunk passes that run paired under Megatron-Core's dispatch / combine
+    overlap (overlap_moe_expert_parallel_comm; megatron/core/pipeline_parallel/combined_1f1b.py and schedules.py):
+    the combined 1F1B step runs one micro-batch's forward merged with another's backward, so each one's all-to-all
+    hides under the other's compute of the same layer (`UnitTimes.hfep` = min(fep, bc), `hbep` = min(bep, fc):
+    never more than that compute). The passes without a partner stay exposed: with pp = 1 the first forward and the
+    last backward (m - 1 of m paired), interleaved the first stage's warm-up, 2 (pp - 1) + (vpp - 1) pp + 1 passes
+    (Megatron's interleaved warm-up count, one more with the overlap on), of m x vpp."""
+    total = np.maximum(np.asarray(m, float) * vpp, 1.0)
+    warm = 1.0 if pp <= 1 else 2.0 * (pp - 1) + (vpp - 1) * pp + 1.0
+    return np.clip((total - warm) / total, 0.0, 1.0)
 
 
 def _per_framework(rows: np.ndarray, platform: Platform, rule: Any) -> np.ndarray:
@@ -930,7 +960,7 @@ def unit_key(layout: Layout, platform: Platform, model: ModelSpec) -> tuple[int,
     fused = fused_kernels_on(layout.framework, platform)
     a2a = D.cp_a2a_ranks(model, layout.tp, layout.cp, layout.cp_comm, layout.cp_a2a_size, platform.gpus_per_node)
     return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
-            layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm), a2a)
+            layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm), a2a, layout.expert_tp)
 
 
 def unit_keys(rows: np.ndarray, platform: Platform, model: ModelSpec) -> set[tuple[int, ...]]:
@@ -938,7 +968,7 @@ def unit_keys(rows: np.ndarray, platform: Platform, model: ModelSpec) -> set[tup
     `model` need on `platform`."""
     u, _ = _unique_rows(np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]],
                                          fused_kernels(rows, platform), rows[:, I_OTP],
-                                         a2a_ranks(model, rows, platform)]))
+                                         a2a_ranks(model, rows, platform), rows[:, I_ETP]]))
     return {tuple(int(v) for v in k) for k in u}
 
 
@@ -956,9 +986,10 @@ def class_keys(rows: np.ndarray, struct_classes: list[list[tuple[int, int, int, 
     chunk classes `rows` need."""
     out: set[tuple] = set()
     g = gather_mode(rows)
-    for tp, pp, dp, z, gm, ep, gb, f8p, st in _unique_rows(np.column_stack(
+    for tp, pp, dp, z, gm, ep, gb, f8p, st, etp in _unique_rows(np.column_stack(
             [rows[:, I_TP], rows[:, I_PP], dp_cp(rows), rows[:, I_ZERO], g, rows[:, I_EP], rows[:, I_GB],
-             rows[:, I_F8P], rows[:, I_STRUCT]]))[0]:
+             rows[:, I_F8P], rows[:, I_STRUCT], rows[:, I_ETP]]))[0]:
         for (cn, cf, cl, dn) in struct_classes[st]:
-            out.add((int(tp), int(pp), int(dp), int(z), int(gm), int(ep), int(gb), int(f8p), cn, cf, cl, dn))
+            out.add((int(tp), int(pp), int(dp), int(z), int(gm), int(ep), int(gb), int(f8p), cn, cf, cl, dn,
+                     int(etp)))
     return out

@@ -226,7 +226,7 @@ def mfu_peak_precision(precision: str) -> str:
     return COMPUTE_PRECISION if is_low_precision(precision) else precision
 
 
-def layer_gemm_params_per_gpu(model: Any, tp: int, moe: bool = False, ep: int = 1) -> float:
+def layer_gemm_params_per_gpu(model: Any, tp: int, moe: bool = False, ep: int = 1, etp: int = 1) -> float:
     """Parameters of one layer's FP8 GEMMs on one tensor-parallel rank (what gets an FP8 copy); `moe`: a MoE layer,
     whose attention and shared experts are split over tp and whose num_experts / ep routed experts are whole here
     (the router stays in higher precision)."""
@@ -235,7 +235,7 @@ def layer_gemm_params_per_gpu(model: Any, tp: int, moe: bool = False, ep: int = 
         split = params.attention_matmul_params(model) + shared
         if model.is_mla:   # MLA's down projections are replicated over tp (predictor.model.params)
             split += params.mla_down_params(model) * (tp - 1)
-        return split / tp + model.num_experts // max(ep, 1) * params.mlp_params(model, model.expert_ffn)
+        return split / tp + model.num_experts // max(ep, 1) * params.mlp_params(model, model.expert_ffn) / max(etp, 1)
     if model.is_mla:
         return (params.layer_matmul_params(model) + params.mla_down_params(model) * (tp - 1)) / tp
     return params.layer_matmul_params(model) / tp

@@ -289,7 +289,7 @@ def _dropout(model: ModelSpec, options: MemoryOptions) -> bool:
 
 def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str = "bf16",
                      options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
-                     sequence_parallel: bool = False) -> dict[str, float]:
+                     sequence_parallel: bool = False, etp: int = 1) -> dict[str, float]:
     """Bytes kept for backward by one layer and micro-batch, per GPU, split by how they shard:
     `replicated` (whole on every TP rank unless SP splits it), `sharded` (split over tp),
     `quadratic` (the s^2 attention probabilities of unfused attention, split over tp),
@@ -299,7 +299,9 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     rows this GPU's experts compute on the busiest rank (predictor.model.moe.routing: tokens x top_k x imbalance)
     keep the dispatched input, the fc1 output (gate and up), the activation output and the expert output the
     un-permutation weights (2h + 3 ffn_e elements per row for SwiGLU, 2h + 2 ffn_e for GeLU), plus the fp32
-    router probabilities; the shared experts keep what a dense MLP of their width keeps."""
+    router probabilities; the shared experts keep what a dense MLP of their width keeps. Expert tensor parallelism
+    (`etp` > 1): the rows are the etp-gathered ones (routing), the fc1 output and activation 1/etp of the expert's
+    width, the expert output the rank's own rows after the reduce-scatter (h / etp per gathered row)."""
     s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
     e = BYTES_PER_ELEMENT[precision]
     a, hd = model.num_heads, model.head_size
@@ -334,10 +336,11 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
             return s * b * (width / t) * (2 * e + g)   # fc1 output (gate and up, 2*ffn) + SwiGLU output (fc2 input)
         return s * b * (width / t) * (e + g)           # GeLU input + GeLU output (fc2 input)
     if moe and model.is_moe:
-        r = routing(model, b, s, t, 1, ep, sequence_parallel)
+        r = routing(model, b, s, t, 1, ep, sequence_parallel, etp)
         rows = r.rows_per_expert * r.local_experts
-        fe = model.expert_ffn
-        per_row = 2 * h * e + (2 * fe * e + fe * g if model.arch == "llama" else fe * e + fe * g)
+        fe = model.expert_ffn / max(etp, 1)
+        per_row = (1.0 + 1.0 / max(etp, 1)) * h * e + (2 * fe * e + fe * g if model.arch == "llama"
+                                                       else fe * e + fe * g)
         mlp = rows * per_row + 4.0 * r.tokens * model.num_experts + 8.0 * r.routed_rows
         if model.shared_experts:
             mlp += mlp_terms(model.shared_experts * model.shared_ffn)
@@ -357,11 +360,13 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                                recompute: str, precision: str = "bf16",
-                               options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1) -> float:
-    """Bytes one layer keeps for backward per micro-batch on one GPU (`moe`: a MoE layer, experts over `ep`)."""
+                               options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
+                               etp: int = 1) -> float:
+    """Bytes one layer keeps for backward per micro-batch on one GPU (`moe`: a MoE layer, experts over `ep`, each
+    split over `etp`)."""
     t = tp
     sp_div = t if sequence_parallel else 1
-    T = activation_terms(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel)
+    T = activation_terms(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel, etp)
     if recompute == "full":
         return T["input"] / sp_div
     stored = T["replicated"] / sp_div + T["sharded"] + T["flash"]
@@ -372,19 +377,20 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
 
 def full_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                                 precision: str = "bf16", options: MemoryOptions = MemoryOptions(), moe: bool = False,
-                                ep: int = 1) -> float:
+                                ep: int = 1, etp: int = 1) -> float:
     """One layer's activations without any recomputation (what full recomputation rematerialises)."""
     return activation_bytes_per_layer(model, seq_len, micro_batch, tp, sequence_parallel, "none", precision, options,
-                                      moe, ep)
+                                      moe, ep, etp)
 
 
 def moe_dispatch_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                              precision: str, cp: int, ep: int) -> float:
+                              precision: str, cp: int, ep: int, etp: int = 1) -> float:
     """A MoE layer's transient all-to-all buffers: the permuted rows sent and the rows received on the busiest rank
-    (0 for a dense model or ep = 1, where the permuted rows are the experts' input, counted as activations)."""
+    (etp > 1: all-gathered over the etp ranks; 0 for a dense model or ep = 1, where the permuted rows are the
+    experts' input, counted as activations)."""
     if not model.is_moe or ep <= 1:
         return 0.0
-    r = routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel)
+    r = routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel, etp)
     return (r.routed_rows + r.rows_per_expert * r.local_experts) * model.hidden_size * BYTES_PER_ELEMENT[precision]
 
 
@@ -496,16 +502,19 @@ def _local_ranks(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndarray:
 
 
 def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, dp: np.ndarray, cp: np.ndarray,
-                       ep: np.ndarray, moe: bool, tied: bool, options: MemoryOptions = MemoryOptions()
-                       ) -> np.ndarray:
+                       ep: np.ndarray, moe: bool, tied: bool, options: MemoryOptions = MemoryOptions(),
+                       etp: np.ndarray | None = None) -> np.ndarray:
     """[R, pp] bytes of NCCL communicator buffers per GPU on each pipeline stage (module docstring: 441 MiB per
     collective communicator, + 1.5 GiB NVLS buffers where the node has NVLS and the group two or more GPUs in
     it, 447 MiB per point-to-point peer). `dp` is dp x cp (the data-parallel-with-CP group), ranks ordered
     tp, cp, dp, pp as Megatron-Core orders them. The distinct collective rank sets: tp, dp x cp, tp x pp (the
     gradient-norm reduction; the tp set again when pp = 1), the world (dp x cp again when tp = pp = 1),
     the expert-data-parallel group of a MoE (tp x dp x cp / ep) and, with tied embeddings and pp > 1, the
-    first and last stages' embedding group."""
+    first and last stages' embedding group. Expert tensor parallelism (`etp` > 1): the expert-data-parallel group is
+    tp x dp x cp / (ep x etp) ranks, one every ep x etp, and the etp group (etp side by side) one more communicator
+    where it is not the tp group."""
     tp, dp, cp, ep = (np.asarray(x, dtype=np.int64) for x in (tp, dp, cp, ep))
+    et = np.ones_like(tp) if etp is None else np.asarray(etp, dtype=np.int64)
     n = len(tp)
     out = np.zeros((n, pp))
     if not comm.gpu or not options.device_overheads:
@@ -531,8 +540,9 @@ def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, d
         per_gpu += collective(tp * pp, np.where(tp > 1, 1, dp))
     per_gpu += np.where((world > dp) & (world > tp * pp), collective(world, one), 0.0)
     if moe:
-        edp = np.maximum(tp * dp // np.maximum(ep, 1), 1)
-        per_gpu += np.where((edp != dp) & (edp > 1), collective(edp, ep), 0.0)
+        edp = np.maximum(tp * dp // np.maximum(ep * et, 1), 1)
+        per_gpu += np.where((edp != dp) & (edp > 1), collective(edp, ep * et), 0.0)
+        per_gpu += np.where((et > 1) & (et != tp), collective(et, np.ones_like(et)), 0.0)
         # the all-to-all reaches every EP peer (EP ranks side by side: the node holds min(ep, gpn) of them)
         per_gpu += p2p(np.maximum(ep - 1, 0), np.minimum(ep, gpn) - 1)
     # the context-parallel ring's neighbours (CP ranks tp apart)
@@ -563,8 +573,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                         sequence_parallel: np.ndarray, options: MemoryOptions = MemoryOptions(),
                         cp: np.ndarray | None = None, ep: np.ndarray | None = None,
                         comm: DeviceComm | None = None, grad_bytes: np.ndarray | None = None,
-                        fp8_param: np.ndarray | None = None, offload: np.ndarray | None = None
-                        ) -> dict[str, np.ndarray]:
+                        fp8_param: np.ndarray | None = None, offload: np.ndarray | None = None,
+                        etp: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
     'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
@@ -581,7 +591,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     experts per GPU) have their gradients and distributed-optimizer shards over the expert-data-parallel group
     (tp * dp / ep ranks, `dp` being dp * cp), everything else over dp; MoE layers keep the routed rows'
     activations (`activation_terms`), the leading dense layers a dense MLP's, and the all-to-all buffers of one
-    layer are transient (`buffers`).
+    layer are transient (`buffers`). Expert tensor parallelism (`etp`, default 1): each routed expert's weights,
+    gradients and optimizer states split over etp ranks (the expert-data-parallel group tp * dp / (ep * etp)).
 
     `grad_bytes` (default: `options.grad_bytes` or the precision's) are the bytes per element of each row's
     gradient buffers (Layout.grad_bytes); `fp8_param` (default 0) marks rows with FP8 primary weights, whose GEMM
@@ -604,6 +615,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     n = len(tp)
     cpa = np.ones(n, dtype=np.int64) if cp is None else np.asarray(cp, dtype=np.int64)
     epa = np.ones(n, dtype=np.int64) if ep is None else np.asarray(ep, dtype=np.int64)
+    eta = np.ones(n, dtype=np.int64) if etp is None or not model.is_moe else np.asarray(etp, dtype=np.int64)
     nch = pp * vpp
     counts = np.asarray(chunk_layers, dtype=float)
     dense_c = np.asarray(params.chunk_dense_layers(model, [int(c) for c in chunk_layers]), dtype=float)
@@ -619,35 +631,37 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
              else np.asarray(grad_bytes, dtype=np.int64))
     f8p = np.zeros(n) if fp8_param is None else np.asarray(fp8_param, dtype=float)
     # activations per (tp, micro-batch, SP, recompute, cp, ep), on the seq_len / cp tokens of a CP rank
-    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa]))
+    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa, eta]))
     is_moe = model.is_moe
 
-    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int) -> tuple[float, ...]:
+    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int, y: int = 1) -> tuple[float, ...]:
         sc = seq_len // c
         dense_l = activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options)
         dense_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options)
-        moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x)
+        moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x, y)
                  if is_moe else dense_l)
-        moe_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x) if is_moe else dense_f
+        moe_f = (full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x, y) if is_moe
+                 else dense_f)
         # what full recomputation rematerialises: the larger of the layer kinds the model has
         full_f = (max(dense_f, moe_f) if model.has_dense_layers else moe_f) if is_moe else dense_f
         return (dense_l, full_f,
                 *edge_activation_bytes(model, sc, b, t, s, precision, options),
                 cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
-                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x))
-    acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5])) for k in keys],
+                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x, y))
+    acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]))
+                       for k in keys],
                       dtype=np.float64).reshape(-1, 8)[kinv]
     act_dense, act_full, act_first, act_last, act_last_tr, ring, act_moe, a2a_buf = (acts_k[:, j] for j in range(8))
     # parameters per (tp, ep): every chunk (the routed experts apart), the largest ZeRO unit of the edge stages
-    te2, tinv = unique_rows(np.column_stack([tp, epa]))
+    te2, tinv = unique_rows(np.column_stack([tp, epa, eta]))
     tps = te2[:, 0]
     cparams = np.array([[params.chunk_params(model, int(t), pp, int(counts[i]), i == 0, i == nch - 1, seq_len,
-                                             dense=int(dense_c[i]), ep=int(x))
-                         for i in range(nch)] for t, x in te2], dtype=float)[tinv]
-    eparams = np.array([[moe_c[i] * params.layer_expert_params_per_gpu(model, int(x)) for i in range(nch)]
-                        for _, x in te2], dtype=float)[tinv]
+                                             dense=int(dense_c[i]), ep=int(x), etp=int(y))
+                         for i in range(nch)] for t, x, y in te2], dtype=float)[tinv]
+    eparams = np.array([[moe_c[i] * params.layer_expert_params_per_gpu(model, int(x), etp=int(y)) for i in range(nch)]
+                        for _, x, y in te2], dtype=float)[tinv]
     lp = np.array([max(params.layer_params_per_gpu(model, int(t)),
-                       params.layer_params_per_gpu(model, int(t), is_moe, int(x))) for t, x in te2],
+                       params.layer_params_per_gpu(model, int(t), is_moe, int(x), int(y))) for t, x, y in te2],
                   dtype=float)[tinv]
     edge_first = np.array([params.chunk_params(model, int(t), pp, 0, True, nch == 1, seq_len) for t in tps],
                           dtype=float)[tinv]
@@ -663,7 +677,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     zd, zinv = unique_rows(np.column_stack([zero, dp, g_row]))
     bpp = np.array([bpp_of(int(z), int(d), int(g)) for z, d, g in zd],
                    dtype=float).reshape(-1, 3)[zinv]
-    edp = np.maximum(tp * dp // epa, 1)      # expert-data-parallel group
+    edp = np.maximum(tp * dp // (epa * eta), 1)      # expert-data-parallel group
     ze, zeinv = unique_rows(np.column_stack([zero, edp, g_row]))
     bpp_e = np.array([bpp_of(int(z), int(d), int(g)) for z, d, g in ze],
                      dtype=float).reshape(-1, 3)[zeinv]
@@ -700,7 +714,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
         # + the FP8 weight and its FP8 transpose / columnwise copy of every transformer-layer GEMM weight (2 bytes
         # per GEMM parameter, sharded like the weights)
         gemm = np.array([fp8.layer_gemm_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
-        gemm_moe = np.array([fp8.layer_gemm_params_per_gpu(model, int(t), True, int(x)) for t, x in te2],
+        gemm_moe = np.array([fp8.layer_gemm_params_per_gpu(model, int(t), True, int(x), int(y)) for t, x, y in te2],
                             dtype=float)[tinv]
         w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
         # FP8 primary weights: the GEMM weights are the FP8 weight and its transpose only, no BF16 copy beside
@@ -715,7 +729,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     overheads = comm.gpu and options.device_overheads
     out["framework"] = np.full((n, pp), options.framework_gib * GIB if overheads else 0.0)
     out["nccl"] = nccl_buffer_arrays(comm, pp, vpp, tp=tp, dp=dp, cp=cpa, ep=epa, moe=is_moe,
-                                     tied=bool(model.tied_embeddings), options=options)
+                                     tied=bool(model.tied_embeddings), options=options, etp=eta)
     allocated = np.sum([out[k] for k in ALLOCATED_PARTS], axis=0)
     out["allocator"] = allocated * (options.allocator_overhead if overheads else 0.0)
     out["allocator_min"] = allocated * (min(options.allocator_overhead_min, options.allocator_overhead)
@@ -737,6 +751,7 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
     arr = stage_memory_arrays(model, layout.seq_len, layout.precision, chunk_layer_counts(model, layout),
                               layout.pp, layout.vpp, layout.schedule, tp=one(layout.tp),
                               dp=one(layout.dp * layout.cp), cp=one(layout.cp), ep=one(layout.ep),
+                              etp=one(layout.expert_tp),
                               zero_stage=one(layout.zero_stage), micro_batch=one(layout.micro_batch),
                               num_micro_batches=one(layout.num_micro_batches),
                               recompute=one(RECOMPUTE_ORDER.index(layout.recompute)),
