@@ -43,7 +43,7 @@ def test_maverick_alternates_dense_and_moe_layers():
 def test_interleaved_layers_reach_every_chunk_and_the_plan():
     assert params.chunk_dense_layers(MAV, [12, 12, 12, 12]) == [6, 6, 6, 6]
     assert params.chunk_dense_layers(MAV, [13, 11, 12, 12]) == [7, 5, 6, 6]
-    lay = Layout(num_gpus=32, tp=2, pp=4, dp=4, ep=8, sequence_parallel=True, seq_len=4096, global_batch=32,
+    lay = Layout(num_gpus=32, tp=2, pp=4, dp=4, ep=8, etp=1, sequence_parallel=True, seq_len=4096, global_batch=32,
                  zero_stage=1)
     plans = decompose(MAV, lay, get_platform("dgx-h100"))
     for p in plans:

@@ -240,7 +240,9 @@ def test_cli_bad_mla_input_exits_2_naming_the_field(capsys, extra, field):
 
 
 def test_cli_flags_describe_the_same_model_as_the_preset(capsys):
-    lay = ["--num-gpus", "64", "--tp", "8", "--pp", "8", "--ep", "8", "--sequence-parallel", "--global-batch", "64",
+    # etp 1 as DeepSeek-V3 recipes run it (Megatron-Core's default etp = tp would need tp x ep = 64 ranks per stage)
+    lay = ["--num-gpus", "64", "--tp", "8", "--pp", "8", "--ep", "8", "--etp", "1", "--sequence-parallel",
+           "--global-batch", "64",
            "--seq-len", "4096", "--recompute", "full", "--zero-stage", "1", "--allow-oom", "--json"]
     rc, out_p, err = _cli(capsys, [*PRED, "--model", "deepseek-v3", *lay])
     assert rc == 0, err
@@ -269,9 +271,10 @@ def test_attention_kind_gqa_drops_a_presets_mla_fields():
 
 def test_predict_batch_reads_the_mla_columns(tmp_path):
     import pandas as pd
-    cols = [*BATCH_COLUMNS, "model", "ep", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
+    cols = [*BATCH_COLUMNS, "model", "ep", "etp", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
             "attention_kind", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"]
     row = {"platform": "dgx-h100", "seq_len": "4096", "num_gpus": "64", "tp": "8", "pp": "8", "dp": "1", "ep": "8",
+           "etp": "1",
            "micro_batch": "1", "global_batch": "64", "vpp": "1", "schedule": "1f1b", "recompute": "full",
            "sequence_parallel": "true", "zero_stage": "1", "precision": "bf16"}
     mla = {"arch": "llama", "layers": "61", "hidden": "7168", "heads": "128", "ffn_hidden": "18432",
@@ -292,7 +295,7 @@ def test_predict_batch_reads_the_mla_columns(tmp_path):
 
 def test_a_deepseek_v3_layout_predicts_on_a_gpu_platform():
     from predictor.plan.predict import get_predictor
-    lay = Layout(num_gpus=1024, tp=2, pp=16, dp=32, ep=64, sequence_parallel=True, seq_len=4096,
+    lay = Layout(num_gpus=1024, tp=2, pp=16, dp=32, ep=64, etp=1, sequence_parallel=True, seq_len=4096,
                  global_batch=8192, recompute="full", zero_stage=1)
     p = get_predictor("dgx-h100").predict(V3, lay)
     assert p.step_time_s > 0 and p.memory.peak_gib > 0
