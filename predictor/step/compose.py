@@ -639,7 +639,10 @@ def closed_form_zb(fwd: dict[str, np.ndarray], bwd: dict[str, np.ndarray], wgrad
     """The pipeline time of zb-h1 / zb-v / dualpipe / dualpipe-v for R rows; fwd / bwd: category -> [R, C] seconds
     per chunk (model order), wgrad [R, C] the W part of bwd. With per-rank forward F, input-gradient backward B,
     weight gradient W, whole backward B + W (for the V schedules and DualPipe the mean over a rank's two chunks):
-      zb-h1      m T_crit + sum over the other ranks of max(F + B - W, B, F)   Qi et al. 2024 section 3.1:
+      zb-h1      the longest path through a stage s: the fill to s, m T_s, the input-gradient chain back to the
+                 stages before s (with their postponed W) beyond the s W passes s postpones, and the sum over the
+                 stages after s of max(F + B - W, B, F); on uniform stages m T + (p-1) max(F + B - W, B, F),
+                 Qi et al. 2024 section 3.1:
                  (p-1)(F + B - W) where W <= F, B (Table 2 of DeepSeek-V3 writes it (PP-1)(F + B - 2W) with B the
                  whole backward); the max is what `_zb_h1_orders` gives when W exceeds F or B
       zb-v       m T_crit + sum over the other ranks of max(B, 2(B - W), F)   (PyTorch's ZBV order on uniform
@@ -661,10 +664,19 @@ def closed_form_zb(fwd: dict[str, np.ndarray], bwd: dict[str, np.ndarray], wgrad
     if schedule == "zb-h1":
         T = f + bf
         x = np.maximum(np.maximum(f + bi - w, bi), f)
-        crit = T.argmax(axis=1)
-        work = m * T[rr, crit]
-        bub = x.sum(axis=1) - x[rr, crit]
-        return ZBClosedForm(work + bub, crit, m, np.zeros_like(m), bub)
+        # per stage s, the path through it: the fill to it, its m micro-batches, the input-gradient chain back to the
+        # stages before it and their postponed W passes beyond its own s postponed ones, the other stages' bubble
+        # after it; the pipeline is the longest (on uniform stages every s gives m T + (p-1) x)
+        s_ = np.arange(T.shape[1])[None, :]
+        lead = np.cumsum(f, axis=1) - f
+        cb = np.cumsum(bi, axis=1) - bi
+        run = np.maximum.accumulate(s_ * w - cb, axis=1)
+        up = np.concatenate([np.full((len(m), 1), -np.inf), cb[:, 1:] + run[:, :-1]], axis=1)
+        tail = x.sum(axis=1, keepdims=True) - np.cumsum(x, axis=1)
+        E = lead + m[:, None] * T + np.maximum(0.0, up - s_ * w) + tail
+        crit = E.argmax(axis=1)
+        pipe = E[rr, crit]
+        return ZBClosedForm(pipe, crit, m, np.zeros_like(m), pipe - m * T[rr, crit])
     n, a, c = _pair_ranks(schedule, pp)
     T = f[:, a] + bf[:, a] + f[:, c] + bf[:, c]
     if schedule == "zb-v":
