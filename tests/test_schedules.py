@@ -355,3 +355,37 @@ def test_zero_bubble_paper_model_sizes():
     from tests.benchmarks.schedules import model_of
     for name, billions in (("1.5B", 1.5), ("6.2B", 6.2), ("14.6B", 14.6), ("28.3B", 28.3)):
         assert total_params(model_of(name)) / 1e9 == pytest.approx(billions, rel=0.015)
+
+
+# ------------------------------------------------------------------ the CLI and predict-batch
+def test_cli_predict_search_and_batch_take_the_new_schedules(capsys, tmp_path):
+    import csv
+    import json
+
+    from predictor.cli.main import main
+    base = ["--platform", "dgx-a100-80gb", "--model", "llama3-8b", "--num-gpus", "8", "--pp", "4", "--tp", "2",
+            "--global-batch", "32", "--seq-len", "2048"]
+    assert main(["predict", *base, "--schedule", "zb-v", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["layout"]["schedule"] == "zb-v" and d["layout"]["vpp"] == 2
+    assert main(["predict", *base[:-4], "--global-batch", "6", "--seq-len", "2048", "--schedule", "dualpipe"]) == 2
+    err = capsys.readouterr()
+    assert "global_batch" in err.out + err.err
+    assert main(["search", "--platform", "dgx-a100-80gb", "--model", "llama3-8b", "--num-gpus", "8",
+                 "--global-batch", "32", "--seq-len", "2048", "--schedules", "1f1b,zb-x"]) == 2
+    err = capsys.readouterr()
+    assert "schedules" in err.out + err.err and "zb-h1" in err.out + err.err
+    src = tmp_path / "in.csv"
+    from predictor.model.layout_io import BATCH_COLUMNS
+    with src.open("w", newline="") as fh:   # empty cells take the defaults (vpp: 2 for the V schedules)
+        w = csv.DictWriter(fh, [*BATCH_COLUMNS, "model"], restval="")
+        w.writeheader()
+        for i, s in enumerate(("1f1b", "zb-h1", "zb-v", "dualpipe", "dualpipe-v")):
+            w.writerow({"case_id": i, "platform": "dgx-a100-80gb", "model": "llama3-8b", "num_gpus": 8, "tp": 2,
+                        "pp": 4, "global_batch": 32, "seq_len": 2048, "schedule": s})
+    out = tmp_path / "out.csv"
+    assert main(["predict-batch", "--input", str(src), "--output", str(out), "--quiet"]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert [r["schedule"] for r in rows] == ["1f1b", "zb-h1", "zb-v", "dualpipe", "dualpipe-v"]
+    steps = [float(r["step_time_s"]) for r in rows]
+    assert all(s > 0 for s in steps) and min(steps[1:]) < steps[0]

@@ -462,6 +462,12 @@ def zb_in_flight(schedule: str, pp: int, m: int) -> list[int]:
 def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[list[int]]:
     """Layers of each chunk grouped by physical stage: [[chunk layers on stage 0], ...]."""
     out: list[list[int]] = [[] for _ in range(layout.pp)]
+    if layout.schedule in ZB_SCHEDULES:   # the V's placement; DualPipe's two copies of every stage
+        place = chunk_rank_matrix(layout.schedule, layout.pp, layout.vpp)
+        for i, n in enumerate(chunk_layer_counts(model, layout)):
+            for r in np.nonzero(place[i])[0]:
+                out[int(r)].append(int(n))
+        return out
     for i, n in enumerate(chunk_layer_counts(model, layout)):
         out[i % layout.pp].append(int(n))
     return out
