@@ -201,6 +201,17 @@ def test_activations_in_flight_match_the_published_tables(pp):
     assert max(zb_in_flight("dualpipe-v", pp, m)) == 2 * pp + 1
 
 
+def test_in_flight_closed_forms_equal_the_counts_on_the_orders():
+    from predictor.step.memory import zb_in_flight_counted
+    for p in range(2, 13):
+        for m in range(1, 4 * p + 2):
+            for s in ("zb-h1", "zb-v", "dualpipe", "dualpipe-v"):
+                if (s == "zb-v" and m < 2 * p - 1) or (s.startswith("dualpipe") and m < 2 * p) or (
+                        s == "dualpipe" and (m % 2 or p % 2)):
+                    continue
+                assert zb_in_flight(s, p, m) == zb_in_flight_counted(s, p, m), (s, p, m)
+
+
 MODEL = ModelSpec(name="t", arch="llama", num_layers=16, hidden_size=2048, num_heads=16, vocab_size=32000,
                   ffn_hidden_size=5504, attention_impl="flash")
 

@@ -89,6 +89,7 @@ stage 0 holds L(1 + (p-1)/(p v)) layers' worth, Korthikanti eq. 5).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -439,7 +440,22 @@ def in_flight_array(schedule: str, pp: int, vpp: int, m: np.ndarray) -> np.ndarr
 
 
 # --- zero-bubble and bidirectional schedules: activations held per rank (docs/schedules.md) ---
-def zb_in_flight(schedule: str, pp: int, m: int) -> list[int]:
+def zb_in_flight(schedule: str, pp: int, m: int) -> tuple[int, ...]:
+    """`zb_in_flight_counted` in closed form where the layout rules hold (equal to the count on every pp 2-16 and
+    valid m, tests/test_schedules.py): zb-h1 min(p, m) on every stage, zb-v 2p, dualpipe p + 1, dualpipe-v 2p + 1."""
+    if schedule == "zb-h1":
+        return (min(pp, m),) * pp
+    if schedule == "zb-v" and m >= 2 * pp - 1:
+        return (2 * pp,) * pp
+    if schedule == "dualpipe" and m >= 2 * pp and m % 2 == 0 and pp % 2 == 0:
+        return (pp + 1,) * pp
+    if schedule == "dualpipe-v" and m >= 2 * pp:
+        return (2 * pp + 1,) * pp
+    return zb_in_flight_counted(schedule, pp, m)
+
+
+@lru_cache(maxsize=256)
+def zb_in_flight_counted(schedule: str, pp: int, m: int) -> tuple[int, ...]:
     """Chunk activations each rank of zb-h1 / zb-v / dualpipe / dualpipe-v holds at its peak, counted on the
     schedule's own order (predictor.step.compose): a chunk's activations live from its forward until its weight
     gradient W has run (the inputs W needs are held until then; a whole backward frees them at once), and an
@@ -456,7 +472,7 @@ def zb_in_flight(schedule: str, pp: int, m: int) -> list[int]:
             alive += kinds.count("F") - kinds.count("W") - kinds.count("BW")
         for r in rank_of(h):
             peak[r] = top
-    return peak
+    return tuple(peak)
 
 
 def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[list[int]]:
