@@ -400,3 +400,19 @@ def test_cli_predict_search_and_batch_take_the_new_schedules(capsys, tmp_path):
     assert [r["schedule"] for r in rows] == ["1f1b", "zb-h1", "zb-v", "dualpipe", "dualpipe-v"]
     steps = [float(r["step_time_s"]) for r in rows]
     assert all(s > 0 for s in steps) and min(steps[1:]) < steps[0]
+
+
+def test_dualpipe_reduces_each_stage_over_its_two_copies(predictor):
+    """DualPipe's stage r lives on ranks r and pp-1-r: with dp = 1 (no data parallelism) its gradients still need one
+    reduction over the 2 copies, which 1f1b does not; every rank reduces the two stages it holds."""
+    from predictor.step.engine import rows_for
+
+    def tails(schedule):
+        L = layout_from_fields({"tp": 1, "pp": 4, "dp": 1, "micro_batch": 1, "global_batch": 32, "seq_len": 2048,
+                                "schedule": schedule})
+        rows, structs = rows_for(MODEL, [L])
+        ev = predictor.engine.evaluate(MODEL, rows, structs, L.seq_len, L.precision, detail=True)
+        return np.asarray(ev.details[0]["tails"]["dp_sync_s"])
+    one, dual = tails("1f1b"), tails("dualpipe")
+    assert np.all(one == 0.0) and np.all(dual > 0.0)
+    assert dual[1] == pytest.approx(dual[2], rel=1e-9)   # ranks 1 and 2 hold the same two stages

@@ -494,6 +494,18 @@ class Engine:
                               int(row[I_ZERO]), int(gather_mode(row[None, :])[0]), int(row[I_EP]), int(row[I_GB]),
                               int(row[I_F8P]), *cls)]
 
+    # --- DualPipe: the two parameter copies of every stage ---
+    def _dualpipe_grad_sync(self, model: ModelSpec, seq_len: int, precision: str, tp: int, pp: int, dp: int, z: int,
+                            gm: int, ep: int, gb: int, f8p: int, layers: int, first: int, last: int,
+                            dense: int) -> float:
+        """DualPipe keeps stage r on ranks r and pp-1-r (DeepSeek-V3 Table 2: 2x parameters), so each stage's
+        gradients are reduced over its 2 x dp copies: the chunk's data-parallel gradient reduction taken on 2 x dp
+        ranks (the same collectives, `step_work`, on a group twice the size, spanning the nodes of both pipeline
+        ranks), in place of the dp one. The optimizer and its ZeRO shards stay those of the dp group."""
+        key = (tp, pp, 2 * dp, z, gm, ep, gb, f8p, layers, first, last, dense)
+        self.prepare_classes_many([(model, seq_len, precision, key)])
+        return float(self._classes[(model, seq_len, precision, *key)].dp_sync_s)
+
     def _emb_sync(self, model: ModelSpec, tp: int, pp: int, dp: int, prec: str) -> tuple[float, str, float]:
         key = (model, tp, pp, dp, prec)
         hit = self._emb.get(key)
@@ -627,6 +639,9 @@ class Engine:
                                    int(f8p), n_l, f, l_, d_)]
                 work[ci, j] = (c.optimizer_s, c.dp_sync_s, c.param_gather_s, c.zf_total, c.zf_unit, c.zb_total,
                                c.zb_unit, c.accum_s)
+                if S.schedule == "dualpipe":
+                    work[ci, j, 1] = self._dualpipe_grad_sync(model, seq_len, precision, int(tp), pp, int(dp), int(z),
+                                                              int(gm), int(ep), int(gb), int(f8p), n_l, f, l_, d_)
         W = work[cinv][:, cls_of, :]          # [R, chunks, 8]
 
         def chunks_of(f: str) -> np.ndarray:   # [R, chunks]
