@@ -416,3 +416,14 @@ def test_dualpipe_reduces_each_stage_over_its_two_copies(predictor):
     one, dual = tails("1f1b"), tails("dualpipe")
     assert np.all(one == 0.0) and np.all(dual > 0.0)
     assert dual[1] == pytest.approx(dual[2], rel=1e-9)   # ranks 1 and 2 hold the same two stages
+
+
+def test_search_says_why_a_new_schedule_was_not_tried():
+    from predictor.plan.search import SearchSpace, search
+    rep = search(MODEL, "dgx-a100-80gb", 6, global_batch=36, seq_len=2048, top_k=0, refine=False,
+                 space=SearchSpace(tp=(1,), pp=(3, 6), micro_batch=(1,), recompute=("none",), zero_stage=(0,),
+                                   schedules=("1f1b", "dualpipe", "zb-v")))
+    reasons = {e["option"]: e["reason"] for e in rep.exclusions}
+    assert "even pp" in reasons["dualpipe pp=3"]
+    assert "16 layers" in reasons["zb-v pp=3"] and "16 layers" in reasons["zb-v pp=6"]
+    assert "dualpipe" in set(rep.table["schedule"])   # pp = 6 is even

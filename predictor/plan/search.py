@@ -368,6 +368,11 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                      tuple(split_layers(L, pp * (2 if s_ in V_SCHEDULES else 1))), None))
                       for s_ in ZB_SCHEDULES if s_ in space.schedules and pp >= 2
                       and not (s_ == "dualpipe" and pp % 2) and not (s_ in V_SCHEDULES and L % (2 * pp))]
+        for s_, why in (("dualpipe", pp % 2 and f"DualPipe needs an even pp, got pp={pp}."),
+                        *((v_, L % (2 * pp) and f"{v_} runs 2 chunks per GPU: {L} layers do not split into 2 x pp = "
+                                                f"{2 * pp} chunks.") for v_ in V_SCHEDULES)):
+            if s_ in space.schedules and pp >= 2 and why and not any(e["option"] == f"{s_} pp={pp}" for e in excl):
+                excl.append({"option": f"{s_} pp={pp}", "values": {"schedule": s_, "pp": pp}, "reason": why})
         if "zb-h1" in space.schedules and space.uneven_splits and pp >= 3:   # 1f1b's edge-light split
             c = split_layers(L + 2, pp)
             c[0] -= 1
