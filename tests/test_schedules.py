@@ -427,3 +427,25 @@ def test_search_says_why_a_new_schedule_was_not_tried():
     assert "even pp" in reasons["dualpipe pp=3"]
     assert "16 layers" in reasons["zb-v pp=3"] and "16 layers" in reasons["zb-v pp=6"]
     assert "dualpipe" in set(rep.table["schedule"])   # pp = 6 is even
+
+
+def test_search_and_predict_agree_on_the_new_schedules(predictor):
+    """The vectorised search path and Predictor.predict are the one engine: the same step time and peak memory
+    (1e-9) for every enumerated layout of each new schedule."""
+    from predictor.plan.search import SearchSpace, search
+    rep = search(MODEL, predictor, 8, global_batch=32, seq_len=2048, top_k=0, refine=False,
+                 space=SearchSpace(micro_batch=(1, 2), recompute=("none", "full"), zero_stage=(0, 1),
+                                   schedules=("zb-h1", "zb-v", "dualpipe", "dualpipe-v")))
+    t = rep.table
+    seen = set()
+    for _, r in t.iterrows():
+        if r["schedule"] in seen or r["pp"] < 2:
+            continue
+        seen.add(r["schedule"])
+        L = layout_from_fields({k: r[k] for k in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch",
+                                                    "seq_len", "vpp", "schedule", "recompute", "zero_stage")}
+                               | {"sequence_parallel": bool(r["sequence_parallel"])})
+        p = predictor.predict(MODEL, L, timeline=False)
+        assert p.step_time_s == pytest.approx(float(r["step_time_s"]), rel=1e-9)
+        assert p.memory_gib == pytest.approx(float(r["peak_mem_gib"]), rel=1e-9)
+    assert seen == {"zb-h1", "zb-v", "dualpipe", "dualpipe-v"}

@@ -6,7 +6,8 @@ optimizer); output is the step time, a breakdown whose categories add up to it, 
 optionally a timeline of the pipeline schedule.
 
 Schedules: gpipe (all forward, then all backward), 1f1b (PipeDream-flush) and
-interleaved 1F1B with `vpp` virtual chunks per GPU (Narayanan et al. 2021).
+interleaved 1F1B with `vpp` virtual chunks per GPU (Narayanan et al. 2021); zb-h1, zb-v, dualpipe and dualpipe-v
+(the backward split into input and weight gradient; the second half of this module, docs/schedules.md).
 """
 from __future__ import annotations
 
