@@ -148,11 +148,11 @@ class UnitTimes:
     fm: float = 0.0      # forward memory-bound operator seconds (neither a tensor-core GEMM nor attention)
     bm: float = 0.0      # ... backward and recomputation
     rm: float = 0.0      # ... recomputation
-    # --- zero-bubble schedules: the weight-gradient pass W (docs/schedules.md) ---
-    bw: float = 0.0      # half the backward (not recomputation) seconds of the linear-layer GEMMs (GEMM_OPS)
     caps: dict[str, CapCurve] = field(default_factory=dict)  # "fi" / "bi" / "ri": the 'cap' power form's curves
     prov: dict[str, list[float]] = field(default_factory=dict)  # provenance -> [seconds, seconds x error]
     raw: tuple = ()      # (unit, op times, comm times, errors): what `calls` is built from, on demand
+    # --- zero-bubble schedules: the weight-gradient pass W (docs/schedules.md) ---
+    bw: float = 0.0      # half the backward (not recomputation) seconds of the linear-layer GEMMs (GEMM_OPS)
 
     @property
     def calls(self) -> list[Timed]:
