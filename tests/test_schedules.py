@@ -449,3 +449,13 @@ def test_search_and_predict_agree_on_the_new_schedules(predictor):
         assert p.step_time_s == pytest.approx(float(r["step_time_s"]), rel=1e-9)
         assert p.memory_gib == pytest.approx(float(r["peak_mem_gib"]), rel=1e-9)
     assert seen == {"zb-h1", "zb-v", "dualpipe", "dualpipe-v"}
+
+
+def test_the_per_stage_closed_forms_refuse_the_new_schedules():
+    """No silent 1F1B substitution: the per-stage closed forms carry no W and say which function does."""
+    from predictor.step.compose import closed_form_pipeline, pipeline_time_closed_form
+    for s in NEW:
+        with pytest.raises(ValueError, match="closed_form_zb"):
+            pipeline_time_closed_form(np.ones(4), np.ones(4), 8, s, 1)
+        with pytest.raises(ValueError, match="closed_form_zb"):
+            closed_form_pipeline(np.ones((1, 4)), np.ones((1, 4)), np.array([8.0]), s, 1)

@@ -89,7 +89,10 @@ def stage_totals(chunks: list[ChunkTimes], pp: int) -> tuple[np.ndarray, np.ndar
 
 def pipeline_time_closed_form(F: np.ndarray, B: np.ndarray, m: int, schedule: str, vpp: int) -> float:
     """Closed form: the slowest stage works m times; fill and drain cost the other stages once
-    (divided by vpp for the interleaved schedule)."""
+    (divided by vpp for the interleaved schedule). The zero-bubble / DualPipe schedules need each chunk's W:
+    `closed_form_zb`."""
+    if schedule in ZB_SCHEDULES:
+        raise ValueError(f"{schedule} needs the weight-gradient split: use closed_form_zb (or compose_arrays)")
     t = F + B
     if len(t) == 1:
         return float(m * t[0])
@@ -198,6 +201,8 @@ class ArrayComposition:
 
 def closed_form_pipeline(F: np.ndarray, B: np.ndarray, m: np.ndarray, schedule: str, vpp: int) -> np.ndarray:
     """`pipeline_time_closed_form` for R rows at once: F, B [R, pp] per-stage micro-batch times."""
+    if schedule in ZB_SCHEDULES:
+        raise ValueError(f"{schedule} needs the weight-gradient split: use closed_form_zb (or compose_arrays)")
     t = F + B
     pp = t.shape[1]
     if pp == 1:
