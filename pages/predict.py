@@ -2,6 +2,7 @@
 import streamlit as st
 
 from predictor.model.errors import InfeasibleConfig
+from predictor.model.specs import ZB_SCHEDULES
 from predictor.plan.costing import training_estimate
 from predictor.plan.memory_verdict import largest_parts
 from predictor.step.memory import GIB
@@ -147,7 +148,10 @@ if t_time.open:
         st.caption(f"{L.pp} stages × {L.num_micro_batches} micro-batches ({L.schedule}"
                    f"{f', {L.vpp} virtual stages' if L.vpp > 1 else ''}); grey = idle (pipeline bubble, "
                    f"{fmt.seconds(pred.breakdown_s.get('bubble', 0.0))} on the critical path). The optimizer step and "
-                   "the data-parallel gradient reduction follow the last backward.")
+                   "the data-parallel gradient reduction follow the last backward"
+                   + ("; green = weight-gradient passes W, split off the backward, which fill the bubbles (a DualPipe "
+                      "forward-backward pair is drawn as its forward, then its backward)" if L.schedule in ZB_SCHEDULES
+                      else "") + ".")
         if not pred.timeline:
             st.info("This schedule has no simulated timeline.")
 

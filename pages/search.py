@@ -3,6 +3,7 @@ import streamlit as st
 
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import model_from_fields
+from predictor.model.specs import SCHEDULES
 from predictor.plan.search import SearchSpace
 from predictor.step.memory import TIGHT_MEANS
 from predictor_ui import charts, data, fmt, inputs, urlcheck, views
@@ -39,8 +40,11 @@ objective = b.selectbox("Rank by", list(OBJECTIVE_LABELS), key="objective", bind
 with sb.expander("Search space") as ex:
     tp_across = ex.toggle("Allow TP across nodes", False, key="tp_across", bind=BIND,
                           help="Tensor parallelism normally stays within a node (NVLink)")
-    schedules = ex.multiselect("Schedules", ["1f1b", "interleaved", "gpipe"], ["1f1b", "interleaved"],
-                               key="schedules", bind=BIND)
+    schedules = ex.multiselect("Schedules", list(SCHEDULES), ["1f1b", "interleaved"],
+                               key="schedules", bind=BIND,
+                               help="zb-h1 / zb-v: zero-bubble (Qi et al. 2024); dualpipe / dualpipe-v: DeepSeek-V3's "
+                                    "bidirectional schedules (2x / 1x parameters). Off by default: each adds layouts "
+                                    "to rank (docs/schedules.md)")
     recomputes = ex.multiselect("Recomputation", ["none", "selective", "full"], ["none", "selective", "full"],
                                 key="recomputes", bind=BIND)
     zeros = ex.multiselect("ZeRO stages", [0, 1, 2, 3], [0, 1, 2, 3], key="zeros", bind=BIND)

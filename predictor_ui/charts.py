@@ -45,7 +45,9 @@ PROVENANCE_COLORS = {"measured": "#2e7d32", "derived": "#66bb6a", "host overhead
                      "framework host overhead (end-to-end terms)": "#ab47bc",
                      TERMS_PROVENANCE: "#ce93d8"}
 PHASE_COLORS = {"fwd": "#4c78a8", "bwd": "#f58518", "recompute": "#b279a2", "step": "#54a24b"}
-KIND_COLORS = {"forward": "#4c78a8", "backward": "#f58518", "busy": "#7f7f7f", "idle (bubble)": "#eeeeee"}
+KIND_COLORS = {"forward": "#4c78a8", "backward": "#f58518", "busy": "#7f7f7f", "idle (bubble)": "#eeeeee",
+               # --- zero-bubble schedules: the weight-gradient pass W, split off the backward (docs/schedules.md) ---
+               "weight": "#54a24b"}
 MEMORY_COLORS = ["#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2", "#b279a2", "#ff9da6", "#9d755d"]
 
 

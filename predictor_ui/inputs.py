@@ -16,7 +16,15 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
 from predictor.model.layout_io import LAYOUT_DEFAULTS, llama_ffn, model_from_fields
 from predictor.model.presets import get_preset, list_presets
-from predictor.model.specs import ATTENTION_KINDS, MLA_FIELDS, PRECISIONS, RECOMPUTES, SCHEDULES
+from predictor.model.specs import (
+    ATTENTION_KINDS,
+    MLA_FIELDS,
+    PRECISIONS,
+    RECOMPUTES,
+    SCHEDULE_HELP,
+    SCHEDULES,
+    V_SCHEDULES,
+)
 
 from . import config, experts, fmt, urlcheck
 from .clusters import CUSTOM_FIELDS, DASHBOARD_SOURCE, custom_platform
@@ -294,12 +302,14 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     out["precision"] = precision_picker(b, _k(prefix, "precision"), d["precision"], precisions)
     out["schedule"] = a.selectbox("Schedule", list(SCHEDULES), index=list(SCHEDULES).index(d["schedule"]),
                                   key=_k(prefix, "schedule"), bind=BIND,
-                                  help="gpipe: all forwards then all backwards; 1f1b: one forward one backward; "
-                                       "interleaved: 1F1B over virtual stages (needs virtual stages ≥ 2)")
+                                  help="  \n".join(f"{k}: {v}" for k, v in SCHEDULE_HELP.items())
+                                  + "  \n(interleaved needs virtual stages ≥ 2; zb-v and dualpipe-v run 2 per GPU)")
     out["vpp"] = b.number_input("Virtual stages", 1, 64, d["vpp"], key=_k(prefix, "vpp"), bind=BIND,
                                 disabled=out["schedule"] != "interleaved",
                                 help="Model chunks per GPU for the interleaved schedule")
-    if out["schedule"] != "interleaved":
+    if out["schedule"] in V_SCHEDULES:   # two chunks per GPU in a V (docs/schedules.md)
+        out["vpp"] = 2
+    elif out["schedule"] != "interleaved":
         out["vpp"] = 1
     out["recompute"] = a.selectbox("Recomputation", list(RECOMPUTES), index=list(RECOMPUTES).index(d["recompute"]),
                                    key=_k(prefix, "recompute"), bind=BIND,

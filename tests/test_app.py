@@ -821,3 +821,12 @@ def test_accuracy_says_why_without_the_shared_datasets(monkeypatch, tmp_path):
     at = run("pages/accuracy.py")
     assert not at.exception
     assert any("are not on this machine" in i.value and "scripts/setup.sh" in i.value for i in at.info)
+
+
+# --- zero-bubble and bidirectional schedules in the picker ---
+def test_predict_offers_the_new_schedules_and_refuses_bad_ones_by_field():
+    at = run(query={"schedule": "zb-v"})   # llama3-70b, 80 layers on pp 4: 2 chunks per GPU in a V (vpp set to 2)
+    assert "zb-v" in at.selectbox(key="schedule").options and "dualpipe-v" in at.selectbox(key="schedule").options
+    assert [m for m in at.metric if m.label == "Step time"]
+    at = run(query={"schedule": "dualpipe", "pp": 5, "tp": 8, "num_gpus": 640})   # DualPipe needs an even pp
+    assert any("`pp`" in x.value and "How to fix" in x.value for x in at.warning)

@@ -516,3 +516,20 @@ def test_the_error_histogram_counts_whole_runs():
     df = pd.DataFrame({"signed_error": [0.01, -0.02, 0.05], "platform": ["a", "a", "a"]})
     y = charts.error_hist(df).to_dict()["encoding"]["y"]
     assert y["axis"]["tickMinStep"] == 1 and y["axis"]["format"] == "d"
+
+
+# --- zero-bubble schedules: W passes drawn in their own colour ---
+@pytest.mark.parametrize("schedule", ["zb-h1", "dualpipe"])
+def test_timeline_draws_weight_passes_in_their_own_colour(bare_models, schedule):
+    layout = Layout(num_gpus=16, tp=2, pp=4, dp=2, micro_batch=1, global_batch=32, seq_len=2048, schedule=schedule)
+    p = get_predictor("perlmutter-a100", str(bare_models)).predict(get_preset("llama2-7b"), layout)
+    f, merged = charts.timeline_frame(p.timeline)
+    assert not merged
+    assert {"forward", "backward", "weight"} <= set(f["kind"])
+    d = spec(charts.timeline_chart(p.timeline))
+    enc = [e for e in encodings(d) if "color" in e][0]["color"]
+    domain, colours = enc["scale"]["domain"], enc["scale"]["range"]
+    assert colours[domain.index("weight")] not in (colours[domain.index("forward")], colours[domain.index("backward")])
+    end = max(t["end_s"] for t in p.timeline)
+    for _, g in f.groupby("stage"):   # busy + idle cover every stage, W passes included
+        assert g["seconds"].sum() == pytest.approx(end, rel=1e-6)

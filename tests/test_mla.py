@@ -271,7 +271,8 @@ def test_attention_kind_gqa_drops_a_presets_mla_fields():
 
 def test_predict_batch_reads_the_mla_columns(tmp_path):
     import pandas as pd
-    cols = [*BATCH_COLUMNS, "model", "ep", "etp", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts", "dense_layers",
+    cols = [*BATCH_COLUMNS, "model", "ep", "etp", "num_experts", "top_k", "moe_ffn_hidden", "shared_experts",
+            "dense_layers",
             "attention_kind", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"]
     row = {"platform": "dgx-h100", "seq_len": "4096", "num_gpus": "64", "tp": "8", "pp": "8", "dp": "1", "ep": "8",
            "etp": "1",

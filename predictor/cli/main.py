@@ -22,7 +22,7 @@ from predictor.cli.args import (
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import DEFAULTS_DOC, layout_from_fields, model_from_fields
 from predictor.model.model_summary import param_summary, routing_summary
-from predictor.model.specs import PRECISIONS
+from predictor.model.specs import PRECISIONS, SCHEDULE_HELP, SCHEDULES, ZB_SCHEDULES
 from predictor.paths import clusters_file_arg
 from predictor.plan.batch import predict_rows  # noqa: F401  (re-exported: tests.benchmarks.end_to_end imports it from here)
 
@@ -414,7 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
                                            "ranks, Megatron-Core ring attention (default 1; num_gpus = tp*pp*cp*dp)")
     add_ep_arg(sp)
     add_cp_offload_args(sp)
-    sp.add_argument("--schedule", choices=["gpipe", "1f1b", "interleaved"])
+    # --- zero-bubble and bidirectional pipeline schedules (docs/schedules.md) ---
+    sp.add_argument("--schedule", choices=list(SCHEDULES),
+                    help="pipeline schedule (default 1f1b; interleaved when --vpp > 1); zb-h1 / zb-v (zero bubble, "
+                         "Qi et al. 2024), dualpipe / dualpipe-v (DeepSeek-V3): " + "; ".join(
+                             f"{k}: {v}" for k, v in SCHEDULE_HELP.items() if k in ZB_SCHEDULES))
     sp.add_argument("--recompute", choices=["none", "selective", "full"])
     sp.add_argument("--sequence-parallel", action="store_true", default=None)
     sp.add_argument("--precision", choices=list(PRECISIONS))

@@ -15,6 +15,7 @@ import json
 import sys
 
 from predictor.model.errors import InfeasibleConfig
+from predictor.model.specs import SCHEDULES
 from predictor.paths import clusters_file_arg, json_default
 from predictor.step.compose import CATEGORIES
 from predictor.step.memory import TIGHT_MEANS
@@ -76,6 +77,9 @@ def cmd_search(a: argparse.Namespace) -> int:
         raise InfeasibleConfig("recompute", f"unknown {bad}.", f"use a subset of {','.join(RC)}.")
     sp = {"both": (False, True), "on": (True,), "off": (False,)}[a.sequence_parallel]
     schedules = tuple(x.strip() for x in a.schedules.split(","))
+    bad_s = [x for x in schedules if x not in SCHEDULES]
+    if bad_s:
+        raise InfeasibleConfig("schedules", f"unknown schedule(s) {bad_s}.", f"use a subset of {','.join(SCHEDULES)}.")
     space = SearchSpace(tp=_ints(a.tp, "tp"), pp=_ints(a.pp, "pp"), cp=_ints(a.cp, "cp"),
                         ep=_ints(a.ep, "ep"), micro_batch=_ints(a.micro_batch, "micro_batch"),
                         max_micro_batch=a.max_micro_batch, vpp=_ints(a.vpp, "vpp"), max_vpp=a.max_vpp,
@@ -341,7 +345,9 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--recompute", help="subset of none,selective,full")
     g.add_argument("--sequence-parallel", choices=["both", "on", "off"], default="both")
     g.add_argument("--zero-stage", help="subset of 0,1,2,3 (2 = FSDP SHARD_GRAD_OP, 3 = FULL_SHARD)")
-    g.add_argument("--schedules", default="1f1b,interleaved", help="subset of 1f1b,interleaved,gpipe")
+    g.add_argument("--schedules", default="1f1b,interleaved",
+                   help="subset of 1f1b,interleaved,gpipe,zb-h1,zb-v,dualpipe,dualpipe-v (the zero-bubble and "
+                        "DualPipe schedules only when named: docs/schedules.md)")
     g.add_argument("--no-uneven", action="store_true", help="do not try edge-light uneven layer splits")
     g.add_argument("--tp-across-nodes", action="store_true", help="allow tensor parallelism across nodes")
     g.add_argument("--leave-out-tight", action="store_true",

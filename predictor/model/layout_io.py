@@ -10,7 +10,7 @@ from predictor.model.bounds import check_bound
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK
 from predictor.model.presets import get_preset
-from predictor.model.specs import MLA_FIELDS, MOE_DENSE_DEFAULTS, MOE_FIELDS, Layout, ModelSpec
+from predictor.model.specs import MLA_FIELDS, MOE_DENSE_DEFAULTS, MOE_FIELDS, V_SCHEDULES, Layout, ModelSpec
 
 # Mixture-of-Experts model fields (ModelSpec names = CLI flags without dashes = batch columns); empty = default.
 MOE_FLOAT_FIELDS = ("capacity_factor", "moe_imbalance")
@@ -264,6 +264,8 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
     mb = _int(row, "micro_batch", LAYOUT_DEFAULTS["micro_batch"])
     vpp = _int(row, "vpp", LAYOUT_DEFAULTS["vpp"])
     schedule = _str(row, "schedule", "interleaved" if vpp > 1 else LAYOUT_DEFAULTS["schedule"])
+    if schedule in V_SCHEDULES and blank(row.get("vpp")):
+        vpp = 2   # zb-v / dualpipe-v: two chunks per GPU in a V (docs/schedules.md)
     stage_layers = row.get("stage_layers")
     if not blank(stage_layers):
         try:

@@ -14,10 +14,22 @@ from predictor.model.bounds import check_bound, check_tokens_per_micro_batch
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
 from predictor.model.params import padded_vocab
-from predictor.model.stages import interleaved_split
+from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, interleaved_split
 
 ARCHS = ("gpt", "llama")
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# (+ the zero-bubble and bidirectional pipeline schedules: predictor.model.stages, docs/schedules.md)
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved") + ZB_SCHEDULES
+SCHEDULE_HELP = {
+    "gpipe": "all forwards, then all backwards",
+    "1f1b": "one forward, one backward (PipeDream-flush); bubble (pp-1)(F+B)",
+    "interleaved": "1F1B over vpp model chunks per GPU; bubble (pp-1)(F+B)/vpp",
+    "zb-h1": "zero-bubble H1: backward split into B (input grad) and W (weight grad), W fills the cool-down; "
+             "bubble (pp-1)(F+B-2W), 1F1B's memory",
+    "zb-v": "zero-bubble V: 2 chunks per GPU in a V, W fills the bubbles; near-zero bubble at 1F1B's memory",
+    "dualpipe": "DeepSeek-V3 DualPipe: micro-batches from both ends, forward and backward chunks overlapped with "
+                "their communication; bubble (pp/2-1)(F&B+B-3W), 2x parameters; even pp and micro-batches",
+    "dualpipe-v": "DualPipeV: DualPipe cut in half, 2 chunks per GPU in a V; bubble (pp-1)(F&B+B-3W), 1x parameters",
+}
 RECOMPUTES = ("none", "selective", "full")
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "mxfp8", "nvfp4")
 # Context-parallel communication kinds (Layout.cp_comm; Megatron-Core cp_comm_type)
@@ -534,6 +546,39 @@ class Layout:
                       f"2*cp = {2 * self.cp} (Megatron's causal load balancing splits it into 2*cp chunks).",
                 f"use a seq_len that is a multiple of 2*cp*cp = {2 * self.cp * self.cp}, or a smaller cp.")
 
+    # --- zero-bubble and bidirectional pipeline schedules ---
+    def _validate_zb_schedule(self) -> None:
+        """The layout rules of zb-h1 / zb-v / dualpipe / dualpipe-v (the requirements of their reference code:
+        DualPipe's step() asserts an even number of ranks and an even number of micro-batches >= 2 x ranks,
+        DualPipeV's micro-batches >= 2 x ranks; the V schedules hold exactly 2 chunks per rank)."""
+        s, m = self.schedule, self.num_micro_batches
+        if self.pp < 2:
+            raise InfeasibleConfig("schedule", f"the {s} schedule needs pp >= 2 pipeline stages.",
+                                   "raise pp, or use --schedule 1f1b.")
+        want_vpp = 2 if s in V_SCHEDULES else 1
+        if self.vpp != want_vpp:
+            raise InfeasibleConfig(
+                "vpp", f"the {s} schedule runs {want_vpp} model chunk{'s' if want_vpp > 1 else ''} per GPU, "
+                       f"got vpp = {self.vpp}.", f"set --vpp {want_vpp} (or leave it out).")
+        if s == "dualpipe" and self.pp % 2:
+            raise InfeasibleConfig("pp", f"DualPipe needs an even number of pipeline stages, got pp = {self.pp}.",
+                                   f"use pp = {self.pp + 1} or {self.pp - 1}, or --schedule dualpipe-v.")
+        if s in ("dualpipe", "dualpipe-v") and m < 2 * self.pp:
+            raise InfeasibleConfig(
+                "global_batch", f"{s} needs at least 2 x pp = {2 * self.pp} micro-batches, got {m}.",
+                f"raise global_batch to at least {2 * self.pp * self.micro_batch * self.dp} "
+                f"(or lower micro_batch).")
+        if s == "dualpipe" and m % 2:
+            raise InfeasibleConfig(
+                "global_batch", f"DualPipe feeds half the micro-batches from each end: it needs an even number, "
+                                f"got {m}.", f"use a global batch of {(m + 1) * self.micro_batch * self.dp}.")
+        if s == "zb-v" and m < 2 * self.pp - 1:
+            # the ZB-V order fills its V with 2pp-1 micro-batches (PyTorch's ScheduleZBVZeroBubble pads to that many)
+            raise InfeasibleConfig(
+                "global_batch", f"zb-v needs at least 2 x pp - 1 = {2 * self.pp - 1} micro-batches, got {m}.",
+                f"raise global_batch to at least {(2 * self.pp - 1) * self.micro_batch * self.dp} (or lower "
+                "micro_batch).")
+
     def _validate_ep(self, model: ModelSpec) -> None:
         """Expert parallelism: only for MoE models, ep divides num_experts and the tp * cp * dp ranks of a stage,
         and (as Megatron-Core requires) sequence parallelism with tp > 1 in a MoE model."""
@@ -729,6 +774,8 @@ class Layout:
                     f"the interleaved schedule needs the number of micro-batches ({self.num_micro_batches}) "
                     f"to be a multiple of pp ({self.pp}).",
                     "change global_batch or micro_batch accordingly.")
+        elif self.schedule in ZB_SCHEDULES:
+            self._validate_zb_schedule()
         elif self.vpp != 1:
             raise InfeasibleConfig("vpp", f"vpp = {self.vpp} needs --schedule interleaved.",
                                    "set vpp to 1 or use the interleaved schedule.")
@@ -795,6 +842,12 @@ class Layout:
                 if sum(self.stage_layers) != model.num_layers:
                     raise InfeasibleConfig("stage_layers", f"sums to {sum(self.stage_layers)} but the model has "
                                                            f"{model.num_layers} layers.")
+            elif self.schedule in V_SCHEDULES and model.num_layers % chunks:
+                raise InfeasibleConfig(
+                    "pp", f"{self.schedule} runs 2 model chunks per GPU: {model.num_layers} layers do not split "
+                          f"evenly into 2 x pp = {chunks} chunks.",
+                    f"choose pp so that {model.num_layers} / (2 x pp) is an integer, or give stage_layers "
+                    f"({chunks} entries).")
             elif (self.schedule == "interleaved" and model.num_layers % chunks
                   and interleaved_split(model.num_layers, chunks) is None):
                 raise InfeasibleConfig(

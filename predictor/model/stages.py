@@ -47,3 +47,21 @@ def chunk_layer_counts(model: ModelSpec, layout: Layout) -> list[int]:
         if split is not None:
             return split
     return split_layers(model.num_layers, chunks)
+
+
+# --- zero-bubble and bidirectional pipeline schedules (docs/schedules.md) ---
+# zb-h1: Qi et al., "Zero Bubble Pipeline Parallelism" (ICLR 2024, arXiv 2401.10241), section 3.1;
+# zb-v: Qi et al., "Pipeline Parallelism with Controllable Memory" (arXiv 2405.15362), 2 chunks per GPU in a V;
+# dualpipe: DeepSeek-V3 technical report (arXiv 2412.19437) section 3.2.1, Table 2;
+# dualpipe-v: DualPipeV, the "cut-in-half" DualPipe (github.com/deepseek-ai/DualPipe), 2 chunks per GPU in a V.
+ZB_SCHEDULES = ("zb-h1", "zb-v", "dualpipe", "dualpipe-v")
+V_SCHEDULES = ("zb-v", "dualpipe-v")   # two model chunks per GPU, the first going down the ranks, the second back
+
+
+def chunk_rank(schedule: str, pp: int, chunk_index: int) -> int:
+    """The pipeline rank that runs chunk `chunk_index` (chunks in model order): zb-v / dualpipe-v place two chunks
+    per rank in a V (chunk g on rank g going down, chunk 2pp-1-g coming back); every other schedule chunk g on
+    rank g % pp (DualPipe's second copy, chunk g on rank pp-1-g, is predictor.step.compose.chunk_rank_matrix's)."""
+    if schedule in V_SCHEDULES:
+        return chunk_index if chunk_index < pp else 2 * pp - 1 - chunk_index
+    return chunk_index % pp

@@ -34,6 +34,7 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.ops import OP_SHAPE_COLUMNS, STAND_INS
 from predictor.model.params import layer_matmul_params, padded_vocab
 from predictor.model.specs import Layout, ModelSpec, as_dict
+from predictor.model.stages import chunk_rank
 from predictor.paths import ArtifactError
 from predictor.plan.accuracy_record import DeviceCheck
 from predictor.plan.accuracy_record import band_words as independent_band_words
@@ -643,7 +644,7 @@ class Predictor:
                     rows.append((stage, chunk, c.part, c.phase, c.op, c.pass_, "compute", c.count * k, t,
                                  t * c.count * k, prov, tc.raw_error, PER_MICRO_BATCH))
         for i in range(nch):
-            stage, chunk, n = i % S.pp, i // S.pp, S.counts[i]
+            stage, chunk, n = chunk_rank(S.schedule, S.pp, i), i // S.pp, S.counts[i]
             n_dense = dense_counts[i]
             add_unit(stage, chunk, parts.layer, float(n - n_dense))
             if n_dense:
@@ -652,7 +653,7 @@ class Predictor:
                 add_unit(stage, chunk, parts.first, 1.0)
             if i == nch - 1:
                 add_unit(stage, chunk, parts.last, 1.0)
-            n_p2p = D_p2p(i, nch, S.pp)
+            n_p2p = D_p2p(i, nch, S.pp, S.schedule)
             if n_p2p and det["p2p_s"] > 0:
                 for ph in ("fwd", "bwd"):
                     rows.append((stage, chunk, "pp", ph, "p2p[pp]", ph, "pp_comm", n_p2p, det["p2p_s"],
@@ -865,9 +866,9 @@ def host_share(prov_s: dict[str, list[float]]) -> float:
     return host / total if total > 0 else 0.0
 
 
-def D_p2p(i: int, nch: int, pp: int) -> int:
+def D_p2p(i: int, nch: int, pp: int, schedule: str = "1f1b") -> int:
     from predictor.step.decompose import p2p_calls_per_pass
-    return p2p_calls_per_pass(i, nch, pp)
+    return p2p_calls_per_pass(i, nch, pp, schedule)
 
 
 def chunk_times_of(det: dict[str, Any]) -> list[ChunkTimes]:
@@ -875,8 +876,10 @@ def chunk_times_of(det: dict[str, Any]) -> list[ChunkTimes]:
     S: Structure = det["structure"]
     out = []
     for i in range(S.pp * S.vpp):
-        out.append(ChunkTimes(i % S.pp, i // S.pp, {k: float(v[i]) for k, v in det["fwd"].items()},
-                              {k: float(v[i]) for k, v in det["bwd"].items()}, float(det["recompute"][i])))
+        out.append(ChunkTimes(chunk_rank(S.schedule, S.pp, i), i // S.pp,
+                              {k: float(v[i]) for k, v in det["fwd"].items()},
+                              {k: float(v[i]) for k, v in det["bwd"].items()}, float(det["recompute"][i]),
+                              wgrad_s=float(det["wgrad"][i])))
     return out
 
 

@@ -46,7 +46,7 @@ from predictor.model.specs import (
     grad_comm_bytes,
     grad_reduce_in_fp32_of,
 )
-from predictor.model.stages import interleaved_split, split_layers
+from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, interleaved_split, split_layers
 from predictor.plan.costing import TrainingEstimate, training_estimate
 from predictor.plan.predict import Predictor, StepPrediction, get_predictor, model_flops_per_step
 from predictor.step import memory as mem
@@ -391,6 +391,22 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
             for v in cand_v:
                 if v >= 2 and interleaved_split(L, pp * v) is not None:
                     inter.append(v)
+        # --- zero-bubble and bidirectional schedules (only where asked: SearchSpace.schedules) ---
+        zb_structs = [(s_, Structure(pp, 2 if s_ in V_SCHEDULES else 1, s_,
+                                     tuple(split_layers(L, pp * (2 if s_ in V_SCHEDULES else 1))), None))
+                      for s_ in ZB_SCHEDULES if s_ in space.schedules and pp >= 2
+                      and not (s_ == "dualpipe" and pp % 2) and not (s_ in V_SCHEDULES and L % (2 * pp))]
+        for s_, why in (("dualpipe", pp % 2 and f"DualPipe needs an even pp, got pp={pp}."),
+                        *((v_, L % (2 * pp) and f"{v_} runs 2 chunks per GPU: {L} layers do not split into 2 x pp = "
+                                                f"{2 * pp} chunks.") for v_ in V_SCHEDULES)):
+            if s_ in space.schedules and pp >= 2 and why and not any(e["option"] == f"{s_} pp={pp}" for e in excl):
+                excl.append({"option": f"{s_} pp={pp}", "values": {"schedule": s_, "pp": pp}, "reason": why})
+        if "zb-h1" in space.schedules and space.uneven_splits and pp >= 3:   # 1f1b's edge-light split
+            c = split_layers(L + 2, pp)
+            c[0] -= 1
+            c[-1] -= 1
+            if min(c) >= 1 and tuple(c) != tuple(split_layers(L, pp)):
+                zb_structs.append(("zb-h1", Structure(pp, 1, "zb-h1", tuple(c), tuple(c))))
         for mb in mbs:
             m = per_replica // mb
             plist = list(structures_pp) if pp > 1 else [structures_pp[0]]
@@ -398,6 +414,9 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                 if m % pp == 0:
                     st = Structure(pp, v, "interleaved", tuple(interleaved_split(L, pp * v) or ()), None)
                     plist.append((sid(st), v))
+            for s_, st in zb_structs:
+                if zb_micro_batches_ok(s_, pp, m):
+                    plist.append((sid(st), st.vpp))
             for st_id, _v in plist:
                 for rc in rcs:
                     rci = RC.index(rc)
@@ -452,6 +471,17 @@ def _etp_choices(model: ModelSpec, space: SearchSpace, fw: Any, tp: int, ep: int
         return [default]
     cand = space.etp or tuple(sorted({default, 1, tp}))
     return [e for e in cand if e >= 1 and model.expert_ffn % e == 0 and ranks % (e * ep) == 0]
+
+
+def zb_micro_batches_ok(schedule: str, pp: int, m: int) -> bool:
+    """Layout.validate's micro-batch rules of the zero-bubble / DualPipe schedules (specs: _validate_zb_schedule)."""
+    if schedule == "dualpipe":
+        return m % 2 == 0 and m >= 2 * pp
+    if schedule == "dualpipe-v":
+        return m >= 2 * pp
+    if schedule == "zb-v":
+        return m >= 2 * pp - 1
+    return True
 
 
 def _ep_choices(model: ModelSpec, space: SearchSpace, ranks: int) -> list[int]:

@@ -29,7 +29,7 @@ from predictor.model import params
 from predictor.model.frameworks import fused_kernels_on, get_framework, separate_grad_accumulation
 from predictor.model.ops import OP_SHAPE_COLUMNS, SHAPE_COLUMNS
 from predictor.model.specs import BYTES_PER_ELEMENT, FLASH_IMPLS, Layout, ModelSpec, grad_comm_bytes
-from predictor.model.stages import chunk_layer_counts
+from predictor.model.stages import V_SCHEDULES, chunk_layer_counts, chunk_rank
 from predictor.step import fp8 as fp8_
 from predictor.step.terms import TRITON_ATTENTION_FACTOR
 
@@ -618,11 +618,13 @@ def p2p_message_bytes(model: ModelSpec, tp: int, micro_batch: int, seq_len: int,
     return act // tp if sequence_parallel else act
 
 
-def p2p_calls_per_pass(chunk_index: int, chunks: int, pp: int) -> int:
+def p2p_calls_per_pass(chunk_index: int, chunks: int, pp: int, schedule: str = "1f1b") -> int:
     """Sends + receives of one chunk per micro-batch and pass (the first chunk receives nothing, the
-    last sends nothing)."""
+    last sends nothing; zb-v / dualpipe-v: chunk pp-1 hands its output to chunk pp on the same rank, the V's turn)."""
     if pp <= 1:
         return 0
+    if schedule in V_SCHEDULES:
+        return int(chunk_index not in (0, pp)) + int(chunk_index not in (chunks - 1, pp - 1))
     return int(chunk_index != 0) + int(chunk_index != chunks - 1)
 
 
@@ -818,14 +820,16 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec, cp)
     emb = embedding_sync(model, tp, layout.pp, prec, topology(g, tp, dpc, layout.pp, "embedding"))
+    if layout.schedule in V_SCHEDULES:
+        emb = None   # the V puts the first and the last chunk on rank 0: a tied embedding needs no sync
     plans: list[StagePlan] = []
     for idx, n_layers in enumerate(counts):
         first, last = idx == 0, idx == chunks - 1
         n_dense = dense_counts[idx] if model.is_moe else 0
-        plan = StagePlan(stage=idx % layout.pp, chunk=idx // layout.pp, layers=n_layers, is_first=first,
-                         is_last=last, params_per_gpu=params.chunk_params(model, tp, layout.pp, n_layers, first,
-                                                                          last, s, dense=n_dense, ep=ep,
-                                                                          etp=etp))
+        plan = StagePlan(stage=chunk_rank(layout.schedule, layout.pp, idx), chunk=idx // layout.pp, layers=n_layers,
+                         is_first=first, is_last=last,
+                         params_per_gpu=params.chunk_params(model, tp, layout.pp, n_layers, first, last, s,
+                                                            dense=n_dense, ep=ep, etp=etp))
         plan.ops += [_times(c, n_layers - n_dense) for c in lay.ops] + [_times(c, n_dense) for c in dense_lay.ops
                                                                         if n_dense]
         plan.comms += ([_ctimes(c, n_layers - n_dense) for c in lay.comms]
@@ -836,7 +840,7 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
         if last:
             plan.ops += list(lst.ops)
             plan.comms += list(lst.comms)
-        n_p2p = p2p_calls_per_pass(idx, chunks, layout.pp)
+        n_p2p = p2p_calls_per_pass(idx, chunks, layout.pp, layout.schedule)
         if n_p2p:
             plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "fwd", n_p2p, *pp_topo))
             plan.comms.append(CommCall("p2p", p2p_bytes, "pp", "bwd", n_p2p, *pp_topo))

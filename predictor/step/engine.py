@@ -34,11 +34,12 @@ from predictor.model.frameworks import (
     separate_grad_accumulation,
 )
 from predictor.model.specs import CP_COMMS, Layout, ModelSpec, grad_reduce_in_fp32_of
-from predictor.regress.features import TENSOR_CORE_GEMM_OPS
+from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, chunk_rank
+from predictor.regress.features import GEMM_OPS, TENSOR_CORE_GEMM_OPS
 from predictor.step import decompose as D
 from predictor.step import memory as mem
 from predictor.step.arrayops import unique_rows as _unique_rows
-from predictor.step.compose import CATEGORIES, ArrayComposition, ComposeOptions, compose_arrays
+from predictor.step.compose import CATEGORIES, ArrayComposition, ComposeOptions, chunk_rank_matrix, compose_arrays
 from predictor.step.overhead import RECOMPUTE_PASSES, HostOverhead
 from predictor.step.terms import TERMS_PROVENANCE, CapCurve, EndToEndTerms, blend, slowest_of
 
@@ -163,6 +164,8 @@ class UnitTimes:
     caps: dict[str, CapCurve] = field(default_factory=dict)  # "fi" / "bi" / "ri": the 'cap' power form's curves
     prov: dict[str, list[float]] = field(default_factory=dict)  # provenance -> [seconds, seconds x error]
     raw: tuple = ()      # (unit, op times, comm times, errors): what `calls` is built from, on demand
+    # --- zero-bubble schedules: the weight-gradient pass W (docs/schedules.md) ---
+    bw: float = 0.0      # half the backward (not recomputation) seconds of the linear-layer GEMMs (GEMM_OPS)
 
     @property
     def calls(self) -> list[Timed]:
@@ -343,7 +346,7 @@ class Engine:
         comm_t = self.timings.comm_times(unit.comms)
         prov_d = u.prov
         op_e, comm_e = [], []
-        fc = bc = rc = ft = bt = 0.0
+        fc = bc = rc = ft = bt = bw = 0.0
         attn = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # attention kernels per phase (the CP ring's cover)
         ring = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}   # CP ring sends per phase
         cpa2a = {"fwd": 0.0, "bwd": 0.0, "recompute": 0.0}  # CP all-to-alls per phase (not overlapped)
@@ -366,6 +369,10 @@ class Engine:
                 attn[c.phase] += total
             elif c.op in D.TP_OVERLAP_GEMMS and c.phase in gemm and c.part != "experts":
                 gemm[c.phase] += total
+            if c.op in GEMM_OPS and c.phase == "bwd":
+                # a linear layer's backward = a data-gradient and a weight-gradient GEMM of the same FLOPs: the
+                # weight-gradient half is the zero-bubble schedules' W pass (Qi et al. 2024, section 2)
+                bw += 0.5 * total
             if c.phase == "fwd":
                 fc += total
                 phases: tuple[str, ...] = ("fi",)
@@ -411,6 +418,7 @@ class Engine:
         u.fi, u.bi, u.ri = (float(sum(kern[f][1])) for f in ("fi", "bi", "ri"))
         u.fep, u.bep = fep, bep
         u.hfep, u.hbep = min(fep, bc), min(bep, fc)
+        u.bw = bw
         (u.fa, u.ba, u.ra), (u.fm, u.bm, u.rm) = kind["a"], kind["m"]
         u.caps = {f: CapCurve.of(ts, ids) for f, (ts, ids) in kern.items()}
         if unit.tp_overlap:
@@ -510,6 +518,18 @@ class Engine:
         return self._classes[(model, seq_len, precision, int(row[I_TP]), pp, int(row[I_DP] * row[I_CP]),
                               int(row[I_ZERO]), int(gather_mode(row[None, :])[0]), int(row[I_EP]), int(row[I_GB]),
                               int(row[I_F8P]), *cls, int(row[I_ETP]))]
+
+    # --- DualPipe: the two parameter copies of every stage ---
+    def _dualpipe_grad_sync(self, model: ModelSpec, seq_len: int, precision: str, tp: int, pp: int, dp: int, z: int,
+                            gm: int, ep: int, gb: int, f8p: int, layers: int, first: int, last: int,
+                            dense: int) -> float:
+        """DualPipe keeps stage r on ranks r and pp-1-r (DeepSeek-V3 Table 2: 2x parameters), so each stage's
+        gradients are reduced over its 2 x dp copies: the chunk's data-parallel gradient reduction taken on 2 x dp
+        ranks (the same collectives, `step_work`, on a group twice the size, spanning the nodes of both pipeline
+        ranks), in place of the dp one. The optimizer and its ZeRO shards stay those of the dp group."""
+        key = (tp, pp, 2 * dp, z, gm, ep, gb, f8p, layers, first, last, dense)
+        self.prepare_classes_many([(model, seq_len, precision, key)])
+        return float(self._classes[(model, seq_len, precision, *key)].dp_sync_s)
 
     def _emb_sync(self, model: ModelSpec, tp: int, pp: int, dp: int, prec: str) -> tuple[float, str, float]:
         key = (model, tp, pp, dp, prec)
@@ -630,8 +650,9 @@ class Engine:
         cf[0] = 1
         cl = np.zeros(nch)
         cl[-1] = 1
-        cstage = np.arange(nch) % pp
-        n_p2p = np.array([D.p2p_calls_per_pass(i, nch, pp) for i in range(nch)], float)
+        zb = S.schedule in ZB_SCHEDULES
+        cstage = np.array([chunk_rank(S.schedule, pp, i) for i in range(nch)]) if zb else np.arange(nch) % pp
+        n_p2p = np.array([D.p2p_calls_per_pass(i, nch, pp, S.schedule) for i in range(nch)], float)
         dn = np.array(chunk_dense(S, model), float)   # a MoE model's dense layers per chunk (0 for a dense model)
         cls_of = np.array([classes.index((S.counts[i], int(i == 0), int(i == nch - 1), int(dn[i])))
                            for i in range(nch)])
@@ -644,6 +665,9 @@ class Engine:
                                    int(f8p), n_l, f, l_, d_, int(etp))]
                 work[ci, j] = (c.optimizer_s, c.dp_sync_s, c.param_gather_s, c.zf_total, c.zf_unit, c.zb_total,
                                c.zb_unit, c.accum_s)
+                if S.schedule == "dualpipe":
+                    work[ci, j, 1] = self._dualpipe_grad_sync(model, seq_len, precision, int(tp), pp, int(dp), int(z),
+                                                              int(gm), int(ep), int(gb), int(f8p), n_l, f, l_, d_)
         W = work[cinv][:, cls_of, :]          # [R, chunks, 8]
 
         def chunks_of(f: str) -> np.ndarray:   # [R, chunks]
@@ -654,6 +678,8 @@ class Engine:
             return out
         fc, bc, rcp, ft, bt, fcp, bcp, fep, bep = (chunks_of(f) for f in ("fc", "bc", "rc", "ft", "bt", "fcp", "bcp",
                                                                           "fep", "bep"))
+        # zero-bubble schedules: W's share of the sampled backward compute, kept through the end-to-end terms below
+        w_share = (np.where(bc > 0, chunks_of("bw") / np.where(bc > 0, bc, 1.0), 0.0) if zb else None)
         m_r = sub[:, I_M].astype(float)
         if model.is_moe and sub[:, I_MO].any():
             # the dispatch / combine overlap (Layout.moe_overlap): what the paired passes hide (moe_overlap_hidden)
@@ -716,7 +742,8 @@ class Engine:
             fh, bh = self._framework_host(e2e, sub, cn, vpp, fc + ft + fep, bc + bt + bep)
         else:
             fh = bh = np.zeros_like(fc)
-        onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
+        onehot = (chunk_rank_matrix(S.schedule, pp, vpp) if zb
+                  else (cstage[:, None] == np.arange(pp)[None, :]).astype(float))
         arr = mem.stage_memory_arrays(model, seq_len, precision, S.counts, pp, vpp, S.schedule,
                                       tp=sub[:, I_TP], dp=dp_cp(sub), zero_stage=sub[:, I_ZERO], cp=sub[:, I_CP],
                                       ep=sub[:, I_EP], etp=sub[:, I_ETP],
@@ -730,13 +757,19 @@ class Engine:
         bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "cp_comm": bcp, "ep_comm": bep, "pp_comm": ppc,
                "dp_comm": bdp, "offload_comm": bof}
         emb_s = ((cf + cl) > 0).astype(float) @ onehot * emb_t[:, None]
+        if zb:
+            # zb-v / dualpipe-v: embedding and LM head both on rank 0 (no tied-embedding sync); DualPipe: both on
+            # each end rank (one sync per rank)
+            emb_s = (0.0 * emb_s if S.schedule in V_SCHEDULES
+                     else np.minimum(1.0, ((cf + cl) > 0).astype(float) @ onehot) * emb_t[:, None])
         ov_grad = sub[:, I_OGR].astype(bool) & opts.overlap_grad_reduce        # the platform may forbid it
         ov_gather = sub[:, I_OPG].astype(bool) & opts.overlap_param_gather
         comp: ArrayComposition = compose_arrays(
             fwd, bwd, rcp, cstage, pp=pp, vpp=vpp, schedule=S.schedule, m=m_r,
             dp_sync_s=W[..., 1] @ onehot, param_gather_s=W[..., 2] @ onehot, embedding_sync_s=emb_s,
             optimizer_s=W[..., 0] @ onehot, overlap_grad_reduce=ov_grad, overlap_param_gather=ov_gather,
-            grad_buckets=opts.grad_buckets, contention=kappa)
+            grad_buckets=opts.grad_buckets, contention=kappa,
+            wgrad=None if w_share is None else w_share * bc)
         out.step_time_s[idx] = comp.step_time_s
         out.host_all_s[idx] = m_r * (fh + bh).sum(axis=1)
         out.terms_all_s[idx] = m_r * (fc + bc - sampled).sum(axis=1) + comp.contention_s
@@ -766,7 +799,8 @@ class Engine:
                     "tails": {"dp_sync_s": (W[..., 1] @ onehot)[j], "param_gather_s": (W[..., 2] @ onehot)[j],
                               "embedding_sync_s": emb_s[j], "optimizer_s": (W[..., 0] @ onehot)[j]},
                     "memory": {k: v[j] for k, v in arr.items()}, "classes": [classes[c] for c in cls_of],
-                    "stage_finish_s": comp.stage_finish_s[j]}
+                    "stage_finish_s": comp.stage_finish_s[j],
+                    "wgrad": (w_share * bc)[j] if w_share is not None else np.zeros(nch)}
 
     def _offload_exposed(self, sub: np.ndarray, arr: dict[str, np.ndarray], onehot: np.ndarray, cn: np.ndarray,
                          unit: dict, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -848,11 +882,11 @@ class Engine:
             add(P.first.prov, m)
             add(P.last.prov, m)
             t_p2p, prov_p2p, e_p2p = p2p[p2p_inv[r]]
-            n_p2p = sum(D.p2p_calls_per_pass(i, nch, pp) for i in range(nch))
+            n_p2p = sum(D.p2p_calls_per_pass(i, nch, pp, S.schedule) for i in range(nch))
             if t_p2p > 0 and n_p2p:
                 add({prov_p2p: [t_p2p, t_p2p * e_p2p]}, 2.0 * m * n_p2p)
             t_emb, prov_emb, e_emb = emb[emb_inv[r]]
-            if t_emb > 0:
+            if t_emb > 0 and S.schedule not in V_SCHEDULES:
                 add({prov_emb: [t_emb, t_emb * e_emb]}, 2.0 if nch > 1 else 1.0)
             acc_k = float(separate[r]) * (m - 1.0)
             for i in range(nch):
@@ -907,7 +941,7 @@ def structure_classes(s: Structure, model: ModelSpec) -> list[tuple[int, int, in
 
 
 UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep", "fa", "ba", "ra", "fm", "bm",
-               "rm", "hfep", "hbep")
+               "rm", "hfep", "hbep", "bw")
 
 
 def moe_overlap_paired_share(m: np.ndarray, pp: int, vpp: int) -> np.ndarray:

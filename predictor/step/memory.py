@@ -89,6 +89,7 @@ stage 0 holds L(1 + (p-1)/(p v)) layers' worth, Korthikanti eq. 5).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -106,9 +107,10 @@ from predictor.model.specs import (  # noqa: F401
     grad_comm_bytes,
     padded_vocab,
 )
-from predictor.model.stages import chunk_layer_counts
+from predictor.model.stages import ZB_SCHEDULES, chunk_layer_counts
 from predictor.step import fp8
 from predictor.step.arrayops import unique_rows
+from predictor.step.compose import chunk_rank_matrix, zb_orders
 
 GIB = float(2 ** 30)
 # what a `tight` layout (MemoryReport.tight) is, in the words every page and table uses
@@ -441,6 +443,8 @@ def cp_ring_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
 # ------------------------------------------------------------------------------------ pipelines
 def in_flight(schedule: str, pp: int, vpp: int, m: int, stage: int) -> int:
     """Micro-batches (interleaved: chunk activations) whose activations stage `stage` holds at its peak."""
+    if pp > 1 and schedule in ZB_SCHEDULES:
+        return zb_in_flight(schedule, pp, m)[stage]
     if pp == 1 or schedule == "gpipe":
         return m * (vpp if schedule == "interleaved" else 1) if pp > 1 else 1
     if schedule == "interleaved":
@@ -454,6 +458,9 @@ def in_flight_array(schedule: str, pp: int, vpp: int, m: np.ndarray) -> np.ndarr
     s = np.arange(pp)[None, :]
     if pp == 1:
         return np.ones((m.shape[0], 1))
+    if schedule in ZB_SCHEDULES:
+        mu, inv = np.unique(m[:, 0].astype(np.int64), return_inverse=True)
+        return np.array([zb_in_flight(schedule, pp, int(k)) for k in mu], dtype=float)[inv]
     if schedule == "interleaved":
         return np.minimum(2 * (pp - s - 1) + (vpp - 1) * pp + 1, m * vpp)
     if schedule == "gpipe":
@@ -461,9 +468,51 @@ def in_flight_array(schedule: str, pp: int, vpp: int, m: np.ndarray) -> np.ndarr
     return np.minimum(pp - s, m)
 
 
+# --- zero-bubble and bidirectional schedules: activations held per rank (docs/schedules.md) ---
+def zb_in_flight(schedule: str, pp: int, m: int) -> tuple[int, ...]:
+    """`zb_in_flight_counted` in closed form where the layout rules hold (equal to the count on every pp 2-16 and
+    valid m, tests/test_schedules.py): zb-h1 min(p, m) on every stage, zb-v 2p, dualpipe p + 1, dualpipe-v 2p + 1."""
+    if schedule == "zb-h1":
+        return (min(pp, m),) * pp
+    if schedule == "zb-v" and m >= 2 * pp - 1:
+        return (2 * pp,) * pp
+    if schedule == "dualpipe" and m >= 2 * pp and m % 2 == 0 and pp % 2 == 0:
+        return (pp + 1,) * pp
+    if schedule == "dualpipe-v" and m >= 2 * pp:
+        return (2 * pp + 1,) * pp
+    return zb_in_flight_counted(schedule, pp, m)
+
+
+@lru_cache(maxsize=256)
+def zb_in_flight_counted(schedule: str, pp: int, m: int) -> tuple[int, ...]:
+    """Chunk activations each rank of zb-h1 / zb-v / dualpipe / dualpipe-v holds at its peak, counted on the
+    schedule's own order (predictor.step.compose): a chunk's activations live from its forward until its weight
+    gradient W has run (the inputs W needs are held until then; a whole backward frees them at once), and an
+    overlapped F&B pair holds both while it runs. Published: ZB-H1 p micro-batches, 1F1B's (Qi et al. 2024 Table 1,
+    M_B per micro-batch); DualPipe PP + 1 chunks, DualPipeV PP + 1 with PP counting chunks (DeepSeek-V3 Table 2, the
+    DualPipe README); tests/test_schedules.py checks them."""
+    orders, rank_of = zb_orders(schedule, pp, m)
+    peak = [0] * pp
+    for h, order in enumerate(orders):
+        alive = top = 0
+        for act in order:
+            kinds = [t[0] for t in act]
+            top = max(top, alive + kinds.count("F"))
+            alive += kinds.count("F") - kinds.count("W") - kinds.count("BW")
+        for r in rank_of(h):
+            peak[r] = top
+    return tuple(peak)
+
+
 def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[list[int]]:
     """Layers of each chunk grouped by physical stage: [[chunk layers on stage 0], ...]."""
     out: list[list[int]] = [[] for _ in range(layout.pp)]
+    if layout.schedule in ZB_SCHEDULES:   # the V's placement; DualPipe's two copies of every stage
+        place = chunk_rank_matrix(layout.schedule, layout.pp, layout.vpp)
+        for i, n in enumerate(chunk_layer_counts(model, layout)):
+            for r in np.nonzero(place[i])[0]:
+                out[int(r)].append(int(n))
+        return out
     for i, n in enumerate(chunk_layer_counts(model, layout)):
         out[i % layout.pp].append(int(n))
     return out
@@ -620,9 +669,12 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     counts = np.asarray(chunk_layers, dtype=float)
     dense_c = np.asarray(params.chunk_dense_layers(model, [int(c) for c in chunk_layers]), dtype=float)
     moe_c = counts - dense_c   # MoE layers per chunk (0 for a dense model)
+    zb = schedule in ZB_SCHEDULES
     cstage = np.arange(nch) % pp
     onehot = (cstage[:, None] == np.arange(pp)[None, :]).astype(float)
-    per_stage = np.bincount(cstage, minlength=pp)
+    if zb:   # the V's placement; DualPipe's two copies of every chunk
+        onehot = chunk_rank_matrix(schedule, pp, vpp)
+    per_stage = onehot.sum(axis=0) if zb else np.bincount(cstage, minlength=pp)
     mean_dense = (dense_c @ onehot) / per_stage
     mean_moe = (moe_c @ onehot) / per_stage
     e = BYTES_PER_ELEMENT[precision]
@@ -684,10 +736,18 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     k_in = in_flight_array(schedule, pp, vpp, num_micro_batches)
     acts = k_in * (mean_dense[None, :] * act_dense[:, None] + mean_moe[None, :] * act_moe[:, None])
     k_first = k_in[:, 0] if vpp == 1 else np.ceil(k_in[:, 0] / vpp)
-    acts[:, 0] += k_first * act_first
-    acts[:, -1] += act_last
     buffers = np.zeros((n, pp))
-    buffers[:, -1] += act_last_tr
+    if zb:
+        # the ranks holding the first chunk (the embedding's output per in-flight activation of that chunk) and
+        # the last (the LM head's logits): rank 0 for the V, both end ranks for DualPipe's two copies
+        on_first, on_last = onehot[0][None, :], onehot[-1][None, :]
+        acts += np.ceil(k_in / per_stage[None, :]) * act_first[:, None] * on_first
+        acts += act_last[:, None] * on_last
+        buffers += act_last_tr[:, None] * on_last
+    else:
+        acts[:, 0] += k_first * act_first
+        acts[:, -1] += act_last
+        buffers[:, -1] += act_last_tr
     # activation offloading: one layer's saved activations (mean of the stage's layer kinds), the layers offloaded
     layers_stage = np.maximum(mean_dense + mean_moe, 1e-300)
     per_layer = (mean_dense[None, :] * act_dense[:, None] + mean_moe[None, :] * act_moe[:, None]) / layers_stage
@@ -704,8 +764,12 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     if is_moe:
         buffers += a2a_buf[:, None]
     unit = np.repeat(lp[:, None], pp, axis=1)
-    unit[:, 0] = np.maximum(unit[:, 0], edge_first)
-    unit[:, -1] = np.maximum(unit[:, -1], edge_last)
+    if zb:
+        unit = np.maximum(unit, np.where(onehot[0][None, :] > 0, edge_first[:, None], 0.0))
+        unit = np.maximum(unit, np.where(onehot[-1][None, :] > 0, edge_last[:, None], 0.0))
+    else:
+        unit[:, 0] = np.maximum(unit[:, 0], edge_first)
+        unit[:, -1] = np.maximum(unit[:, -1], edge_last)
     sharded = ((zero >= 2) & (dp > 1)).astype(float)[:, None]
     z3 = ((zero == 3) & (dp > 1)).astype(float)[:, None]
     buffers += sharded * unit * g_row[:, None] + z3 * options.zero3_live_units * unit * e
