@@ -307,7 +307,7 @@ def test_w_is_half_the_backward_of_the_linear_layers(predictor):
     det = ev.details[0]
     w = np.asarray(det["wgrad"])
     bwd_c = np.asarray(det["bwd"]["compute"])
-    parts = predictor.engine._parts[(MODEL, L.seq_len, L.precision, *unit_key(L, predictor.platform))]
+    parts = predictor.engine._parts[(MODEL, L.seq_len, L.precision, *unit_key(L, predictor.platform, MODEL))]
     gemm_bwd = {name: sum(tc.seconds * tc.call.count for tc in u.calls
                           if getattr(tc.call, "op", None) in GEMM_OPS and tc.call.phase == "bwd")
                 for name, u in (("layer", parts.layer), ("first", parts.first), ("last", parts.last))}

@@ -149,7 +149,7 @@ MOE_ROW_CASES = [
     ({**MOE, "num_experts": "1e9"}, "num_experts"), ({**MOE, "num_experts": "two"}, "num_experts"),
     ({**MOE, "num_experts": "1"}, "num_experts"), ({**MOE, "top_k": "0"}, "top_k"),
     ({**MOE, "moe_ffn_hidden": str(2 ** 20)}, "moe_ffn_hidden"), ({**MOE, "dense_layers": "4"}, "dense_layers"),
-    ({"model": "deepseek-v3", "arch": ""}, "model"),
+    ({"model": "deepseek-v3.2", "arch": ""}, "model"),   # refused by name: its sparse attention is not modelled
 ]
 MOE_HEADER = [*BATCH_COLUMNS, "model", *MOE_ECHO_COLUMNS]
 

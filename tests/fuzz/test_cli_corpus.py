@@ -190,7 +190,7 @@ def test_unknown_models(capsys, model):
     ([*SMALL, "--num-experts", "8", "--top-k", "2", "--moe-imbalance", "nan"], "moe_imbalance"),
     ([*SMALL, "--num-experts", "8", "--top-k", "2", "--dense-layers", "4"], "dense_layers"),
     ([*SMALL, "--num-experts", "8", "--top-k", "2.5"], "top_k"), ([*SMALL, "--ep", "x"], "ep"),
-    (["--model", "deepseek-v3"], "model"), (["--model", "mixtral-8x7b", "--num-experts", "0", "--top-k", "2"], "top_k"),
+    (["--model", "deepseek-v3.2"], "model"), (["--model", "mixtral-8x7b", "--num-experts", "0", "--top-k", "2"], "top_k"),
 ])
 def test_invalid_layouts_name_the_field(capsys, args, field):
     rc, _, err = run(["predict", "--platform", "dgx-a100-80gb", *args], capsys)
@@ -228,7 +228,7 @@ def test_search_gpu_counts_that_cannot_be_read(capsys, gpus):
     (["--recompute", "half"], "recompute"), (["--tp", "x"], "tp"), (["--tokens", "lots"], "tokens"),
     (["--objective", "speed"], "objective"), (["--precision", "fp4"], "precision"),
     (["--platform", "dgx-a100-80gb", "--precision", "fp8"], "precision"), (["--top-k", "2"], "top_k"),
-    (["--model", "mixtral-8x7b", "--top-k", "9"], "top_k"), (["--model", "deepseek-v3"], "model"),
+    (["--model", "mixtral-8x7b", "--top-k", "9"], "top_k"), (["--model", "deepseek-v3.2"], "model"),
     (["--model", "mixtral-8x7b", "--capacity-factor", "inf"], "capacity_factor"),
 ])
 def test_search_bad_fields(capsys, args, field):
