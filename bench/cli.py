@@ -517,7 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--out-root", default=str(SAMPLES))
     sp.add_argument("--no-catalog", action="store_true",
                     help="leave predictor/catalog/*.json alone (default: cpu-host, cpu-2t, cpu-1t get this machine's "
-                         "measured device and loopback figures)")
+                         "measured device and loopback figures); only where the catalog's cpu-host is this machine "
+                         "within 25 %%, else the loop stops at the device phase (the models are judged against it)")
     sp.add_argument("--store", help="sample store (default: the project's store)")
     sp.add_argument("--models-dir")
     sp.add_argument("--budget-2t", type=float, help="seconds of cpu-2t op sampling (same as --budget ops-2t=S)")

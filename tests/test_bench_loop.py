@@ -338,3 +338,38 @@ def test_a_job_whose_steps_change_regime_is_measured_once_more_and_pooled():
     assert r["job_measured_s"] == [1.745, 1.30] and r["discarded_steps"] == 2 and "regime" in said[0]
     steady = {"name": "a", "measured_s": 1.0, "steps_s": [1.0, 1.01, 0.99, 1.0]}
     assert pool_if_unsteady(steady, rerun, said.append) == {**steady, "jobs": 1} and calls == [1]
+
+
+def test_catalog_device_mismatch_names_what_differs():
+    from bench.sampling.device import catalog_device_mismatch
+    cat = {"peak_tflops": {"fp32": 0.147}, "hbm_bandwidth_gbps": 34.0}
+    assert catalog_device_mismatch({"peak_tflops": {"fp32": 0.16}, "hbm_bandwidth_gbps": 31.0}, cat) is None
+    why = catalog_device_mismatch({"peak_tflops": {"fp32": 0.3456}, "hbm_bandwidth_gbps": 24.84}, cat)
+    assert "peak fp32 GEMM 0.3456 TFLOP/s measured, 0.147 in the catalog" in why and "bandwidth" in why
+    assert catalog_device_mismatch({"peak_tflops": {"fp32": 0.15}}, None) == "the catalog has no entry for this device"
+
+
+def test_no_catalog_on_a_machine_unlike_the_catalogs_stops_at_the_device_phase(tmp_path, monkeypatch, capsys):
+    """With --no-catalog the models are trained and judged against the catalog's cpu-host. On a machine more than
+    twice as fast (an Intel Xeon at 0.346 TFLOP/s against the catalog's EPYC at 0.147) most GEMM samples then fail
+    the physical bound and cpu-2t came out 40 % slow: the loop now stops at the device phase, names both figures
+    and the fix, samples nothing and leaves the catalog alone."""
+    import bench.env
+    import bench.sampling.device as DV
+    cat = json.loads((DV.CATALOG / "devices.json").read_text())["cpu-host"]
+    fast = {dt: 2.4 * float(v) for dt, v in cat["peak_tflops"].items()}
+    monkeypatch.setattr(DV, "measure", lambda *a, **k: {"fake": True})
+    monkeypatch.setattr(DV, "cpu_device_entry", lambda m: {"peak_tflops": fast, "sources": [],
+                                                           "hbm_bandwidth_gbps": cat["hbm_bandwidth_gbps"]})
+    monkeypatch.setattr(bench.env, "wait_calm", lambda *a, **k: 0.0)
+    ran: list[str] = []
+    for n in LP.PHASES:
+        if n != "device":
+            monkeypatch.setitem(LP.PHASE_FUNCS, n, lambda L, b, q, n=n: ran.append(n) or {})
+    before = (DV.CATALOG / "devices.json").read_bytes()
+    assert C.main(_args(tmp_path)) == 1
+    assert ran == [] and (DV.CATALOG / "devices.json").read_bytes() == before
+    rec = json.loads((tmp_path / "samples" / LP.RECORD_FILE).read_text())
+    err = rec["phases"]["device"]["error"]
+    assert "not this machine" in err and "TFLOP/s measured" in err and "without --no-catalog" in err
+    assert "Traceback" not in capsys.readouterr().err

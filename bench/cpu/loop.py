@@ -152,13 +152,32 @@ def _gate(L: Loop) -> dict:
 def ph_device(L: Loop, budget: float, q: dict | None) -> dict:
     from bench.cpu.cpu_clusters import cluster_entry_1t, cluster_entry_2t
     from bench.env import wait_calm
-    from bench.sampling.device import CATALOG, cpu_device_entry, measure, upsert_catalog_entry
+    from bench.sampling.device import (
+        CATALOG,
+        CATALOG_DEVICE_TOLERANCE,
+        catalog_device_mismatch,
+        cpu_device_entry,
+        measure,
+        upsert_catalog_entry,
+    )
     waited = 0.0 if L.a.no_wait else wait_calm(300, log=L.log)
     m = measure("cpu", 2, "fp32")
     entry = cpu_device_entry(m)
     entry["sources"].append(f"quiet-machine check before measuring: {json.dumps(q, default=str)}")
     L.log(f"device cpu-host: {entry['peak_tflops']} TFLOP/s, {entry['hbm_bandwidth_gbps']} GB/s")
-    if not getattr(L.a, "no_catalog", False):
+    if getattr(L.a, "no_catalog", False):
+        # the models are trained and judged (physical bound, transfers, analytical parts) against the catalog's
+        # cpu-host: with --no-catalog that must be this machine, or the loop builds models of another one
+        cat = json.loads((CATALOG / "devices.json").read_text()).get("cpu-host")
+        why = catalog_device_mismatch(entry, cat)
+        if why:
+            raise RuntimeError(
+                f"--no-catalog, but the catalog's cpu-host is not this machine ({why}; more than "
+                f"{CATALOG_DEVICE_TOLERANCE:.0%} apart): the models would be trained and judged against the "
+                "catalog's device, and samples faster than its roofline dropped as impossible. Fix: run the loop "
+                "without --no-catalog, from a separate checkout (git worktree add ../loop-checkout) if the shipped "
+                "catalog must stay as it is.")
+    else:
         upsert_catalog_entry(CATALOG / "devices.json", "cpu-host", entry)
         upsert_catalog_entry(CATALOG / "clusters.json", "cpu-2t", cluster_entry_2t())
         if "cpu-1t" not in json.loads((CATALOG / "clusters.json").read_text()):

@@ -80,6 +80,33 @@ def cpu_device_entry(m: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# How far this machine's measured peak GEMM rate or copy bandwidth may differ from the catalog's `cpu-host` before
+# models trained with --no-catalog stop being about this machine: the regressors' physical bound (predictor/regress/
+# regressors.py: a sample faster than 0.5 x roofline for compute-bound ops, 0.25 x for memory-bound ones, is dropped)
+# is computed against the catalog's device, so on a CPU twice as fast as the catalog's most of its GEMM samples are
+# dropped as impossible and those operators fall back to a transfer (an Intel Xeon family 6 model 167 at 0.346
+# TFLOP/s against the catalog's EPYC at 0.147: cpu-2t predicted +40 % slow, 42 % MAPE, on 2026-12-01).
+CATALOG_DEVICE_TOLERANCE = 0.25
+
+
+def catalog_device_mismatch(measured: dict[str, Any], catalog: dict[str, Any] | None,
+                            tolerance: float = CATALOG_DEVICE_TOLERANCE) -> str | None:
+    """Why a device entry measured on this machine (`cpu_device_entry`) is not the catalog's entry the models will
+    be trained and judged against, or None where they agree within `tolerance` (relative) on every peak and on the
+    bandwidth. A catalog without the entry is a mismatch."""
+    if not catalog:
+        return "the catalog has no entry for this device"
+    out = []
+    for dtype, v in (measured.get("peak_tflops") or {}).items():
+        c = (catalog.get("peak_tflops") or {}).get(dtype)
+        if not c or abs(float(v) / float(c) - 1.0) > tolerance:
+            out.append(f"peak {dtype} GEMM {float(v):g} TFLOP/s measured, {c if c else 'none'} in the catalog")
+    bw, cbw = measured.get("hbm_bandwidth_gbps"), catalog.get("hbm_bandwidth_gbps")
+    if bw and (not cbw or abs(float(bw) / float(cbw) - 1.0) > tolerance):
+        out.append(f"copy bandwidth {float(bw):g} GB/s measured, {cbw if cbw else 'none'} in the catalog")
+    return "; ".join(out) or None
+
+
 def upsert_catalog_entry(file: str | Path, key: str, entry: dict[str, Any]) -> None:
     """Insert or replace one top-level entry of a catalog JSON file with a small textual edit (the
     rest of the file, its formatting included, is left as it is), then check the file still parses.
