@@ -190,7 +190,8 @@ def test_unknown_models(capsys, model):
     ([*SMALL, "--num-experts", "8", "--top-k", "2", "--moe-imbalance", "nan"], "moe_imbalance"),
     ([*SMALL, "--num-experts", "8", "--top-k", "2", "--dense-layers", "4"], "dense_layers"),
     ([*SMALL, "--num-experts", "8", "--top-k", "2.5"], "top_k"), ([*SMALL, "--ep", "x"], "ep"),
-    (["--model", "deepseek-v3.2"], "model"), (["--model", "mixtral-8x7b", "--num-experts", "0", "--top-k", "2"], "top_k"),
+    (["--model", "deepseek-v3.2"], "model"),
+    (["--model", "mixtral-8x7b", "--num-experts", "0", "--top-k", "2"], "top_k"),
 ])
 def test_invalid_layouts_name_the_field(capsys, args, field):
     rc, _, err = run(["predict", "--platform", "dgx-a100-80gb", *args], capsys)
