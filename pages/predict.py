@@ -84,9 +84,11 @@ if mem.fits:
     c[2].metric("Cost", fmt.money(cost.cost),
                 f"at ${target['price']:.2f}/GPU-h" if target["price"] is not None
                 else "set a price in the sidebar", delta_color="off", delta_arrow="off", border=True)
+    fams = views.family_shares(pred.provenance_share)
     c[3].metric("Data behind it", views.prov_word(pred.provenance_share),
-                views.short_prov(pred.provenance_share, families=2) or "-", delta_color="off", delta_arrow="off",
-                border=True, help=views.PROVENANCE_HELP)
+                f"{next(iter(fams.values())):.0%} of the time" if fams else "-", delta_color="off", delta_arrow="off",
+                border=True, help=views.PROVENANCE_HELP + " " + views.short_prov(pred.provenance_share, families=4)
+                + ".")
 # Charts only now: on a cold start the numbers above reach the browser first. Above the fold
 # and on the first tab the bars are plain HTML, so the first paint needs no chart library.
 from predictor_ui import charts  # noqa: E402
@@ -169,7 +171,16 @@ if t_mem.open:
                    f"({pk.nccl_bytes / GIB:.3g} GiB, from NCCL's buffer sizes per communicator the layout uses) "
                    f"+ CUDA context and workspaces ({pk.framework_bytes / GIB:.3g} GiB). Checked against "
                    "published per-GPU memory of Megatron runs on the Accuracy page."
-                   + (f" {mem.reason}." if mem.reason else ""))
+                   + (f" {mem.reason[:1].upper()}{mem.reason[1:]}." if mem.reason else ""))
+        # the three figures a user compares with their logs, side by side (as predict-batch's memory columns)
+        m1, m2, m3 = st.columns(3)
+        m1.metric("Allocated", f"{pk.allocated_bytes / GIB:,.1f} GiB", "torch max_memory_allocated", delta_color="off",
+                  delta_arrow="off", help="Tensors alive at the fullest stage's peak")
+        m2.metric("Reserved", f"{(pk.allocated_bytes + pk.allocator_bytes) / GIB:,.1f} GiB",
+                  "torch max_memory_reserved", delta_color="off", delta_arrow="off",
+                  help="Allocated plus the caching allocator's reserve")
+        m3.metric("Total", f"{pk.total_bytes / GIB:,.1f} GiB", "as nvidia-smi shows", delta_color="off",
+                  delta_arrow="off", help="Reserved plus NCCL buffers and the CUDA context")
         if pk.offloaded_bytes:   # activation offloading: the bytes held in host memory, not in any bar above
             st.caption(f"Offloaded to host memory: {pk.offloaded_bytes / GIB:.3g} GiB, the saved activations of "
                        f"{layout.offload_activations} layers per stage (one layer's stays on the GPU as the copy in "
