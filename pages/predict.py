@@ -176,7 +176,7 @@ if t_mem.open:
         m1, m2, m3 = st.columns(3)
         m1.metric("Allocated", f"{pk.allocated_bytes / GIB:,.1f} GiB", "torch max_memory_allocated", delta_color="off",
                   delta_arrow="off", help="Tensors alive at the fullest stage's peak")
-        m2.metric("Reserved", f"{(pk.allocated_bytes + pk.allocator_bytes) / GIB:,.1f} GiB",
+        m2.metric("Reserved", f"{pk.reserved_bytes / GIB:,.1f} GiB",
                   "torch max_memory_reserved", delta_color="off", delta_arrow="off",
                   help="Allocated plus the caching allocator's reserve")
         m3.metric("Total", f"{pk.total_bytes / GIB:,.1f} GiB", "as nvidia-smi shows", delta_color="off",

@@ -594,13 +594,9 @@ class Engine:
         if n == 0:
             return out
         rows = np.asarray(rows, dtype=np.int64)
-        tp_a, pp_a, _dp_a, mb_a, _m_a = (rows[:, i] for i in (I_TP, I_PP, I_DP, I_MB, I_M))
-        st_a, rc_a, sp_a, _z_a = (rows[:, i] for i in (I_STRUCT, I_RC, I_SP, I_ZERO))
-        cp_a, ep_a = rows[:, I_CP], rows[:, I_EP]
+        tp_a, pp_a, st_a = rows[:, I_TP], rows[:, I_PP], rows[:, I_STRUCT]
         dpc_a = dp_cp(rows)   # the data-parallel(-with-CP) group: gradients, ZeRO, pipeline stride
-        ukeys, kinv = _unique_rows(np.column_stack([tp_a, mb_a, sp_a, rc_a, cp_a, ep_a,
-                                                    fused_kernels(rows, self.platform), rows[:, I_OTP],
-                                                    a2a_ranks(model, rows, self.platform), rows[:, I_ETP]]))
+        ukeys, kinv = _unique_rows(unit_key_columns(rows, self.platform, model))
         klist = [tuple(int(v) for v in k) for k in ukeys]
         self.prepare(model, seq_len, precision, klist)
         parts = [self._parts[(model, seq_len, precision, *k)] for k in klist]
@@ -989,20 +985,24 @@ def a2a_ranks(model: ModelSpec, rows: np.ndarray, platform: Platform) -> np.ndar
 
 
 def unit_key(layout: Layout, platform: Platform, model: ModelSpec) -> tuple[int, ...]:
-    """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap, CP all-to-all ranks) of one
-    layout of `model` on `platform`."""
+    """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap, CP all-to-all ranks, expert
+    TP) of one layout of `model` on `platform`."""
     fused = fused_kernels_on(layout.framework, platform)
     a2a = D.cp_a2a_ranks(model, layout.tp, layout.cp, layout.cp_comm, layout.cp_a2a_size, platform.gpus_per_node)
     return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
             layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm), a2a, layout.expert_tp)
 
 
+def unit_key_columns(rows: np.ndarray, platform: Platform, model: ModelSpec) -> np.ndarray:
+    """Per row, the columns of its unit key (`unit_key`'s order: tp, micro_batch, sp, recompute, cp, ep, fused
+    kernels, TP overlap, CP all-to-all ranks, expert TP)."""
+    return np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]], fused_kernels(rows, platform),
+                            rows[:, I_OTP], a2a_ranks(model, rows, platform), rows[:, I_ETP]])
+
+
 def unit_keys(rows: np.ndarray, platform: Platform, model: ModelSpec) -> set[tuple[int, ...]]:
-    """The (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap, CP all-to-all ranks) units `rows` of
-    `model` need on `platform`."""
-    u, _ = _unique_rows(np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]],
-                                         fused_kernels(rows, platform), rows[:, I_OTP],
-                                         a2a_ranks(model, rows, platform), rows[:, I_ETP]]))
+    """The units (`unit_key_columns`) `rows` of `model` need on `platform`."""
+    u, _ = _unique_rows(unit_key_columns(rows, platform, model))
     return {tuple(int(v) for v in k) for k in u}
 
 
