@@ -68,10 +68,11 @@ def test_predict_batch_row_error_and_search_message():
 
 
 def test_fp8_gemms_are_faster_by_less_than_the_mamf_ratio_and_the_rest_is_unchanged():
-    P, m, b, f = _pair()
+    # a GPU whose FP8 GEMMs no table measures: the derived rule (dgx-h100 has a measured FP8 grid, below)
+    P, m, b, f = _pair("vista-gh200")
     dev = P.platform.device
     r, from_mamf = fp8.matmul_ratio(dev)
-    assert from_mamf and r == pytest.approx(794.5 / 1402.6)
+    assert from_mamf and r == pytest.approx(828.6 / 1535.0)
     assert f.step_time_s < b.step_time_s
     assert f.breakdown_s["compute"] > b.breakdown_s["compute"] * r   # casts and memory-bound shares cost something
     for c in ("tp_comm", "pp_comm", "dp_comm", "optimizer"):
@@ -88,6 +89,23 @@ def test_fp8_gemms_are_faster_by_less_than_the_mamf_ratio_and_the_rest_is_unchan
             assert sf == sb and pf == pb, c.op
     assert gemm_b * r < gemm_f < gemm_b
     assert any(fp8.FP8_PROVENANCE in k for k in f.provenance_share)
+
+
+def test_fp8_gemms_on_a_measured_fp8_grid_are_measured_and_still_faster_than_bf16():
+    P, m, b, f = _pair("dgx-h100")
+    r, _ = fp8.matmul_ratio(P.platform.device)
+    unit = layer_unit(m, 8, 1, 4096, True, "none", "bf16", (8, 1, 8))
+    tb, tf = P.op_times(unit.ops, "bf16"), P.op_times(unit.ops, "fp8")
+    gemm_b = gemm_f = 0.0
+    for c, (sb, pb, _), (sf, pf, _) in zip(unit.ops, tb, tf):
+        if c.op in fp8.FP8_GEMM_OPS:
+            assert pf.startswith("measured") and "FP8 GEMM grid" in pf and fp8.FP8_PROVENANCE not in pf, c.op
+            gemm_b, gemm_f = gemm_b + sb * c.count, gemm_f + sf * c.count
+        else:
+            assert sf == sb and pf == pb, c.op
+    # the measured grid: faster than BF16, but by less than the MAMF ratio the rule assumed
+    assert gemm_b * r < gemm_f < gemm_b
+    assert f.step_time_s < b.step_time_s
 
 
 def test_fp8_mfu_is_against_the_bf16_peak_and_under_the_fp8_matmul_ceiling():
@@ -126,7 +144,7 @@ def test_the_fp8_independent_source_checks_and_predicts_every_row():
     assert len(d2) == 0 and sum(dropped2.values()) == 10
     c = ind.run_check("llm-foundry-h100-fp8")
     assert len(c.runs) == 10 and c.runs["predicted_s"].notna().all()
-    assert c.runs["provenance"].str.contains(fp8.FP8_PROVENANCE, regex=False).all()
+    assert c.runs["provenance"].str.contains("per-tensor FP8 GEMM grid", regex=False).all()
 
 
 def test_fp8_gemm_sampler_refuses_on_cpu():

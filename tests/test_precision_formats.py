@@ -14,6 +14,7 @@ from predictor.model.specs import PRECISIONS, Layout
 from predictor.plan.predict import Predictor
 from predictor.regress import features
 from predictor.step import fp8
+from predictor.step.decompose import OpCall
 
 L8 = dict(num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1, global_batch=64)
 SHAPE = [(1, 1, 4096, 4096, 32, 8, 14336, 128256, 32, None)]  # tp, b, l, h, heads, kv, ffn, vocab, layers, params
@@ -113,15 +114,22 @@ def test_fp8_rule_is_unchanged():
                 assert how == (fp8.FP8_PROVENANCE if from_mamf else fp8.FP8_PEAK_PROVENANCE)
 
 
-def test_predictions_through_predict_order_and_say_derived():
+def test_predictions_through_predict_order_and_say_what_they_rest_on():
     bf, f8, mx, nv = (_predict("dgx-b200", p) for p in ("bf16", "fp8", "mxfp8", "nvfp4"))
-    assert nv.step_time_s < mx.step_time_s < bf.step_time_s and f8.step_time_s < bf.step_time_s
+    # the measured B200 grids: NVFP4 faster than blockwise (MX-style) FP8, itself faster than per-tensor FP8
+    assert nv.step_time_s < mx.step_time_s < f8.step_time_s < bf.step_time_s
     # memory: the saved GEMM inputs and weight copies at the format's bytes
     assert nv.memory_gib < f8.memory_gib < mx.memory_gib
     assert bf.mfu < nv.mfu  # MFU against the BF16 peak for every low-precision format
     ops = nv.ops
     gemm = ops[ops["op"].isin(sorted(fp8.FP8_GEMM_OPS))]
-    assert len(gemm) and gemm["provenance"].str.contains("NVFP4 derived").all()
+    assert len(gemm) and gemm["provenance"].str.contains("NVFP4 GEMM grid").all()
+    # the same Blackwell GPU without its tables falls back to the derived rule and says so
+    P = Predictor(get_platform("dgx-b200"))
+    P.kernel_bank = None
+    call = OpCall("mlp_up", "fwd", SHAPE[0], 1.0, "fwd", "layer")
+    (_, prov, err), = P.op_times([call], "nvfp4")
+    assert "NVFP4 derived" in prov and err >= fp8.NVFP4_ASSUMED_ERROR
     rest = ops[(ops["category"] == "compute") & ~ops["op"].isin(sorted(fp8.FP8_GEMM_OPS))]
     # lm_head, attention, norms: BF16 as under fp8 (no format rule; a backward GEMM may still be derived from the
     # measured forward grid, which says so in its own words)

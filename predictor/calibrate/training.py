@@ -43,7 +43,9 @@ _PAPER_OPT_GROUP = dict(ops.PAPER_OPTIMIZER_FILES)  # paper function -> variant
 _SAME_ROOFLINE = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
 # Operators a platform's published kernel tables measure (`Platform.kernel_models`): a platform that holds only
 # those trains only those (its other samples, e.g. a few Liger-Kernel rows of one swept dimension, stay in the store)
-KERNEL_TABLE_OPS = ("gemm", "flash_attn")
+KERNEL_TABLE_OPS = ("gemm", "flash_attn", *(f.op for f in ops.FORMAT_GEMMS.values()))
+# a grid regressor per low-precision format, trained on the gemm rows of that dtype (ops.FORMAT_GEMMS)
+_FORMAT_BY_OP = {f.op: f for f in ops.FORMAT_GEMMS.values()}
 # variant suffix of a power-monitored collection (formats.aiconfigurator): left out of a fit when a short-run
 # collection of the same op exists, since the two differ in software and kernel choice as well as in power
 POWER_MONITORED = ":power-monitored"
@@ -64,6 +66,41 @@ def _drop_power_monitored(g: pd.DataFrame) -> tuple[pd.DataFrame, int]:
 
 
 # --------------------------------------------------------------------------- provenance
+CAUSAL_VARIANT = ":causal"  # variant suffix of causal attention samples (formats.aiconfigurator: prefill)
+
+
+def op_regressor_for(op: str, pass_: str, samples: pd.DataFrame) -> OpRegressor:
+    """The regressor `train_platform` fits on `samples` of (op, pass): a flash_attn model whose every row is a
+    causal kernel's (variant ending ':causal') normalises by the causal tile work (`OpRegressor(causal=True)`)."""
+    variants = samples["variant"].fillna("").astype(str) if "variant" in samples else pd.Series([], dtype=str)
+    causal = op == "flash_attn" and len(variants) > 0 and bool(variants.str.endswith(CAUSAL_VARIANT).all())
+    return OpRegressor(op, pass_, causal=causal)
+
+
+# GEMMs of at most this many FLOPs time the format grids' fixed per-call latency (`grid_fixed_overhead_s`)
+FIXED_OVERHEAD_MAX_FLOPS = 1e9
+
+
+def grid_fixed_overhead_s(grid: pd.DataFrame, table_dtype: str) -> float | None:
+    """The fixed latency a low-precision grid pays per call over the BF16 grid: the median of (format - bf16)
+    seconds over the shapes both timed with at most 1 GFLOP, where neither GEMM's work counts. In the published
+    tables this is the input-quantize pipeline TensorRT-LLM's `Linear` runs before the GEMM (per-tensor FP8 with
+    dynamic input scaling: about 10 us; blockwise FP8 1.5-3 us; NVFP4 about 5 us), none of which Transformer
+    Engine's fused cast kernels pay as separate launches. None without such shapes."""
+    g, _ = _drop_power_monitored(grid)
+    key = ["seq", "hidden", "ffn_hidden"]
+    fmt = g[g["dtype"] == table_dtype].groupby(key)["duration_s"].median()
+    bf = g[g["dtype"] == "bf16"].groupby(key)["duration_s"].median()
+    j = pd.concat({"fmt": fmt, "bf16": bf}, axis=1, join="inner").reset_index()
+    if not len(j):
+        return None
+    flops = 2.0 * j["seq"].astype(float) * j["hidden"].astype(float) * j["ffn_hidden"].astype(float)
+    small = (flops <= FIXED_OVERHEAD_MAX_FLOPS).to_numpy()
+    if small.sum() < 20:
+        return None
+    return max(float(np.median((j["fmt"] - j["bf16"]).to_numpy()[small])), 0.0)
+
+
 def _licences(batch_ids: pd.Series, store_path) -> dict[str, str]:
     try:
         b = store.list_batches(store_path=store_path)
@@ -137,6 +174,10 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
     for (op, ps), _ in opdf.groupby(["op", "pass"], sort=True):
         if op in ops.OPS and ps in ops.OPS[op].passes and (ops_only is None or op in ops_only):
             jobs.append(("op", op, ps))
+    grid = opdf[(opdf["op"] == "gemm") & (opdf["pass"] == "fwd")]
+    for f in ops.FORMAT_GEMMS.values():
+        if (grid["dtype"] == f.table_dtype).any() and (ops_only is None or f.op in ops_only):
+            jobs.append(("op", f.op, "fwd"))
     if ops_only is None:
         for c in sorted(coll["collective"].unique()) if len(coll) else []:
             if c in ops.COLLECTIVES:
@@ -156,14 +197,19 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
         model: OpRegressor | CollectiveRegressor
         if kind == "op":
             assert ps is not None  # op jobs name their pass
-            g, n_power = _drop_power_monitored(opdf[(opdf["op"] == name) & (opdf["pass"] == ps)])
-            dtypes = g["dtype"].fillna("fp16").astype(str)
-            main = _training_dtype(dtypes)
-            same = dtypes.map(_SAME_ROOFLINE).fillna(dtypes) == _SAME_ROOFLINE.get(main, main)
-            g = g[same.to_numpy()]
+            fmt = _FORMAT_BY_OP.get(name)
+            if fmt is not None:  # the gemm grid's rows of one low-precision dtype, under the format's peak
+                g, n_power = _drop_power_monitored(grid[grid["dtype"] == fmt.table_dtype])
+                main, same = fmt.roofline_precision, pd.Series(True, index=g.index)
+            else:
+                g, n_power = _drop_power_monitored(opdf[(opdf["op"] == name) & (opdf["pass"] == ps)])
+                dtypes = g["dtype"].fillna("fp16").astype(str)
+                main = _training_dtype(dtypes)
+                same = dtypes.map(_SAME_ROOFLINE).fillna(dtypes) == _SAME_ROOFLINE.get(main, main)
+                g = g[same.to_numpy()]
             groups = g["variant"].fillna("-").astype(str).to_numpy() if name == "optimizer" else None
-            model = OpRegressor(name, ps).fit(g, g["duration_s"].to_numpy(), device, main, cv_folds=cv_folds,
-                                              groups=groups, progress=sub)
+            model = op_regressor_for(name, ps, g).fit(g, g["duration_s"].to_numpy(), device, main,
+                                                      cv_folds=cv_folds, groups=groups, progress=sub)
             pe = perr[(perr["kind"] == "operator") & (perr["op"] == name) & (perr["pass"] == ps)]
             if name == "optimizer":
                 by = {_PAPER_OPT_GROUP.get(r.paper_function, r.paper_function): float(r.best_error)
@@ -174,7 +220,12 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
                 counts = {k: len(g) for k in by}
             paper_err = _weighted_paper_error(by, counts) if by else None
             cmp_ = _mape_over_groups(model.cv_, by) if name == "optimizer" else model.cv_mape_
-            extra = {"platform": platform_id, "cv_mape_paper_groups": cmp_, **_provenance(g, store_path),
+            fixed = {} if fmt is None else {
+                "grid_fixed_overhead_s": grid_fixed_overhead_s(grid, fmt.table_dtype),
+                "grid_fixed_overhead_note": "median (format - bf16) seconds of the shapes both grids timed with "
+                                            "<= 1 GFLOP: the grid's per-call input-quantize latency, taken out of "
+                                            "each GEMM it times (training.grid_fixed_overhead_s)"}
+            extra = {"platform": platform_id, "cv_mape_paper_groups": cmp_, **_provenance(g, store_path), **fixed,
                      "dtype_excluded": int((~same).sum()), "power_monitored_excluded": n_power,
                      "paper_best_error": paper_err, "paper_errors_by_group": by,
                      "paper_best_model": sorted(set(pe["best_model"].dropna().astype(str))) or None,

@@ -57,6 +57,14 @@ OPS: dict[str, OpInfo] = {o.name: o for o in [
     # backward's data- and weight-gradient GEMMs) through it (predictor.plan.predict).
     OpInfo("gemm", None, ("tp", "batch", "seq", "hidden", "ffn_hidden"), ("fwd",),
            "generic dense GEMM [m, k] x [k, n]: seq = m, hidden = k, ffn_hidden = n (tp = batch = 1)"),
+    # The same grid in a scaled low-precision format (FORMAT_GEMMS): the kernel tables' fp8 / fp8_block / nvfp4 rows,
+    # stored as op gemm with that dtype and trained as one regressor per format
+    OpInfo("gemm_fp8", None, ("tp", "batch", "seq", "hidden", "ffn_hidden"), ("fwd",),
+           "generic GEMM in per-tensor scaled FP8 (E4M3): seq = m, hidden = k, ffn_hidden = n"),
+    OpInfo("gemm_fp8_block", None, ("tp", "batch", "seq", "hidden", "ffn_hidden"), ("fwd",),
+           "generic GEMM in blockwise scaled FP8 (1x128 activation / 128x128 weight scales)"),
+    OpInfo("gemm_nvfp4", None, ("tp", "batch", "seq", "hidden", "ffn_hidden"), ("fwd",),
+           "generic GEMM in NVFP4 (E2M1, one E4M3 scale per 16 elements)"),
     OpInfo("embedding", "embedding", ("tp", "batch", "seq", "hidden", "vocab"), ("fwd", "bwd"),
            "vocab-parallel embedding lookup"),
     OpInfo("flash_attn", "flash_atten", ("tp", "batch", "seq", "hidden", "heads", "kv_heads"), ("fwd", "bwd"),
@@ -117,3 +125,19 @@ PAPER_PLATFORMS = {"Perlmutter": ("perlmutter-a100", "NVIDIAA100-SXM4-80GB"),
 
 # Ops that were never sampled by the paper get a stand-in: (stand-in op, how its shape maps).
 STAND_INS = {"swiglu": "gelu"}
+
+
+@dataclass(frozen=True)
+class FormatGemm:
+    """A low-precision GEMM grid: the table dtype its rows carry (stored as op `gemm`), the op its regressor is
+    saved as, and the precision whose dense peak its roofline uses."""
+    table_dtype: str
+    op: str
+    roofline_precision: str
+
+
+FORMAT_GEMMS: dict[str, FormatGemm] = {f.table_dtype: f for f in (
+    FormatGemm("fp8", "gemm_fp8", "fp8"),
+    FormatGemm("fp8_block", "gemm_fp8_block", "fp8"),
+    FormatGemm("nvfp4", "gemm_nvfp4", "fp4"),
+)}

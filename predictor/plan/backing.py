@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from predictor.model import ops
 from predictor.step.terms import DEFAULT_HOST
 
 if TYPE_CHECKING:
@@ -33,6 +34,9 @@ def kernel_words(kb) -> str:
     if kb.has_op("gemm", "fwd"):
         parts.append("linear-layer GEMMs measured forward (backward: the same GEMM grid at the data- and "
                      "weight-gradient shapes)")
+    fmts = [f.table_dtype for f in ops.FORMAT_GEMMS.values() if kb.has_op(f.op, "fwd")]
+    if fmts:
+        parts.append(f"low-precision GEMMs measured in their own grids ({', '.join(fmts)})")
     if kb.has_op("flash_attn", "fwd"):
         parts.append("flash attention measured forward (backward derived: forward x the paper's bwd/fwd ratio)")
     return "; ".join(parts) or "no kernel models"

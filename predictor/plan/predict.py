@@ -80,7 +80,7 @@ ANALYTIC_EFFICIENCY = 0.6
 # backward rows fail the physical bound (tests/test_kernel_tables_predict.py recomputes the value from the file).
 FLASH_BWD_OVER_FWD = 3.135
 FLASH_BWD_RATIO_SPREAD = 0.07  # half the interquartile range over the median: (3.39 - 2.95) / 2 / 3.135
-KERNEL_GEMM_OPS = tuple(o for o in features.GEMM_OPS if o != "gemm")  # the linear layers the gemm grid times
+KERNEL_GEMM_OPS = tuple(o for o in features.GEMM_OPS if o not in features.GRID_GEMM_OPS)  # what the grid times
 BWD_GEMM_PROVENANCE = "measured (derived: the forward GEMM grid at the data- and weight-gradient shapes)"
 FLASH_BWD_PROVENANCE = (f"derived (flash-attention forward measured x {FLASH_BWD_OVER_FWD:g}, the bwd/fwd ratio of "
                         f"the paper's A100 samples)")
@@ -315,7 +315,15 @@ class Predictor:
                 ideal = np.asarray(ideal) * causal_attention_factors(arrays["seq"])
             # no tensor-core kernel below MAMF; none for unaligned shapes below the FP32 peak (predictor.step.alignment)
             secs = np.maximum(np.maximum(secs, ideal), simt_floor_s(op, pass_, arrays, self.platform.device, base))
-            if fp8.is_fp8_gemm(op, precision):  # the BF16 GEMM time x the format's ratio + the cast passes
+            fmt = (self._kernel_format_gemm(op, pass_, arrays, precision)
+                   if tables and fp8.is_fp8_gemm(op, precision) else None)
+            if fmt is not None:  # the format's own measured GEMM grid + the cast passes
+                t_fmt, prov, err = fmt
+                if self.speed is not None:
+                    t_fmt = t_fmt * self.speed.speed_factor
+                secs, ideal = fp8.measured_gemm_times(op, pass_, arrays, t_fmt, self.platform.device,
+                                                      self.achievable_flops(base), precision)
+            elif fp8.is_fp8_gemm(op, precision):  # the BF16 GEMM time x the format's ratio + the cast passes
                 secs, ideal, how = fp8.gemm_times(op, pass_, arrays, secs, self.platform.device,
                                                   self.achievable_flops(base), precision)
                 prov, err = f"{prov} ({how})", max(err or 0.0, fp8.FORMATS[precision].assumed_error)
@@ -447,6 +455,31 @@ class Predictor:
             e = math.hypot(float(err or 0.0), FLASH_BWD_RATIO_SPREAD)
             return t * FLASH_BWD_OVER_FWD, FLASH_BWD_PROVENANCE, e
         return None
+
+    def _kernel_format_gemm(self, op: str, pass_: str, shapes: dict[str, np.ndarray], precision: str):
+        """(seconds, provenance, error) of a linear layer's GEMMs in the low-precision format of `precision` from
+        the device's measured grid of that format (`fp8.format_grid`), None where no table measures it. As for
+        BF16: the forward at (M, N, K), the backward's data- and weight-gradient GEMMs at their shapes."""
+        kb = self.kernel_bank
+        dev = self.platform.device
+        grid_of = fp8.format_grid(dev, precision)
+        if kb is None or grid_of is None or op not in KERNEL_GEMM_OPS or not kb.has_op(grid_of.op, "fwd"):
+            return None
+        info = kb.op_info(grid_of.op, "fwd")
+        rp = str(info.get("precision") or grid_of.roofline_precision)
+        M, N, K, _ = features.gemm_mnk(op, features.derived_dims(shapes))
+
+        fixed = float(info.get("grid_fixed_overhead_s") or 0.0)  # the grid's own per-call quantize latency
+
+        def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+            t = np.asarray(kb.predict_op(grid_of.op, "fwd", gemm_shapes(m, n, k), dev, rp), "float64")
+            return np.maximum(t - fixed, features.LAUNCH_LATENCY_S)
+        err = info.get("cv_mape")
+        if pass_ == "fwd":
+            return grid(M, N, K), f"measured ({grid_of.label}) + {fp8.CAST_RULE}", err
+        return (grid(M, K, N) + grid(K, N, M),
+                f"measured (derived: the {grid_of.label} at the data- and weight-gradient shapes) + "
+                f"{fp8.CAST_RULE}", err)
 
     # ---- collective times -----------------------------------------------------------------
     def comm_times(self, calls: Sequence[CommCall]) -> list[tuple[float, str]]:

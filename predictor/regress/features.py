@@ -21,7 +21,8 @@ Work model (forward; backward in brackets):
   attn_scores         b*heads/tp batched [l,hd]x[hd,l]
   attn_context        b*heads/tp batched [l,l]x[l,hd]
   flash_attn          4*b*(h/tp)*l^2*hd flops, non-causal as the paper sampled (bwd 2.5x:
-                      five GEMMs against two), bytes Q,K,V,O (bwd + dO, dQ, dK, dV)
+                      five GEMMs against two), bytes Q,K,V,O (bwd + dO, dQ, dK, dV); a regressor of a
+                      causal kernel normalises by its tile work instead (`causal_tile_work`)
   memory-bound ops    bytes = passes * e * elements (see `_ELEMENTWISE_PASSES`)
   optimizer           bytes = params * 28 (read fp32 master/m/v + fp16 grad, write fp32
                       master/m/v + fp16 param), ~12 flops per parameter
@@ -66,7 +67,9 @@ VOCAB_PAD_MULTIPLE = 128
 OPTIMIZER_BYTES_PER_PARAM = 28.0
 OPTIMIZER_FLOPS_PER_PARAM = 12.0
 OPTIMIZER_VARIANTS = {"whole": 0.0, "first": 1.0, "middle": 2.0, "last": 3.0}
-GEMM_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "gemm")
+GEMM_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "gemm", "gemm_fp8", "gemm_fp8_block",
+            "gemm_nvfp4")
+GRID_GEMM_OPS = ("gemm", "gemm_fp8", "gemm_fp8_block", "gemm_nvfp4")  # m = b*l, k = hidden, n = ffn_hidden
 BMM_OPS = ("attn_scores", "attn_context")
 # GEMMs that run on the tensor cores (the linear layers and the batched attention GEMMs), and with flash attention
 # the operators whose time is set by tensor-core throughput (floored at FLOPs / achievable matmul rate)
@@ -254,7 +257,7 @@ def gemm_mnk(op: str, d: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray,
     if op == "attn_out_proj":  # input heads/tp * head_dim wide (hidden/tp unless head_dim is decoupled)
         k_in = np.where(np.isnan(d["hd_given"]), d["h"] / d["tp"], d["Hr"] * d["hd"])
         return M, d["h"], k_in, one
-    if op in ("mlp_up", "gemm"):  # gemm: m = b*l, k = hidden, n = ffn_hidden (tp = 1)
+    if op == "mlp_up" or op in GRID_GEMM_OPS:  # a grid GEMM: m = b*l, k = hidden, n = ffn_hidden (tp = 1)
         return M, d["ffn"] / d["tp"], d["h"], one
     if op == "mlp_down":
         return M, d["h"], d["ffn"] / d["tp"], one
@@ -333,6 +336,21 @@ def op_work(op: str, shapes: pd.DataFrame | Mapping[str, Any], precision: str = 
     return _work(op, pass_, shape_arrays(shapes), precision)
 
 
+# The query / key block a FlashAttention kernel tiles the score matrix by (FlashAttention-2 and the Hopper /
+# Blackwell FMHA kernels of cuDNN / TensorRT-LLM: 128 query rows per CTA)
+ATTENTION_TILE = 128
+
+
+def causal_tile_work(seq: np.ndarray, overhead_tiles: float) -> np.ndarray:
+    """The work of a causal FlashAttention kernel as a share of the non-causal l^2 score work: each of the
+    nb = ceil(l / 128) query blocks is one CTA that walks the key blocks on and below the diagonal (i + 1 of
+    them, nb(nb+1)/2 in all: FlashAttention-2 skips the blocks above it), plus a fixed cost per query block
+    (load Q, the diagonal block's mask, the softmax rescale, write O and the log-sum-exp) worth
+    `overhead_tiles` key-block iterations: (nb(nb+1)/2 + c nb) / nb^2. c = 0 is the tile count alone."""
+    nb = np.maximum(1.0, np.ceil(np.asarray(seq, dtype="float64") / ATTENTION_TILE))
+    return (nb * (nb + 1.0) / 2.0 + float(overhead_tiles) * nb) / (nb * nb)
+
+
 def _roofline_parts(op, pass_, a, device, precision, d=None):
     flops, byts = _work(op, pass_, a, precision, d)
     t_c = flops / device.peak_flops(precision)
@@ -408,12 +426,17 @@ def feature_names(op: str) -> tuple[str, ...]:
     raise KeyError(f"unknown op '{op}'")
 
 
-def op_feature_matrix(op: str, pass_: str, a: dict[str, np.ndarray], device, precision: str = "fp16"
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def op_feature_matrix(op: str, pass_: str, a: dict[str, np.ndarray], device, precision: str = "fp16",
+                      causal_overhead_tiles: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(X float64 [n, len(feature_names(op))], roofline seconds [n]) from `shape_arrays` output.
-    The fast path used by both training and prediction."""
+    The fast path used by both training and prediction. `causal_overhead_tiles` (flash_attn only): the
+    regressor times a causal kernel, whose FLOPs and compute roofline are its tile work
+    (`causal_tile_work`); None = the non-causal l^2 work."""
     d = _dims(a)
     flops, byts, t_c, t_m = _roofline_parts(op, pass_, a, device, precision, d)
+    if op == "flash_attn" and causal_overhead_tiles is not None:
+        k = causal_tile_work(d["l"], causal_overhead_tiles)
+        flops, t_c = flops * k, t_c * k
     roof = np.maximum(t_c, t_m) + LAUNCH_LATENCY_S
     e = float(BYTES_PER_ELEMENT.get(precision, 2))
     l2 = max(float(getattr(device, "l2_mib", 0.0) or 0.0), 1.0) * 2.0 ** 20
@@ -475,9 +498,9 @@ def op_feature_matrix(op: str, pass_: str, a: dict[str, np.ndarray], device, pre
 
 
 def op_features(op: str, pass_: str, shapes: pd.DataFrame | Mapping[str, Any], device,
-                precision: str = "fp16") -> pd.DataFrame:
+                precision: str = "fp16", causal_overhead_tiles: float | None = None) -> pd.DataFrame:
     """Model features for `op` / `pass_` (columns = `feature_names(op)`)."""
-    X, _ = op_feature_matrix(op, pass_, shape_arrays(shapes), device, precision)
+    X, _ = op_feature_matrix(op, pass_, shape_arrays(shapes), device, precision, causal_overhead_tiles)
     return _pandas().DataFrame(X, columns=list(feature_names(op)))
 
 

@@ -685,6 +685,11 @@ def check_model_metadata(path: str | Path, md: Any, stem: str, platform_id: str 
         check_number(path, k, md.get(k), ge=0, optional=True)
     check_number(path, "n_samples", md.get("n_samples"), ge=0, integer=True, optional=True)
     check_number(path, "n_used", md.get("n_used"), ge=0, integer=True, optional=True)
+    check_number(path, "grid_fixed_overhead_s", md.get("grid_fixed_overhead_s"), ge=0, le=1e-3, optional=True)
+    if md.get(CAUSAL_KEY) is not None:
+        if kind != "op" or md.get("op") != "flash_attn":
+            raise ArtifactError(path, CAUSAL_KEY, "only a flash_attn model times a causal kernel")
+        check_number(path, CAUSAL_KEY, md.get(CAUSAL_KEY), ge=0, le=max(CAUSAL_OVERHEAD_GRID))
     for k, t in (("reliable", bool), ("warnings", list), ("lightgbm_params", dict), ("outlier_filter", dict),
                  ("cv", dict)):
         if md.get(k) is not None and not isinstance(md[k], t):
@@ -828,6 +833,39 @@ def _booster_from_text(path: Path, text: str) -> lgb.Booster:
 
 
 # --------------------------------------------------------------------------- operators
+CAUSAL_KEY = "causal_overhead_tiles"  # metadata of a flash_attn regressor trained on a causal kernel
+CAUSAL_OVERHEAD_GRID = tuple(0.5 * i for i in range(33))  # 0, 0.5, ..., 16 key-block iterations
+CAUSAL_SATURATED_WAVES = 4.0  # rows with >= 4 waves of query-block CTAs: the tail wave is a small share
+
+
+def fit_causal_overhead_tiles(a: dict[str, np.ndarray], durations_s: np.ndarray, device) -> float:
+    """The fixed cost per query block of a causal FlashAttention kernel, in key-block iterations
+    (`features.causal_tile_work`), from its own samples: on the rows that fill the GPU (>= 4 waves of
+    query-block CTAs, >= 2 query blocks), the c of a 0-16 grid (step 0.5) under which seconds per unit of tile
+    work vary least (median absolute deviation of its log) within each (head_dim, query heads per KV head)
+    group. A shape-only rule of the kernel's schedule: nothing end-to-end is fitted. 0 when fewer than 20 rows
+    fill the GPU."""
+    import pandas as pd
+    d = F.derived_dims(a)
+    dur = np.asarray(durations_s, dtype="float64")
+    nb = np.maximum(1.0, np.ceil(d["l"] / F.ATTENTION_TILE))
+    ctas = d["b"] * d["Hr"] * nb
+    sm = max(float(getattr(device, "sm_count", 0) or 0), 1.0)
+    use = np.isfinite(dur) & (dur > 0) & np.isfinite(ctas) & (ctas >= CAUSAL_SATURATED_WAVES * sm) & (nb >= 2)
+    if int(use.sum()) < 20:
+        return 0.0
+    base = (d["b"] * d["Hr"] * d["hd"])[use]
+    group = pd.Series(d["hd"][use]).astype(str) + ":" + pd.Series(d["Hr"][use] / d["KVr"][use]).round(3).astype(str)
+    n, ld = nb[use], np.log(dur[use])
+    best_c, best = 0.0, np.inf
+    for c in CAUSAL_OVERHEAD_GRID:
+        y = pd.Series(ld - np.log(base * (n * (n + 1.0) / 2.0 + c * n)))
+        spread = float(np.median(np.abs(y - y.groupby(group.to_numpy()).transform("median"))))
+        if spread < best - 1e-12:
+            best_c, best = float(c), spread
+    return best_c
+
+
 class OpRegressor(_LogEfficiencyRegressor):
     """One (operator, pass) on one device: seconds from shape columns.
 
@@ -839,7 +877,7 @@ class OpRegressor(_LogEfficiencyRegressor):
     precision_: str | None  # None when read from metadata without it
 
     def __init__(self, op: str, pass_: str, params: Mapping[str, Any] | None = None, *,
-                 physical_bound: float | str | None = "auto"):
+                 physical_bound: float | str | None = "auto", causal: bool = False):
         if op not in ops.OPS:
             raise KeyError(f"unknown op '{op}' (known: {', '.join(ops.OPS)})")
         if pass_ not in ops.OPS[op].passes:
@@ -850,6 +888,11 @@ class OpRegressor(_LogEfficiencyRegressor):
         auto = PHYSICAL_BOUND_COMPUTE if op in F.COMPUTE_BOUND_OPS else PHYSICAL_BOUND_MEMORY
         # None / 0 disables the physical bound (e.g. to score exactly as the paper did)
         self.physical_bound = auto if physical_bound == "auto" else float(physical_bound or 0.0)
+        if causal and op != "flash_attn":
+            raise ValueError(f"causal=True is for flash_attn only, not {op}")
+        # a causal attention kernel's samples: normalised by its tile work (features.causal_tile_work)
+        self.causal = bool(causal)
+        self.causal_overhead_tiles_: float | None = None
 
     def _label(self) -> str:
         return f"{self.op}.{self.pass_}"
@@ -864,10 +907,11 @@ class OpRegressor(_LogEfficiencyRegressor):
         splits the CV report. `cv_folds` > 1 also runs the K-fold CV."""
         import pandas as pd
         a = F.shape_arrays(shapes_df)
-        X, roof = F.op_feature_matrix(self.op, self.pass_, a, device, precision)
+        d = np.asarray(durations_s, dtype="float64")
+        self.causal_overhead_tiles_ = fit_causal_overhead_tiles(a, d, device) if self.causal else None
+        X, roof = F.op_feature_matrix(self.op, self.pass_, a, device, precision, self.causal_overhead_tiles_)
         names = list(F.feature_names(self.op))
         keys = np.column_stack([a[c] for c in (*ops.SHAPE_COLUMNS, "variant")])
-        d = np.asarray(durations_s, dtype="float64")
         g = None if groups is None else np.asarray(pd.Series(groups).astype(str))
         self._fit_arrays(X, roof, d, names, dedupe_keys=keys, groups=g, cv_folds=cv_folds,
                          filter_outliers=filter_outliers, progress=progress)
@@ -883,23 +927,32 @@ class OpRegressor(_LogEfficiencyRegressor):
         return self
 
     def predict(self, shapes_df, device, precision: str = "fp16") -> np.ndarray:
-        X, roof = F.op_feature_matrix(self.op, self.pass_, F.shape_arrays(shapes_df), device, precision)
+        X, roof = F.op_feature_matrix(self.op, self.pass_, F.shape_arrays(shapes_df), device, precision,
+                                      self.causal_overhead_tiles_)
         return roof * np.exp(self.booster_.predict(X, num_threads=1))
 
     def _metadata(self) -> dict[str, Any]:
         md = super()._metadata()
+        causal = {} if self.causal_overhead_tiles_ is None else {
+            CAUSAL_KEY: self.causal_overhead_tiles_,
+            "causal_note": "causal kernel: target normalised by its tile work (nb(nb+1)/2 + c nb) / nb^2 of the "
+                           f"l^2 score work, nb = ceil(seq / {F.ATTENTION_TILE}), c = {CAUSAL_KEY} fitted on "
+                           "the training rows (features.causal_tile_work, regressors.fit_causal_overhead_tiles)"}
         return {"op": self.op, "pass": self.pass_, "device_id": getattr(self, "device_id_", None),
                 "precision": getattr(self, "precision_", None), "shape_ranges": getattr(self, "shape_ranges_", {}),
-                **md}
+                **causal, **md}
 
     def _metadata_keys(self) -> tuple[str, ...]:
-        return (*super()._metadata_keys(), "op", "pass", "device_id", "precision", "shape_ranges")
+        return (*super()._metadata_keys(), "op", "pass", "device_id", "precision", "shape_ranges", CAUSAL_KEY,
+                "causal_note")
 
     @classmethod
     def load(cls, directory: str | Path, op: str, pass_: str) -> OpRegressor:
         booster, md = _read_pair(Path(directory), f"{op}.{pass_}")
-        r = cls(op, pass_, md.get("lightgbm_params"))
+        c = md.get(CAUSAL_KEY)
+        r = cls(op, pass_, md.get("lightgbm_params"), causal=c is not None)
         r._restore(booster, md)
+        r.causal_overhead_tiles_ = None if c is None else float(c)
         r.device_id_ = md.get("device_id")
         r.precision_ = md.get("precision")
         r.shape_ranges_ = md.get("shape_ranges", {})
@@ -1134,8 +1187,10 @@ class ModelBank:
         sk = _shape_key(shapes_df)
         key = None if sk is None else ("op", stem, getattr(device, "device_id", id(device)), precision, sk)
 
+        c = self._meta[stem].get(CAUSAL_KEY)
+
         def compute() -> np.ndarray:
-            X, roof = F.op_feature_matrix(op, pass_, F.shape_arrays(shapes_df), device, precision)
+            X, roof = F.op_feature_matrix(op, pass_, F.shape_arrays(shapes_df), device, precision, c)
             return roof * np.exp(self._booster(stem).predict(X, num_threads=1))
         return self._cached(key, compute)
 

@@ -77,7 +77,7 @@ from typing import Any
 
 import numpy as np
 
-from predictor.model import params
+from predictor.model import ops, params
 from predictor.regress import features
 
 FP8_GEMM_OPS = frozenset({"qkv_proj", "attn_out_proj", "mlp_up", "mlp_down"})
@@ -218,6 +218,72 @@ def gemm_times(op: str, pass_: str, shapes: Any, t_bf16: np.ndarray, device: Any
     t = np.maximum(np.asarray(t_bf16, dtype="float64") * (1.0 - f_c * (1.0 - r)), floor)
     t = t + cast_bytes(op, pass_, shapes, precision) / bw
     return t, floor, how
+
+
+# The cast passes a measured low-precision grid GEMM leaves out (`grid_cast_bytes`)
+CAST_RULE = "cast passes (derived)"
+
+
+@dataclass(frozen=True)
+class FormatGrid:
+    """A measured GEMM grid that times `precision`'s GEMMs on a device: the regressor's op and the words for it."""
+    op: str
+    roofline_precision: str
+    label: str
+
+
+def format_grid(device: Any, precision: str) -> FormatGrid | None:
+    """Which published low-precision GEMM grid (ops.FORMAT_GEMMS) times the GEMMs of `precision` on `device`:
+    fp8 the per-tensor FP8 grid; mxfp8 on Hopper ("blockwise") the blockwise FP8 grid, the recipe itself (1x128
+    activation / 128x128 weight tiles with FP32 scales, TE Float8BlockScaling); mxfp8 on Blackwell ("mx") the same
+    blockwise grid, which Blackwell runs on its block-scaled MMA (scales per 128 elements instead of MXFP8's 32: the
+    closest format a table measures, said so); nvfp4 the NVFP4 grid. None for other precisions."""
+    kind = scaled_format_kind(device, precision) if precision in FORMATS else ""
+    if precision == "fp8":
+        table, label = "fp8", "per-tensor FP8 GEMM grid"
+    elif precision == "mxfp8" and kind == "blockwise":
+        table, label = "fp8_block", "blockwise FP8 GEMM grid"
+    elif precision == "mxfp8" and kind == "mx":
+        table, label = "fp8_block", "blockwise FP8 GEMM grid as MXFP8 (128- not 32-element scale blocks)"
+    elif precision == "nvfp4":
+        table, label = "nvfp4", "NVFP4 GEMM grid"
+    else:
+        return None
+    f = ops.FORMAT_GEMMS[table]
+    return FormatGrid(f.op, f.roofline_precision, label)
+
+
+def grid_cast_bytes(op: str, pass_: str, shapes: Any, precision: str) -> np.ndarray:
+    """HBM bytes of the cast passes a measured grid GEMM leaves out, less those it times that training does not run
+    (negative where the second outweighs the first). The grid times a TensorRT-LLM `Linear.forward` of a BF16 input
+    with a pre-quantized weight (aiconfigurator `collect_gemm.py`): the input's rowwise quantize, read BF16 and write
+    one quantized copy, (2 + q) bytes per element with q = value + scale bytes, is inside each timing. Against
+    `cast_bytes` (what Transformer Engine runs, c bytes per element):
+        forward   + (c - (2 + q)) M K (X's columnwise copy)  + c K N (the weight's casts, not in the grid)
+        backward  + (c - (2 + q)) M N (dY's columnwise copy)  - (2 + q) K M (the weight-gradient GEMM's timed input
+                  quantize: its input X^T was saved quantized in the forward)"""
+    d = features._dims(features.shape_arrays(shapes))
+    M, N, K, _ = features.gemm_mnk(op, d)
+    c = CAST_BYTES_PER_ELEMENT if precision == "fp8" else FORMATS[precision].cast_bytes_per_element
+    timed = 2.0 + FORMATS[precision].stored_bytes_per_element
+    if pass_ == "bwd":
+        return (c - timed) * M * N - timed * K * M
+    return (c - timed) * M * K + c * K * N
+
+
+def measured_gemm_times(op: str, pass_: str, shapes: Any, t_format: np.ndarray, device: Any, ach_bf16: float | None,
+                        precision: str) -> tuple[np.ndarray, np.ndarray]:
+    """(seconds per call, floor seconds) of the low-precision GEMM `op` from its measured time in the format's
+    grid `t_format` (the GEMMs of the pass, each with its input's quantize, less the grid's fixed per-call quantize
+    latency: predict._kernel_format_gemm): plus the cast passes the grid leaves
+    out, less the one it times that training does not run (`grid_cast_bytes`), never below the format's achievable
+    floor (as `gemm_times`)."""
+    r, _ = format_ratio(device, precision)
+    flops, _ = features.op_work(op, shapes, COMPUTE_PRECISION, pass_)
+    ach = ach_bf16 or device.peak_flops(COMPUTE_PRECISION)
+    floor = np.asarray(flops, dtype="float64") / (ach / r)
+    t = np.asarray(t_format, dtype="float64") + grid_cast_bytes(op, pass_, shapes, precision) / device.hbm_bytes_per_s
+    return np.maximum(t, floor), floor
 
 
 def mfu_peak_precision(precision: str) -> str:

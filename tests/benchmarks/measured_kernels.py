@@ -31,12 +31,14 @@ import time
 import numpy as np
 import pandas as pd
 
-from predictor.calibrate.training import _drop_power_monitored
+from predictor.calibrate.training import _drop_power_monitored, grid_fixed_overhead_s, op_regressor_for
 from predictor.hardware.platforms import get_platform
+from predictor.model import ops
 from predictor.regress import features as F
 from predictor.regress import transfer as T
 from predictor.regress.regressors import OpRegressor
 from predictor.samples import store
+from predictor.step import fp8
 
 GPUS = ("dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72")
 M_BLOCKS = ((1, 64), (65, 512), (513, 4096), (4097, 32768))
@@ -52,17 +54,68 @@ def samples(pid: str, op: str, store_path) -> pd.DataFrame:
     return g.reset_index(drop=True)
 
 
-def fit_predict(op: str, train: pd.DataFrame, test: pd.DataFrame, device) -> np.ndarray:
-    m = OpRegressor(op, "fwd").fit(train, train["duration_s"].to_numpy(), device, "bf16", cv_folds=0)
-    return m.predict(test, device, "bf16")
+def fit_predict(op: str, train: pd.DataFrame, test: pd.DataFrame, device, precision: str = "bf16") -> np.ndarray:
+    m = op_regressor_for(op, "fwd", train).fit(train, train["duration_s"].to_numpy(), device, precision, cv_folds=0)
+    return m.predict(test, device, precision)
 
 
-def score(op: str, test: pd.DataFrame, pred: np.ndarray, device) -> pd.DataFrame:
+def format_samples(pid: str, table_dtype: str, store_path) -> pd.DataFrame:
+    g = store.read_op_samples(pid, "gemm", "fwd", store_path=store_path)
+    g, _ = _drop_power_monitored(g[g["dtype"] == table_dtype])
+    return g.reset_index(drop=True)
+
+
+def format_grids(pid: str, store_path) -> list[dict[str, object]]:
+    """Per low-precision table of `pid` (ops.FORMAT_GEMMS): its fixed per-call latency over BF16 (the input-quantize
+    pipeline, `training.grid_fixed_overhead_s`, taken out of every GEMM it times), the measured time ratio format /
+    bf16 on shapes both grids timed (median, by size: 1-100 GFLOP and >= 100 GFLOP, m >= 512) against the derived
+    rule's ratio (fp8.format_ratio: the MAMF ratio, x peak fp8/fp4 for nvfp4) that times a platform without the
+    table, and the format regressor's error with whole m ranges held out (train-sized rows)."""
+    dev = get_platform(pid).device
+    bf = samples(pid, "gemm", store_path)
+    key = ["seq", "hidden", "ffn_hidden"]
+    out = []
+    for f in ops.FORMAT_GEMMS.values():
+        g = format_samples(pid, f.table_dtype, store_path)
+        if not len(g):
+            continue
+        j = g.groupby(key)["duration_s"].median().to_frame("fmt").join(
+            bf.groupby(key)["duration_s"].median().to_frame("bf16"), how="inner").reset_index()
+        m, k, n = (j[c].astype(float) for c in key)
+        gflop = (2.0 * m * n * k / 1e9).to_numpy()
+        r = (j["fmt"] / j["bf16"]).to_numpy()
+        mid = (m >= 512).to_numpy() & (gflop >= 1) & (gflop < 100)
+        big = (m >= 512).to_numpy() & (gflop >= 100)
+        precision = {"fp8": "fp8", "fp8_block": "mxfp8", "nvfp4": "nvfp4"}[f.table_dtype]
+        try:
+            rule = fp8.format_ratio(dev, precision)[0]
+        except ValueError:
+            rule = np.nan
+        parts = []
+        for lo, hi in M_BLOCKS:
+            te = g["seq"].between(lo, hi).to_numpy()
+            if te.sum() and (~te).sum() > 50:
+                m_ = OpRegressor(f.op, "fwd").fit(g[~te], g[~te]["duration_s"].to_numpy(), dev, f.roofline_precision,
+                                                  cv_folds=0)
+                parts.append(score(f.op, g[te], m_.predict(g[te], dev, f.roofline_precision), dev,
+                                   f.roofline_precision))
+        held = summarise(pd.concat(parts, ignore_index=True), "train-sized") if parts else {"median": np.nan,
+                                                                                         "p90": np.nan}
+        fixed = grid_fixed_overhead_s(pd.concat([g, bf]), f.table_dtype)
+        out.append({"platform": pid, "format": f.table_dtype, "as precision": precision, "rows": len(g),
+                    "fixed_us": np.nan if fixed is None else fixed * 1e6,
+                    "ratio 1-100 GFLOP": float(np.median(r[mid])) if mid.any() else np.nan,
+                    "ratio >= 100 GFLOP": float(np.median(r[big])) if big.any() else np.nan,
+                    "rule ratio": rule, "m-blocks median": held["median"], "m-blocks p90": held["p90"]})
+    return out
+
+
+def score(op: str, test: pd.DataFrame, pred: np.ndarray, device, precision: str = "bf16") -> pd.DataFrame:
     y = test["duration_s"].to_numpy(float)
-    ok = T.plausible(op, "fwd", test, y, device, "bf16")
+    ok = T.plausible(op, "fwd", test, y, device, precision)
     ape = np.abs(pred - y) / y
     signed = pred / y - 1
-    if op == "gemm":
+    if op in F.GRID_GEMM_OPS:
         flops = 2.0 * test["seq"] * test["hidden"] * test["ffn_hidden"]
         big = ((test["seq"] >= 512) & (flops >= 1e9)).to_numpy()
     else:
@@ -219,6 +272,15 @@ def main(argv: list[str] | None = None) -> int:
                 for r in s.itertuples():
                     print(f"target {pid} {op} {r.held_out}: median {r.median:.1%} "
                           f"({'meets' if r.median <= 0.05 else 'MISSES'} <= 5 %)")
+    fg = [row for p in gpus for row in format_grids(p, a.store)]
+    if fg:
+        print("\n== low-precision GEMM grids (fp8 per-tensor, fp8_block, nvfp4): the fixed per-call latency over "
+              "BF16 (taken out of each GEMM), time / bf16 time on shapes both grids timed against the derived rule's "
+              "ratio a platform without the table uses, and the format regressor held out by m block ==")
+        f = pd.DataFrame(fg)
+        for c in ("m-blocks median", "m-blocks p90"):
+            f[c] = f[c].map(lambda v: "-" if v != v else f"{v:.1%}")
+        print(f.round(3).to_string(index=False))
     print("\n== grid throughput (bf16) vs the catalog: a predicted MFU above grid_best_over_peak has no "
           "measured GEMM behind it ==")
     print(pd.DataFrame([grid_peak(p, a.store) for p in gpus]).round(3).to_string(index=False))
