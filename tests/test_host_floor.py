@@ -244,3 +244,20 @@ def test_moe_layers_carry_the_measured_host_passes_and_nothing_else_moves():
     mixed = dc_replace(qwen, dense_layers=24)
     one_and_half = EndToEndTerms(host={"default": HostTerm(1.5 * h, 2.0, 0.0)})
     assert _host_of(mixed, lays[:1], moe)[0] == pytest.approx(_host_of(mixed, lays[:1], one_and_half)[0], rel=1e-9)
+
+
+def test_a_moe_prediction_says_its_host_passes_and_a_dense_one_does_not():
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
+    from predictor.plan.predict import Predictor
+    pr = Predictor("dgx-h100")
+    lay = Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, seq_len=1024)
+    passes = pr.terms.moe_passes_for("megatron")
+    assert passes > 1.0      # the shipped host floor carries the measured MoE record
+    said = [w for w in pr.predict(get_preset("qwen3-30b-a3b"), lay).warnings if "dense layer passes" in w]
+    assert len(said) == 1 and f"{passes:.2f} dense layer passes" in said[0]
+    # a framework the measurement does not apply to says nothing
+    fsdp = Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, seq_len=1024, framework="ddp")
+    assert not [w for w in pr.predict(get_preset("qwen3-30b-a3b"), fsdp).warnings if "dense layer passes" in w]
+    dense = Layout(num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, seq_len=1024)
+    assert not [w for w in pr.predict(get_preset("llama2-7b"), dense).warnings if "dense layer passes" in w]
