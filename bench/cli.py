@@ -288,10 +288,18 @@ def cmd_sampled_on(a) -> int:
 def cmd_host_floor(a) -> int:
     """Measure the host floor per layer pass on this CPU; print it; with --save write models_store/host_floor.json
     unless the saved floor of another machine is the tighter (higher) lower bound (--replace: write anyway)."""
-    from bench.sampling.host_floor import measure_host_floor
-    from predictor.step.host_floor import save_tighter_floor
+    from bench.sampling.host_floor import measure_host_floor, measure_moe_host_passes
+    from predictor.step.host_floor import save_moe_passes, save_tighter_floor
     if not a.no_wait:
         quiet_check(a)
+    if a.moe:
+        moe = measure_moe_host_passes(rounds=a.rounds, iters=a.iters, log=_log)
+        print(json.dumps({k: moe[k] for k in ("moe_layer_host_passes", "moe_layer_host_passes_iqr",
+                                              "dense_kernels_per_layer_pass", "moe_kernels_per_layer_pass",
+                                              "measured_at")}, indent=2))
+        if a.save:
+            print(f"saved under 'moe' in {save_moe_passes(moe, a.models_dir)}")
+        return 0
     rec = measure_host_floor(rounds=a.rounds, iters=a.iters, log=_log)
     print(json.dumps({k: rec[k] for k in ("host_s_per_layer_pass", "fwd_bwd_s_per_layer_iqr",
                                           "kernels_per_layer_pass", "measured_at")}, indent=2))
@@ -499,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "unless another machine's saved floor is higher (the tighter "
                                                         "lower bound)")
     sp.add_argument("--replace", action="store_true", help="with --save: write even a lower floor")
+    sp.add_argument("--moe", action="store_true", help="measure instead how many dense layer passes of host time a "
+                                                       "Megatron-Core MoE layer pass takes (with --save: kept under "
+                                                       "'moe' in host_floor.json, the dense floor untouched)")
     sp.add_argument("--models-dir")
     _common(sp)
     sp.set_defaults(fn=cmd_host_floor)

@@ -159,3 +159,105 @@ def test_recomputation_carries_the_measured_host_passes(tmp_path):
     from predictor.step.terms import load_terms_checked
     terms, warn = load_terms_checked(tmp_path)
     assert terms is None and "recompute_host_passes" in warn
+
+
+# ---- a MoE layer's host passes (bench host-floor --moe; terms.moe_host_passes; engine._framework_host) ----------
+
+MOE = {"moe_layer_host_passes": 1.9, "applies_to": ["megatron"], "measured_at": "2026-12-03T00:00:00+00:00"}
+
+
+@pytest.mark.parametrize("bad, field", [
+    ({"moe_layer_host_passes": 0.5}, "moe.moe_layer_host_passes"),     # fewer than a dense layer: not a MoE layer
+    ({"moe_layer_host_passes": 40.0}, "moe.moe_layer_host_passes"),
+    ({"moe_layer_host_passes": None}, "moe.moe_layer_host_passes"),
+    ({"applies_to": ["jax"]}, "moe.applies_to"),
+])
+def test_a_bad_moe_record_names_its_field(bad, field):
+    with pytest.raises(ArtifactError, match=field):
+        host_floor_from_dict({**GOOD, "moe": {**MOE, **bad}})
+
+
+def test_the_moe_record_is_added_to_the_saved_floor_and_reaches_the_terms(tmp_path):
+    from predictor.step.host_floor import save_moe_passes
+    from predictor.step.terms import load_terms_checked, save_terms
+    with pytest.raises(ArtifactError, match="bench host-floor --save"):
+        save_moe_passes(MOE, tmp_path)                    # nothing to add it to
+    save_host_floor(GOOD, tmp_path)
+    save_moe_passes(MOE, tmp_path)
+    floor, _ = load_host_floor(tmp_path)
+    assert floor.host_s_per_layer_pass == pytest.approx(3e-4)           # the dense floor untouched
+    assert floor.moe_passes_for("megatron") == pytest.approx(1.9) and floor.moe_passes_for("fsdp") == 1.0
+    save_terms(EndToEndTerms(), tmp_path)
+    terms, warn = load_terms_checked(tmp_path)
+    assert warn is None and terms.moe_passes_for("megatron") == pytest.approx(1.9)
+    assert terms.moe_passes_for("deepspeed") == 1.0
+    # a terms file that states its own value keeps it
+    save_terms(EndToEndTerms(moe_host_passes={"megatron": 1.2}), tmp_path)
+    terms, _ = load_terms_checked(tmp_path)
+    assert terms.moe_passes_for("megatron") == pytest.approx(1.2)
+    (tmp_path / "framework_terms.json").write_text(json.dumps({"moe_host_passes": {"megatron": 0.2}}))
+    terms, warn = load_terms_checked(tmp_path)
+    assert terms is None and "moe_host_passes.megatron" in warn
+
+
+def test_bench_measures_a_moe_layer_as_more_host_passes_than_a_dense_one():
+    pytest.importorskip("torch")
+    from bench.sampling.host_floor import measure_moe_host_passes
+    rec = measure_moe_host_passes(rounds=3, iters=5, warmup=2)
+    # the router, aux loss, permutations and grouped GEMMs issue more operators than the dense MLP they replace
+    assert rec["moe_kernels_per_layer_pass"] > rec["dense_kernels_per_layer_pass"]
+    assert 1.0 < rec["moe_layer_host_passes"] < 10.0
+    passes, applies = host_floor_from_dict({**GOOD, "moe": rec}).moe_layer_host_passes, rec["applies_to"]
+    assert passes == pytest.approx(rec["moe_layer_host_passes"]) and applies == ["megatron"]
+
+
+def _host_of(model, layouts, terms):
+    from predictor.plan.predict import Predictor
+    from predictor.step.engine import rows_for
+    pr = Predictor("dgx-h100")
+    rows, structs = rows_for(model, layouts)
+    return pr.engine.evaluate(model, rows, structs, layouts[0].seq_len, "bf16", host=None, terms=terms,
+                              provenance=False).host_all_s
+
+
+def test_moe_layers_carry_the_measured_host_passes_and_nothing_else_moves():
+    from dataclasses import replace as dc_replace
+
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
+    h = 5e-3     # host-bound: a large per-layer host time, so the blend is about the host time itself
+    base = EndToEndTerms(host={"default": HostTerm(h, 2.0, 0.0)})
+    moe = dc_replace(base, moe_host_passes={"megatron": 2.0})
+    qwen = get_preset("qwen3-30b-a3b")
+    lays = [Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, seq_len=256, framework=fw)
+            for fw in ("megatron", "fsdp")]
+    off, on = _host_of(qwen, lays, base), _host_of(qwen, lays, moe)
+    assert on[1] == pytest.approx(off[1])               # another framework: not measured for it, unchanged
+    assert on[0] > off[0] * 1.5
+    # megatron: every layer of Qwen3-30B-A3B is a MoE layer, so its host time is that of twice the host time per pass
+    twice = EndToEndTerms(host={"default": HostTerm(2 * h, 2.0, 0.0)})
+    assert on[0] == pytest.approx(_host_of(qwen, lays, twice)[0], rel=1e-9)
+    dense = get_preset("llama2-7b")
+    dl = [Layout(num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, seq_len=256)]
+    assert _host_of(dense, dl, moe)[0] == pytest.approx(_host_of(dense, dl, base)[0])   # a dense model: unchanged
+    # leading dense layers of a MoE model keep one pass: 24 dense + 24 MoE layers at 2 passes = 1.5x per layer
+    mixed = dc_replace(qwen, dense_layers=24)
+    one_and_half = EndToEndTerms(host={"default": HostTerm(1.5 * h, 2.0, 0.0)})
+    assert _host_of(mixed, lays[:1], moe)[0] == pytest.approx(_host_of(mixed, lays[:1], one_and_half)[0], rel=1e-9)
+
+
+def test_a_moe_prediction_says_its_host_passes_and_a_dense_one_does_not():
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
+    from predictor.plan.predict import Predictor
+    pr = Predictor("dgx-h100")
+    lay = Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, seq_len=1024)
+    passes = pr.terms.moe_passes_for("megatron")
+    assert passes > 1.0      # the shipped host floor carries the measured MoE record
+    said = [w for w in pr.predict(get_preset("qwen3-30b-a3b"), lay).warnings if "dense layer passes" in w]
+    assert len(said) == 1 and f"{passes:.2f} dense layer passes" in said[0]
+    # a framework the measurement does not apply to says nothing
+    fsdp = Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, seq_len=1024, framework="ddp")
+    assert not [w for w in pr.predict(get_preset("qwen3-30b-a3b"), fsdp).warnings if "dense layer passes" in w]
+    dense = Layout(num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, seq_len=1024)
+    assert not [w for w in pr.predict(get_preset("llama2-7b"), dense).warnings if "dense layer passes" in w]

@@ -98,6 +98,11 @@ def _layer_class() -> Any:
         def _bias_dropout_add(self, out: Any, bias: Any, residual: Any) -> Any:
             return residual + F.dropout(out + bias, self.p, self.training)
 
+        def _ln(self, x: Any, which: int) -> Any:
+            """The layer's first or second layer norm (the MoE variant's forward calls it)."""
+            w, b = (self.ln1_w, self.ln1_b) if which == 1 else (self.ln2_w, self.ln2_b)
+            return _LayerNorm.apply(x, w, b)
+
         def forward(self, x: Any) -> Any:
             s, b, h = x.shape
             d = h // self.heads
@@ -214,4 +219,195 @@ def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short:
                    "on this CPU (what Python, the dispatcher and autograd spend issuing one layer's operators); "
                    "a lower bound of a GPU host's time: CUDA launch calls, the caching allocator, collectives' "
                    "calls and framework wrappers come on top"),
+    }
+
+
+# ---- a Mixture-of-Experts layer's host time, relative to a dense layer's -----------------------------------------
+
+def _moe_layer_class() -> Any:
+    """The dense layer above with its MLP replaced by a Megatron-Core MoE block (megatron/core/transformer/moe/:
+    router.py TopKRouter, moe_utils.py topk_softmax_with_capacity / switch_load_balancing_loss_func / permute /
+    unpermute / sort_chunks_by_idxs (the unfused paths), token_dispatcher.py MoEAlltoAllTokenDispatcher, experts.py
+    TEGroupedMLP), at TP 1 on one process. What each step issues on the host, in order:
+
+    router      fp32 gating linear, top-k of the logits, softmax of the top-k, the scattered probabilities and the
+                boolean routing map, tokens per expert; the aux loss (softmax of all logits, sum, product, scale),
+                its tracker copy and MoEAuxLossAutoScaler (a Python autograd function)
+    preprocess  tokens per expert (sum over the routing map) and their device-to-host copy (`tolist`: the
+                dispatcher's cuda sync point, here a host read)
+    permute     routing map transposed, token indices expanded and masked-selected, probabilities likewise,
+                rows gathered
+    all-to-all  the dispatcher's _AllToAll autograd functions (tokens and probabilities; the combine's one),
+                identities here: their Python call is counted, the collective's launch is not (as the dense
+                floor leaves out the tensor-parallel collectives)
+    sort        sort_chunks_by_idxs: split by the host-side counts and concatenated in local-expert order (and
+                back after the experts)
+    experts     fc1 and fc2 each one grouped GEMM call (TE GroupedLinear / torch._grouped_mm: one host call
+                for every local expert; per-expert launches inside it are not counted), SwiGLU in fp32 with the
+                router probabilities applied
+    unpermute   rows scatter-added back to token order
+    """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    dense = _layer_class()
+
+    class _Identity(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: Any) -> Any:
+            return x
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            return g
+
+    class _AuxLossAutoScaler(torch.autograd.Function):
+        """MoEAuxLossAutoScaler: attaches the aux loss to the probabilities; its backward seeds the loss's
+        gradient."""
+
+        @staticmethod
+        def forward(ctx: Any, output: Any, aux_loss: Any) -> Any:
+            ctx.save_for_backward(aux_loss)
+            return output
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            (aux_loss,) = ctx.saved_tensors
+            return g, torch.ones_like(aux_loss)
+
+    class MoEBlock(nn.Module):
+        def __init__(self, hidden: int, experts: int, top_k: int, ffn: int) -> None:
+            super().__init__()
+            self.router = nn.Parameter(torch.randn(experts, hidden) * 0.02)
+            self.fc1 = nn.Parameter(torch.randn(experts, 2 * ffn, hidden).to(torch.bfloat16) * 0.02)
+            self.fc2 = nn.Parameter(torch.randn(experts, hidden, ffn).to(torch.bfloat16) * 0.02)
+            self.experts, self.k = experts, top_k
+            self.aux_tracker = torch.zeros(())
+
+        def forward(self, x: Any) -> Any:
+            shape = x.shape
+            tokens = x.reshape(-1, shape[-1])
+            n, e = tokens.shape[0], self.experts
+            # router (fp32 gating, top-k of the logits then softmax, scattered probabilities and map)
+            logits = F.linear(tokens.float(), self.router.float())
+            top, idx = torch.topk(logits, self.k, dim=1)
+            probs = torch.softmax(top, dim=-1, dtype=torch.float32)
+            gates = torch.zeros_like(logits).scatter(1, idx, probs)
+            rmap = torch.zeros_like(logits).int().scatter(1, idx, 1).bool()
+            per_expert = rmap.sum(dim=0)
+            # aux loss (switch load balancing) and its tracker; the auto-scaler attaches it to the probabilities
+            scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+            aux = torch.sum(scores.sum(dim=0) * per_expert) * (e * 1e-3 / (self.k * n * n))
+            self.aux_tracker = self.aux_tracker + aux.detach()
+            gates = _AuxLossAutoScaler.apply(gates, aux)
+            # dispatcher preprocess: counts to the host (the sync point)
+            counts = rmap.sum(dim=0).long().tolist()
+            # permute (unfused)
+            rmap_t = rmap.T.contiguous()
+            tok_idx = torch.arange(n).unsqueeze(0).expand(e, -1)
+            sorted_idx = tok_idx.masked_select(rmap_t)
+            pprobs = gates.T.contiguous().masked_select(rmap_t)
+            rows = tokens.index_select(0, sorted_idx)
+            rows, pprobs = _Identity.apply(rows), _Identity.apply(pprobs)        # dispatch all-to-alls
+            chunks = torch.split(rows, counts)                                     # sort by local expert
+            rows = torch.cat([chunks[i] for i in range(e)])
+            offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+            h = torch._grouped_mm(rows.to(torch.bfloat16), self.fc1.transpose(-2, -1), offs=offs)
+            g1, g2 = h.float().chunk(2, dim=-1)
+            act = (F.silu(g1) * g2 * pprobs.unsqueeze(-1)).to(torch.bfloat16)
+            out = torch._grouped_mm(act, self.fc2.transpose(-2, -1), offs=offs).to(tokens.dtype)
+            chunks = torch.split(out, counts)                                      # unsort
+            out = _Identity.apply(torch.cat([chunks[i] for i in range(e)]))       # combine all-to-all
+            y = torch.zeros_like(tokens).scatter_add_(0, sorted_idx.unsqueeze(1).expand(-1, shape[-1]), out)
+            return y.view(shape)
+
+    class MoELayer(dense):   # type: ignore[misc, valid-type]
+        """The dense Megatron-style layer with the MoE block in place of its MLP (layer norm and residual kept)."""
+
+        def __init__(self, hidden: int, heads: int, dropout: float, experts: int = 8, top_k: int = 2) -> None:
+            super().__init__(hidden, heads, dropout)
+            del self.fc1, self.fc2
+            self.moe = MoEBlock(hidden, experts, top_k, hidden)
+
+        def forward(self, x: Any) -> Any:
+            s, b, h = x.shape
+            d = h // self.heads
+            qkv, qkv_bias = self.qkv(self._ln(x, 1))
+            q, k, v = (qkv + qkv_bias).view(s, b * self.heads, 3 * d).chunk(3, dim=-1)
+            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+            scores = torch.baddbmm(torch.empty(b * self.heads, s, s), q, k.transpose(1, 2), beta=0.0,
+                                   alpha=d ** -0.5)
+            mask = torch.ones(s, s, dtype=torch.bool).triu(1)
+            probs = F.dropout(torch.softmax(scores.masked_fill(mask, -10000.0), dim=-1), self.p, self.training)
+            ctx = torch.bmm(probs, v).transpose(0, 1).contiguous().view(s, b, h)
+            out, bias = self.proj(ctx)
+            x = self._bias_dropout_add(out, bias, x)
+            return x + self.moe(self._ln(x, 2))
+
+    return MoELayer
+
+
+def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, experts: int = 8, top_k: int = 2,
+                            short: int = 2, long: int = 10, rounds: int = DEFAULT_ROUNDS, iters: int = 40,
+                            warmup: int = 20, dropout: float = 0.1,
+                            log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """How many dense layer passes of host time a Megatron-Core MoE layer pass issues (`_moe_layer_class`): the
+    slope of MoE-layer stacks over the slope of dense-layer stacks at the same tiny shapes (fp32; the MoE block's
+    grouped GEMMs in bf16, as torch's grouped GEMM needs, the casts around them a few of its operators), interleaved
+    round by round on this CPU (a ratio, so the CPU's speed and its load at the time cancel); the median over
+    rounds. The record `host_floor.json` keeps under "moe" (predictor.step.host_floor)."""
+    import torch
+    from torch import nn
+    say = log or (lambda _m: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        dense, moe = _layer_class(), _moe_layer_class()
+
+        def stack(cls: Any, n: int, **kw: Any) -> Any:
+            return nn.Sequential(*[cls(hidden, heads, dropout, **kw) for _ in range(n)])
+        x = torch.randn(seq, 1, hidden, requires_grad=True)
+        a, b = stack(dense, short), stack(dense, long)
+        ma, mb = stack(moe, short, experts=experts, top_k=top_k), stack(moe, long, experts=experts, top_k=top_k)
+        for m in (a, b, ma, mb):
+            _time_step(m, x, warmup)
+        ratios, dense_s, moe_s = [], [], []
+        for r in range(rounds):
+            ta, tb = _time_step(a, x, iters), _time_step(b, x, iters)
+            d = (tb - ta) / (long - short)
+            ta, tb = _time_step(ma, x, iters), _time_step(mb, x, iters)
+            m_ = (tb - ta) / (long - short)
+            dense_s.append(d)
+            moe_s.append(m_)
+            ratios.append(m_ / d)
+            say(f"round {r + 1}/{rounds}: dense {d * 1e6:.0f} us, MoE {m_ * 1e6:.0f} us per layer forward + "
+                f"backward ({ratios[-1]:.2f}x)")
+        k_dense = (count_kernels(b, x) - count_kernels(a, x)) / (long - short)
+        k_moe = (count_kernels(mb, x) - count_kernels(ma, x)) / (long - short)
+    finally:
+        torch.set_num_threads(threads)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else [min(ratios), max(ratios)]
+    from predictor.hardware.machine import current
+    mach = current()
+    return {
+        "moe_layer_host_passes": statistics.median(ratios),
+        "moe_layer_host_passes_iqr": [q[0], q[-1]],
+        "dense_fwd_bwd_s_per_layer": statistics.median(dense_s),
+        "moe_fwd_bwd_s_per_layer": statistics.median(moe_s),
+        "dense_kernels_per_layer_pass": k_dense / 2.0,
+        "moe_kernels_per_layer_pass": k_moe / 2.0,
+        "applies_to": ["megatron"],
+        "layer": {"style": "the Megatron-style dense layer with a Megatron-Core MoE block in place of its MLP "
+                           "(TopKRouter with aux loss, alltoall dispatcher with its host read of the token counts, "
+                           "unfused permute / sort / unpermute, grouped GEMMs), bf16, TP 1, EP 1",
+                  "hidden": hidden, "heads": heads, "seq_len": seq, "experts": experts, "top_k": top_k,
+                  "stacks": [short, long], "rounds": rounds, "iters_per_round": iters, "torch_threads": 1},
+        "machine": {**mach.to_dict(), "short": mach.short()},
+        "torch": torch.__version__,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "source": ("python -m bench host-floor --moe: slope of eager forward + backward time over MoE layers at tiny "
+                   "shapes over the same slope of dense layers, on this CPU; per-expert GEMM launches inside a "
+                   "grouped GEMM and the collectives' launches are not counted (a lower bound)"),
     }

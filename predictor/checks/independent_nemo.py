@@ -16,8 +16,11 @@ citation) and the systems' platforms. This module
    modelled (NVFP4), or whose model the predictor does not model (DeepSeek-V3 with MTP, GPT-OSS, Llama 4, Nemotron);
 3. predicts the rest with `predictor.plan.batch.predict_records(..., allow_oom=True)` and scores the measured step time
    (global_batch x seq_len / (tokens/s/GPU x GPUs), the document's own definition of tokens/s/GPU) per run and per
-   group (GPU kind, MoE vs dense, precision, source). MoE runs of a source that states forced load balancing (the
-   Megatron-Bridge 25.11 / 26.02 tables) are predicted with moe_imbalance 1, the others with the modelled imbalance.
+   group (GPU kind, MoE vs dense, precision, source). Every MoE run is predicted with the modelled imbalance of random
+   routing: the forced load balancing the Megatron-Bridge 25.11 / 26.02 tables state is Megatron-Core's
+   `moe_router_force_load_balancing`, which replaces the router's logits with random normal ones
+   (megatron/core/transformer/moe/moe_utils.py RandomSTE / apply_random_logits: `logits.clone().normal_()`, 'random
+   logits of router for load-balanced benchmark'), i.e. uniformly random routing, not an exact balance.
 
 Rows carrying Mixture-of-Experts columns are sent to the predictor only when it accepts those columns
 (`layout_io.BATCH_COLUMNS` / `OPTIONAL_BATCH_COLUMNS`); until then each such row reports why it was not predicted
@@ -272,8 +275,10 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         "num_experts": model.get("num_experts", 0), "top_k": model.get("top_k") if moe else None,
         "moe_ffn_hidden": model.get("moe_ffn_hidden") if moe else None,
         "shared_experts": model.get("shared_experts", 0), "dense_layers": model.get("dense_layers", 0),
-        # a source that states forced balancing: every expert rank gets the mean load; else the modelled imbalance
-        "moe_imbalance": 1 if moe and bool(r.get("force_balanced", False)) else None,
+        # the modelled imbalance of random routing for every MoE run: a source's forced balancing is Megatron-Core's
+        # random router (moe_router_force_load_balancing: random normal logits), whose busiest expert rank gets the
+        # random-routing maximum, not the mean (module docstring); learned routers are approximated by it
+        "moe_imbalance": None,
         "seq_len": r["seq_len"], "num_gpus": r["gpus"], "tp": tp, "pp": int(_num(r["pp"]) or 1),
         "cp": int(_num(r["cp"]) or 1), "ep": int(_num(r["ep"]) or 1), "dp": r["dp_derived"], "vpp": vp,
         "schedule": "interleaved" if vp > 1 else "1f1b", "micro_batch": r["micro_batch"],

@@ -628,7 +628,13 @@ class Predictor:
                             "put the other GPUs into pp or dp.")
         if model.is_moe:
             from predictor.model.moe import routing_note
-            warnings.append(routing_note(model, layout))
+            note = routing_note(model, layout)
+            passes = (self.terms.moe_passes_for(layout.framework)
+                      if self.terms is not None and self.host is None and self.options.host_overhead else 1.0)
+            if passes != 1.0:
+                note += (f" Host time: each MoE layer counted as {passes:.2f} dense layer passes (measured on a CPU, "
+                         "`bench host-floor --moe`).")
+            warnings.append(note)
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
             lay = self.engine._parts[(model, layout.seq_len, layout.precision,

@@ -36,6 +36,9 @@ MAX_FLOOR_S = 2e-3   # the fit's upper bound of host time per layer pass: a floo
 # full recomputation re-runs a layer's forward (1 pass) plus a no-grad forward and the checkpoint machinery:
 # fewer than half a pass or more than 4 is not that
 MIN_RECOMPUTE_PASSES, MAX_RECOMPUTE_PASSES = 0.5, 4.0
+# a MoE layer issues what a dense layer does and more (router, aux loss, permutations, grouped GEMMs): below 1 or
+# above 10 dense layer passes is not that
+MIN_MOE_PASSES, MAX_MOE_PASSES = 1.0, 10.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,16 @@ class HostFloor:
     measured_at: str = ""
     source: str = ""
     machine_id: str = ""     # the fingerprint of the measuring CPU (bench.env), "" when not recorded
+    # host time of a Megatron-Core MoE layer pass in dense layer passes (`bench host-floor --moe`, kept under "moe"),
+    # and the frameworks it applies to; None: not measured
+    moe_layer_host_passes: float | None = None
+    moe_applies_to: tuple[str, ...] = ()
+
+    def moe_passes_for(self, framework: str) -> float:
+        """Dense layer passes of host time one MoE layer pass of `framework` takes (1 where not measured)."""
+        if self.moe_layer_host_passes is None or framework not in self.moe_applies_to:
+            return 1.0
+        return self.moe_layer_host_passes
 
     def for_framework(self, framework: str) -> float:
         """The floor of this framework (0 for one the measurement does not apply to)."""
@@ -79,9 +92,39 @@ def host_floor_from_dict(d: Any, path: str | Path = HOST_FLOOR_FILE) -> HostFloo
     machine = d.get("machine") or {}
     short = str(machine.get("short", "")) if isinstance(machine, dict) else str(machine)
     mid = str(machine.get("id", "")) if isinstance(machine, dict) else ""
+    moe_passes, moe_applies = moe_from_dict(d.get("moe"), path)
     return HostFloor(floor, tuple(str(f) for f in applies), None if kernels is None else float(kernels),
                      None if rp is None else float(rp), short, str(d.get("measured_at", "")), str(d.get("source", "")),
-                     mid)
+                     mid, moe_passes, moe_applies)
+
+
+def moe_from_dict(m: Any, path: str | Path = HOST_FLOOR_FILE) -> tuple[float | None, tuple[str, ...]]:
+    """(moe_layer_host_passes, frameworks) of the "moe" record (`bench host-floor --moe`); (None, ()) without one;
+    ArtifactError naming the field on a bad value."""
+    if m is None:
+        return None, ()
+    if not isinstance(m, dict):
+        raise ArtifactError(path, "moe", f"must be a JSON object, not {type(m).__name__}")
+    passes = float(check_number(path, "moe.moe_layer_host_passes", m.get("moe_layer_host_passes"),
+                                ge=MIN_MOE_PASSES, le=MAX_MOE_PASSES))
+    applies = m.get("applies_to")
+    if not isinstance(applies, list) or not applies or any(f not in FRAMEWORKS for f in applies):
+        raise ArtifactError(path, "moe.applies_to", f"must be a non-empty list of frameworks ({', '.join(FRAMEWORKS)})")
+    return passes, tuple(str(f) for f in applies)
+
+
+def save_moe_passes(record: dict[str, Any], models_dir: str | Path | None = None) -> Path:
+    """Keep a `bench host-floor --moe` record under "moe" in the saved host floor, the dense floor untouched (the
+    record is a ratio of two slopes measured together, so it holds whichever CPU measured the dense floor). Refuses
+    without a saved floor to add it to, or a record that would not load back."""
+    p = paths.shared_artifact(HOST_FLOOR_FILE, models_dir)
+    d = paths.read_json(p)
+    if not isinstance(d, dict):
+        raise ArtifactError(p, None, "no saved host floor to add the MoE record to: run `bench host-floor --save` "
+                                     "first")
+    d = {**d, "moe": record}
+    host_floor_from_dict(d, p)
+    return paths.write_json_atomic(p, d)
 
 
 def kept_floor_reason(existing: HostFloor | None, new: HostFloor) -> str | None:

@@ -29,6 +29,9 @@ leave-one-source-out (each source predicted by terms fitted without it):
                    without runs of its own takes the pooled fit of the others ("default").
   recompute_host_passes  host passes a layer's recomputation adds to its backward (full: this; selective:
                    a quarter of it), measured with the host floor (bench host-floor), 1 without it.
+  moe_host_passes[framework]  host time of one MoE layer pass in dense layer passes: measured with the host
+                   floor (`bench host-floor --moe`: a Megatron-Core MoE layer against the dense layer on one CPU),
+                   never fitted; the terms file's own value where it states one, else the saved floor's.
 
 The file `models_store/framework_terms.json` holds the terms with their provenance: the runs and
 sources they were fitted on, and the in-sample and source-held-out errors per source. GPU platforms
@@ -37,7 +40,7 @@ use it; CPU platforms have their own host fit (`<platform>/host_overhead.json`) 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
@@ -45,7 +48,13 @@ from typing import Any
 from predictor import paths
 from predictor.model.frameworks import FRAMEWORKS
 from predictor.paths import ArtifactError, check_number
-from predictor.step.host_floor import MAX_RECOMPUTE_PASSES, MIN_RECOMPUTE_PASSES
+from predictor.step.host_floor import (
+    MAX_MOE_PASSES,
+    MAX_RECOMPUTE_PASSES,
+    MIN_MOE_PASSES,
+    MIN_RECOMPUTE_PASSES,
+    load_host_floor,
+)
 
 DEFAULT_HOST = "default"
 POWER_FORMS = ("linear", "cap")
@@ -148,6 +157,9 @@ class EndToEndTerms:
     power_form: str = "linear"              # POWER_FORMS: how power_factor acts on tensor-core kernels
     recompute_host_passes: float = 1.0      # host passes a layer's full recomputation adds (predictor.step.host_floor)
     speed_spread: float = 0.0               # sigma: relative spread of identical GPUs' sustained speed (slowest_of)
+    # framework -> host time of one MoE layer pass in dense layer passes: measured, never fitted (the host floor's
+    # "moe" record, `bench host-floor --moe`, predictor.step.host_floor); a framework not named: 1
+    moe_host_passes: dict[str, float] = field(default_factory=dict)
     # a platform calibrated on its own runs (predictor.calibrate.runs): sustained speed per kind of work, GPU time x
     # factor (tensor-core GEMMs, attention kernels, memory-bound operators), and inter-node collectives' time x
     # network_factor (1 / network efficiency) where a job spans nodes; 1.0 = as sampled (every shipped terms file)
@@ -164,6 +176,10 @@ class EndToEndTerms:
     def kind_factors(self) -> tuple[float, float, float]:
         """(GEMM, attention, memory-bound) time factors of a platform calibrated on its own runs."""
         return self.gemm_factor, self.attention_factor, self.memory_factor
+
+    def moe_passes_for(self, framework: str) -> float:
+        """Dense layer passes of host time one MoE layer pass of `framework` takes (1 where not measured)."""
+        return float(self.moe_host_passes.get(framework, 1.0))
 
     def host_for(self, framework: str) -> HostTerm | None:
         """The host term of a framework, else the pooled one, else None."""
@@ -209,6 +225,14 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
             blend_p=float(check_number(path, f"host.{fw}.blend_p", t.get("blend_p", 2.0), ge=1.0, le=64.0)),
             host_s_per_micro_batch=float(check_number(path, f"host.{fw}.host_s_per_micro_batch",
                                                       t.get("host_s_per_micro_batch", 0.0), ge=0.0, lt=10.0)))
+    moe_raw = d.get("moe_host_passes") or {}
+    if not isinstance(moe_raw, dict):
+        raise ArtifactError(path, "moe_host_passes", "must be a mapping of framework -> MoE layer host passes")
+    moe_passes: dict[str, float] = {}
+    for fw, v in moe_raw.items():
+        if fw not in FRAMEWORKS:
+            raise ArtifactError(path, f"moe_host_passes.{fw}", f"unknown framework (use {', '.join(FRAMEWORKS)})")
+        moe_passes[fw] = float(check_number(path, f"moe_host_passes.{fw}", v, ge=MIN_MOE_PASSES, le=MAX_MOE_PASSES))
     fitted_on = d.get("fitted_on") or {}
     if not isinstance(fitted_on, dict):
         raise ArtifactError(path, "fitted_on", "must be a mapping of platform -> number of runs")
@@ -219,7 +243,7 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     _check_finite(path, "validation", validation)  # errors and signed gaps: any sign, never NaN / inf
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
                          power_form=str(form), recompute_host_passes=rpass, speed_spread=spread,
-                         source=str(d.get("source", "")), fitted_on=fitted_on,
+                         moe_host_passes=moe_passes, source=str(d.get("source", "")), fitted_on=fitted_on,
                          validation=dict(validation), fitted_at=str(d.get("fitted_at", "")), **kinds)
 
 
@@ -239,9 +263,21 @@ def load_terms_checked(models_dir: str | Path | None = None) -> tuple[EndToEndTe
     p = paths.shared_artifact(paths.FRAMEWORK_TERMS, models_dir)
     try:
         d = paths.read_json(p)
-        return (None, None) if d is None else (terms_from_dict(d, p), None)
+        return (None, None) if d is None else (with_moe_host_passes(terms_from_dict(d, p), models_dir), None)
     except (ArtifactError, ValueError, TypeError) as e:
         return None, f"End-to-end terms ignored: {e}"
+
+
+def with_moe_host_passes(terms: EndToEndTerms, models_dir: str | Path | None = None) -> EndToEndTerms:
+    """`terms` with the MoE layer host passes of the saved host floor's "moe" record (`bench host-floor --moe`)
+    for the frameworks it applies to, where the terms file states none of its own; unchanged without a record (or
+    with a broken floor file, which the fit reports)."""
+    if terms.moe_host_passes:
+        return terms
+    floor, _warning = load_host_floor(models_dir)
+    if floor is None or floor.moe_layer_host_passes is None:
+        return terms
+    return replace(terms, moe_host_passes=dict.fromkeys(floor.moe_applies_to, floor.moe_layer_host_passes))
 
 
 def save_terms(terms: EndToEndTerms, models_dir: str | Path | None = None) -> Path:
@@ -391,7 +427,7 @@ def load_own_terms_checked(platform_id: str, user_dir: str | Path | None = None
         if d is None:
             return None, (f"{platform_id} was calibrated on its own runs, but {p} is missing: the terms of the "
                           "platform it started from are used (run calibrate-runs again).")
-        t = terms_from_dict(d, p)
+        t = with_moe_host_passes(terms_from_dict(d, p))
         if not isinstance(t.validation.get("own_runs"), dict):
             raise ArtifactError(p, "validation.own_runs", "is missing: not a calibrate-runs file")
         return t, None
