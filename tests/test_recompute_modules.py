@@ -210,3 +210,30 @@ def test_search_and_predict_agree_on_default_selective_under_flash():
     p = P.predict(LLAMA, L)
     assert p.step_time_s == pytest.approx(float(row["step_time_s"]), rel=1e-9)
     assert p.step_time_s > P.predict(LLAMA, replace(L, recompute="none")).step_time_s
+
+
+# ------------------------------------------------------------------------ recipes behind the NeMo / MB rows
+def test_recipe_recompute_reaches_exactly_the_rows_it_names():
+    """Every `recipe_recompute` entry of the catalog names a kept row and cites its file; those rows go to the
+    predictor as selective with the recipe's modules, every other row as recompute none."""
+    from predictor.checks import independent_nemo as nemo
+    doc = nemo.load()
+    pr = nemo.published_runs(doc)
+    entries = [(sid, e) for sid, src in doc["sources"].items() for e in src.get("recipe_recompute", [])]
+    assert entries
+    for _, e in entries:
+        assert "Megatron-Bridge@" in e["cite"] and e["recompute_modules"]
+        hit = pr.ok[(pr.ok["release"] == e["release"]) & (pr.ok["system"] == e["system"])
+                    & (pr.ok["model"] == e["model"]) & (pr.ok["precision"] == e["precision"])]
+        assert len(hit) == 1, e
+    selective = 0
+    for _, r in pr.ok.iterrows():
+        key = r.get("model_key")
+        if key not in doc["models"]:
+            continue
+        row = nemo.batch_row(r, doc["models"][key])
+        named = r["recompute_modules"]
+        assert row["recompute"] == ("selective" if named else "none")
+        assert row["recompute_modules"] == ",".join(named or ())
+        selective += bool(named)
+    assert selective == len(entries)
