@@ -313,11 +313,21 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
         out["vpp"] = 1
     out["recompute"] = a.selectbox("Recomputation", list(RECOMPUTES), index=list(RECOMPUTES).index(d["recompute"]),
                                    key=_k(prefix, "recompute"), bind=BIND,
-                                   help="Activation recomputation: none, selective (attention), full (whole layer)")
+                                   help="Activation recomputation: none, selective (the modules below; Megatron-Core's "
+                                        "default: core attention), full (whole layer)")
     out["zero_stage"] = b.selectbox("ZeRO stage", [0, 1, 2, 3], index=int(d["zero_stage"]),
                                     key=_k(prefix, "zero_stage"), bind=BIND,
                                     help="0: replicated optimizer; 1: optimizer states sharded over DP; "
                                          "2: + gradients; 3: + parameters")
+    # selective recomputation by module (Layout.recompute_modules; docs/memory.md)
+    out["recompute_modules"] = c.text_input(
+        "Recomputed modules", "", key=_k(prefix, "recompute_modules"), bind=BIND, placeholder="core_attn",
+        disabled=out["recompute"] != "selective",
+        help="With selective recomputation, the modules re-run in the backward (Megatron-Core recompute_modules), "
+             "comma-separated: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; empty = "
+             "core_attn (Megatron-Core's default), none = no module") or None
+    if out["recompute"] != "selective":
+        out["recompute_modules"] = None
     out["sequence_parallel"] = c.toggle("Sequence parallelism", d["sequence_parallel"],
                                         key=_k(prefix, "sequence_parallel"), bind=BIND,
                                         help="Megatron SP: norms/dropout split along the sequence over TP ranks")

@@ -237,3 +237,27 @@ def test_recipe_recompute_reaches_exactly_the_rows_it_names():
         assert row["recompute_modules"] == ",".join(named or ())
         selective += bool(named)
     assert selective == len(entries)
+
+
+# ----------------------------------------------------------------------------------------------- dashboard
+def test_a_search_row_opens_in_predict_with_its_recompute_modules():
+    from predictor_ui.search_view import predict_query
+    L = _layout(mods=("mlp", "layernorm"))
+    row = {f: getattr(L, f) for f in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp",
+                                      "schedule", "recompute", "sequence_parallel", "zero_stage", "precision", "cp",
+                                      "ep")}
+    q = predict_query({**row, "stage_layers": "", "recompute_modules": "layernorm,mlp"})
+    assert q["recompute_modules"] == "layernorm,mlp"
+    assert layout_from_fields(q).selective_modules == ("layernorm", "mlp")
+    assert "recompute_modules" not in predict_query({**row, "stage_layers": "", "recompute_modules": "core_attn"})
+
+
+def test_predict_page_takes_recompute_modules_from_the_url():
+    from tests.test_app import metric, run, text
+    q = {"model": "llama3-8b", "platform": "dgx-h100", "num_gpus": 8, "tp": 2, "pp": 1, "global_batch": 32,
+         "seq_len": 4096, "sequence_parallel": "true", "zero_stage": 1, "recompute": "selective"}
+    base = run(query=q)
+    more = run(query={**q, "recompute_modules": "core_attn,mlp"})
+    assert float(metric(more, "Memory / GPU").split()[0]) < float(metric(base, "Memory / GPU").split()[0])
+    bad = run(query={**q, "recompute_modules": "moe_act"})
+    assert any("`recompute_modules`" in w.value and "How to fix" in w.value for w in bad.warning), text(bad)

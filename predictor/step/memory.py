@@ -70,6 +70,8 @@ a heads, t tensor parallel; 16-bit activations, 1-byte dropout masks), GPT with 
   tensor parallel                s*b*h*(10 + 24/t + 5*a*s/(h*t))
   + sequence parallel            s*b*h/t*(34 + 5*a*s/h)
   selective recompute / flash    the 5*a*s/h term disappears (flash also stores a fp32 logsumexp)
+  selective by module            Megatron-Core recompute_modules (core_attn default): each module's tensors are not
+                                 stored (`recompute_freed_bytes`), one layer's come back while it rematerialises
   full recompute                 2*s*b*h (the layer input; /t with SP) + one layer rematerialised
 The same terms are derived tensor by tensor for Llama-style layers (RMSNorm, GQA, SwiGLU, no dropout).
 
