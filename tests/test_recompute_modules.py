@@ -117,10 +117,20 @@ def test_shared_experts_and_mla_up_projection():
     s, b, t = 4096, 1, 2
     sh = V3.shared_experts * V3.shared_ffn
     assert _freed(V3, ("shared_experts",), moe=True) == pytest.approx(s * b * sh / t * 3 * E, rel=1e-12)
-    # the latents' norm outputs (SP shards) and the up-projected Q (heads x 192), K (heads x 192) and V (heads x 128)
-    lat = s * b * (V3.q_lora_rank + V3.kv_lora_rank) * E / t
+    # the up-projected Q (heads x 192), K (heads x 192) and V (heads x 128); the normed latents are its input
     qkv = s * b * V3.num_heads / t * (2 * V3.qk_head_size + V3.v_head_size) * E
-    assert _freed(V3, ("mla_up_proj",)) == pytest.approx(lat + qkv, rel=1e-12)
+    assert _freed(V3, ("mla_up_proj",)) == pytest.approx(qkv, rel=1e-12)
+
+
+def test_mla_up_proj_reruns_the_up_projections_and_rope():
+    u = D.layer_unit(V3, 2, 1, 4096, True, "selective", "bf16", (2, 1, 8), moe=False,
+                     recompute_modules=("mla_up_proj",))
+    rc = [c for c in u.ops if c.phase == "recompute"]
+    assert [c.op for c in rc] == ["mlp_up", "mlp_up", "rope"]
+    # W_UQ (q_lora_rank -> heads x 192) and W_UKV (kv_lora_rank -> heads x (128 + 128)), column-parallel
+    proj = D.mla_projection_ops(V3, 2, 1, 4096, True, "recompute")
+    assert [c.shape for c in rc] == [c.shape for c in proj[-3:]]   # the up projections and RoPE, as in the forward
+    assert [c.shape[D.SHAPE_COLUMNS.index("hidden")] for c in rc[:2]] == [V3.q_lora_rank, V3.kv_lora_rank]
 
 
 def test_estimate_memory_moves_the_freed_bytes_out_of_activations():

@@ -581,8 +581,8 @@ def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, 
       core_attn       the attention core (flash attention's forward, or the unfused scores / softmax / context;
                       Megatron-Core's checkpointed core attention re-runs the kernel, flash or not);
       layernorm       input_layernorm and pre_mlp_layernorm;
-      mla_up_proj     MLA's latent norms, the two up projections and RoPE (`mla_projection_ops` less the down
-                      projections);
+      mla_up_proj     MLA's two up projections and RoPE (`mla_projection_ops` less the down projections and the
+                      latent norms, which Megatron-Core runs before the checkpointed qkv_up_proj_and_rope_apply);
       mlp             a dense layer's MLP with its tensor-parallel exchange (fc1 all-gathers, fc2 reduces);
       moe             a MoE layer's whole block: router, permutation, dispatch / combine all-to-alls, experts,
                       shared experts (`_moe_calls`);
@@ -604,8 +604,7 @@ def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, 
                           "layer"))
     if "mla_up_proj" in modules and model.is_mla:
         proj = mla_projection_ops(model, tp, b, s, sp, ph)
-        gemms = [c for c in proj if c.op == "mlp_up"]
-        ops += [c for c in proj if c.op != "mlp_up"] + gemms[-2:]   # latent norms, RoPE; W_UQ and W_UKV (the last two)
+        ops += [c for c in proj if c.op == "mlp_up"][-2:] + [c for c in proj if c.op == "rope"]   # W_UQ, W_UKV, RoPE
     if "core_attn" in modules:
         ops += _attention_core(model, tp, b, s, ph, cp)
     if moe is None:

@@ -319,11 +319,11 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     width, the expert output the rank's own rows after the reduce-scatter (h / etp per gathered row).
 
     Parts: the pieces of those terms that selective recomputation by module can free (`recompute_freed_bytes`):
-    `norm_out` (replicated: the two norm outputs, the QKV / MLA-down and the MLP / router input), `mla_latent_out`
-    (replicated: the MLA latents' norm outputs, the up projections' input), `mla_qkv` (sharded: MLA's up-projected
-    Q, K and V that flash attention keeps), `mlp` (sharded: the dense MLP's intermediates, or a MoE layer's whole
-    block: routed rows, router probabilities and shared experts), `shared` (sharded: the shared experts'
-    intermediates), `moe_act` (sharded: the routed experts' activation output, fc2's input)."""
+    `norm_out` (replicated: the two norm outputs, the QKV / MLA-down and the MLP / router input), `mla_qkv`
+    (sharded: MLA's up-projected Q, K and V that flash attention keeps), `mlp` (sharded: the dense MLP's
+    intermediates, or a MoE layer's whole block: routed rows, router probabilities and shared experts), `shared`
+    (sharded: the shared experts' intermediates), `moe_act` (sharded: the routed experts' activation output, fc2's
+    input)."""
     s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
     e = BYTES_PER_ELEMENT[precision]
     a, hd = model.num_heads, model.head_size
@@ -338,8 +338,7 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     g = fp8.saved_input_bytes(precision, e)  # mxfp8 / nvfp4: their values + block scales
     # replicated: both norm inputs, the QKV input, the MLP input, the two residual dropout masks
     replicated = sbh * (2 * e + g + g) + sbh * 2 * mask
-    parts = {"norm_out": sbh * (g + g), "mla_latent_out": 0.0, "mla_qkv": 0.0, "mlp": 0.0, "shared": 0.0,
-             "moe_act": 0.0}
+    parts = {"norm_out": sbh * (g + g), "mla_qkv": 0.0, "mlp": 0.0, "shared": 0.0, "moe_act": 0.0}
     # sharded: Q, K, V (GQA: kv heads per rank), attention output (out-proj input), MLP intermediates
     q = s * b * (a / t) * hd * e
     kv = 2 * s * b * kv_r * hd * e
@@ -354,7 +353,6 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
         replicated += s * b * ((model.q_lora_rank or 0) + (model.kv_lora_rank or 0)) * (e + g)
         q = s * b * (a / t) * model.qk_head_size * e
         kv = s * b * (a / t) * (model.qk_head_size + model.v_head_size) * e
-        parts["mla_latent_out"] = s * b * ((model.q_lora_rank or 0) + (model.kv_lora_rank or 0)) * g
         parts["mla_qkv"] = q + kv
         o = s * b * (a / t) * model.v_head_size * g
     def mlp_terms(width: float) -> float:
@@ -416,8 +414,8 @@ def _freed(model: ModelSpec, T: dict[str, float], parts: dict[str, float], modul
         out += T["quadratic"] + T["flash"]
     if "layernorm" in modules:     # input_layernorm and pre_mlp_layernorm outputs (output-discarding)
         out += parts["norm_out"] / sp_div
-    if "mla_up_proj" in modules:   # the up projections' input (latent norm outputs) and their Q, K, V outputs
-        out += parts["mla_latent_out"] / sp_div + parts["mla_qkv"]
+    if "mla_up_proj" in modules:   # the up projections' Q, K, V outputs (their input, the normed latents, stays)
+        out += parts["mla_qkv"]
     if moe_layer:
         if "moe" in modules:       # the whole MoE block (it contains moe_act and shared_experts)
             out += parts["mlp"]
@@ -439,7 +437,9 @@ def recompute_freed_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: 
       core_attn       the attention core's saved tensors beyond its Q, K, V inputs: unfused attention's scores,
                       softmax and dropout (Korthikanti et al. 2022's 5as/h term), flash attention's fp32 logsumexp;
       layernorm       the outputs of input_layernorm and pre_mlp_layernorm;
-      mla_up_proj     the latents' norm outputs (the up projections' input) and the up-projected Q, K, V (MLA);
+      mla_up_proj     MLA's up-projected Q, K, V (Megatron-Core multi_latent_attention.py@003b4ce: the latents are
+                      normed before the checkpointed qkv_up_proj_and_rope_apply, so the normed latents, its input,
+                      stay saved);
       mlp             a dense layer's MLP intermediates (fc1 output, activation output);
       moe             a MoE layer's whole block: routed rows, router probabilities, shared experts;
       moe_act         the routed experts' activation output (fc2's input);
