@@ -39,6 +39,7 @@ def _layout(rc: str = "selective", mods=None, **kw) -> Layout:
     (QWEN, ("shared_experts",), "no shared experts"),
     (QWEN, ("mlp",), "MoE layer"),
     (LLAMA, ("mlp", "mlp"), "twice"),
+    (LLAMA, ("layernorm",), "fused"),
 ])
 def test_a_module_that_does_not_apply_is_refused_naming_the_field(model, mods, words):
     with pytest.raises(InfeasibleConfig) as e:
@@ -76,16 +77,35 @@ def _freed(model, mods, moe=False, tp=2, sp=True, s=4096, b=1):
     return mem.recompute_freed_bytes(model, s, b, tp, sp, mods, "bf16", moe=moe, ep=8 if moe else 1)
 
 
+def test_recompute_modules_are_megatron_core_only():
+    with pytest.raises(InfeasibleConfig) as e:
+        _layout(mods=("core_attn",), framework="megatron-deepspeed").validate(LLAMA)
+    assert e.value.field == "recompute_modules" and "megatron" in e.value.fix
+    _layout(framework="megatron-deepspeed").validate(LLAMA)   # selective without modules stays valid there
+
+
+def test_layernorm_frees_the_norms_that_are_modules_of_their_own():
+    """Transformer Engine specs fuse a norm into the linear after it except MLA's input norm and a MoE layer's
+    pre-MLP norm; those norms' outputs (sequence-parallel shards) are what 'layernorm' frees."""
+    s, b, t = 4096, 1, 2
+    one = s * b * V3.hidden_size * E / t
+    assert _freed(V3, ("layernorm",)) == pytest.approx(one, rel=1e-12)               # a dense layer: the input norm
+    assert _freed(V3, ("layernorm",), moe=True) == pytest.approx(2 * one, rel=1e-12)  # + the pre-MLP norm
+    assert _freed(QWEN, ("layernorm",), moe=True) == pytest.approx(s * b * QWEN.hidden_size * E / t, rel=1e-12)
+    assert _freed(LLAMA, ("layernorm",)) == 0.0
+    u = D.layer_unit(QWEN, 2, 1, 4096, True, "selective", "bf16", (2, 1, 8), ep=8, ep_topo=(8, 1, 8),
+                     recompute_modules=("layernorm",))
+    assert [(c.op, c.count) for c in u.ops if c.phase == "recompute"] == [("rmsnorm", 1)]
+
+
 def test_dense_modules_free_the_tensors_they_hold():
-    s, b, t, h = 4096, 1, 2, LLAMA.hidden_size
-    # the two norm outputs (the QKV and the MLP input), sequence-parallel shards
-    assert _freed(LLAMA, ("layernorm",)) == pytest.approx(2 * s * b * h * E / t, rel=1e-12)
+    s, b, t = 4096, 1, 2
     # SwiGLU MLP: fc1's output (gate and up, 2 x ffn) and the activation output (fc2's input), split over tp
     assert _freed(LLAMA, ("mlp",)) == pytest.approx(s * b * LLAMA.ffn / t * 3 * E, rel=1e-12)
     # flash attention: only its fp32 logsumexp, [b, heads / tp, s]
     assert _freed(LLAMA, ("core_attn",)) == pytest.approx(4 * b * LLAMA.num_heads / t * s, rel=1e-12)
-    both = _freed(LLAMA, ("core_attn", "layernorm", "mlp"))
-    assert both == pytest.approx(sum(_freed(LLAMA, (m,)) for m in ("core_attn", "layernorm", "mlp")), rel=1e-12)
+    both = _freed(LLAMA, ("core_attn", "mlp"))
+    assert both == pytest.approx(sum(_freed(LLAMA, (m,)) for m in ("core_attn", "mlp")), rel=1e-12)
 
 
 def test_unfused_core_attention_frees_korthikanti_5as_over_h_term():
@@ -117,28 +137,31 @@ def test_shared_experts_and_mla_up_projection():
     s, b, t = 4096, 1, 2
     sh = V3.shared_experts * V3.shared_ffn
     assert _freed(V3, ("shared_experts",), moe=True) == pytest.approx(s * b * sh / t * 3 * E, rel=1e-12)
-    # the up-projected Q (heads x 192), K (heads x 192) and V (heads x 128); the normed latents are its input
+    # the normed latents (SP shards; the norms are fused into the checkpointed up projections) and the up-projected
+    # Q (heads x 192), K (heads x 192) and V (heads x 128)
+    lat = s * b * (V3.q_lora_rank + V3.kv_lora_rank) * E / t
     qkv = s * b * V3.num_heads / t * (2 * V3.qk_head_size + V3.v_head_size) * E
-    assert _freed(V3, ("mla_up_proj",)) == pytest.approx(qkv, rel=1e-12)
+    assert _freed(V3, ("mla_up_proj",)) == pytest.approx(lat + qkv, rel=1e-12)
 
 
-def test_mla_up_proj_reruns_the_up_projections_and_rope():
+def test_mla_up_proj_reruns_the_latent_norms_up_projections_and_rope():
     u = D.layer_unit(V3, 2, 1, 4096, True, "selective", "bf16", (2, 1, 8), moe=False,
                      recompute_modules=("mla_up_proj",))
     rc = [c for c in u.ops if c.phase == "recompute"]
-    assert [c.op for c in rc] == ["mlp_up", "mlp_up", "rope"]
-    # W_UQ (q_lora_rank -> heads x 192) and W_UKV (kv_lora_rank -> heads x (128 + 128)), column-parallel
     proj = D.mla_projection_ops(V3, 2, 1, 4096, True, "recompute")
-    assert [c.shape for c in rc] == [c.shape for c in proj[-3:]]   # the up projections and RoPE, as in the forward
-    assert [c.shape[D.SHAPE_COLUMNS.index("hidden")] for c in rc[:2]] == [V3.q_lora_rank, V3.kv_lora_rank]
+    down = [c for c in proj if c.op == "mlp_up"][:2]   # W_DQ and W_DKV stay outside the checkpoint
+    assert sorted((c.op, c.shape) for c in rc) == sorted((c.op, c.shape) for c in proj if c not in down)
+    ups = [c for c in rc if c.op == "mlp_up"]
+    # W_UQ (q_lora_rank -> heads x 192) and W_UKV (kv_lora_rank -> heads x (128 + 128)), column-parallel
+    assert [c.shape[D.SHAPE_COLUMNS.index("hidden")] for c in ups] == [V3.q_lora_rank, V3.kv_lora_rank]
 
 
 def test_estimate_memory_moves_the_freed_bytes_out_of_activations():
     """pp = 1: one micro-batch in flight; every layer frees its share, one layer's worth comes back as the buffer
     its backward rematerialises."""
-    L0, L1 = _layout("selective", ()), _layout("selective", ("layernorm", "mlp"))
+    L0, L1 = _layout("selective", ()), _layout("selective", ("core_attn", "mlp"))
     r0, r1 = mem.estimate_memory(LLAMA, L0), mem.estimate_memory(LLAMA, L1)
-    per_layer = _freed(LLAMA, ("layernorm", "mlp"))
+    per_layer = _freed(LLAMA, ("core_attn", "mlp"))
     assert r0.stages[0].activations_bytes - r1.stages[0].activations_bytes == pytest.approx(
         LLAMA.num_layers * per_layer, rel=1e-9)
     assert r1.stages[0].buffers_bytes - r0.stages[0].buffers_bytes == pytest.approx(per_layer, rel=1e-9)
@@ -181,13 +204,13 @@ def test_moe_act_reruns_the_experts_activation_on_their_rows():
 
 def test_predicted_recompute_seconds_are_the_modules_forward_seconds():
     P = get_predictor("dgx-h100")
-    L_none, L_mlp = _layout("none"), _layout("selective", ("mlp", "layernorm"))
+    L_none, L_mlp = _layout("none"), _layout("selective", ("mlp",))
     p_none, p_mlp = P.predict(LLAMA, L_none), P.predict(LLAMA, L_mlp)
     u_none = P.engine._parts[(LLAMA, 4096, "bf16", *unit_key(L_none, P.platform, LLAMA))].layer
     u_mlp = P.engine._parts[(LLAMA, 4096, "bf16", *unit_key(L_mlp, P.platform, LLAMA))].layer
     fwd = sum(t.seconds * t.call.count for t in u_none.calls
               if isinstance(t.call, D.OpCall) and t.call.phase == "fwd"
-              and t.call.op in ("mlp_up", "swiglu", "mlp_down", "rmsnorm"))
+              and t.call.op in ("mlp_up", "swiglu", "mlp_down"))
     assert u_mlp.rc == pytest.approx(fwd, rel=1e-9)
     assert u_mlp.bc - u_none.bc == pytest.approx(u_mlp.rc, rel=1e-9)
     assert p_mlp.step_time_s > p_none.step_time_s
@@ -252,13 +275,13 @@ def test_recipe_recompute_reaches_exactly_the_rows_it_names():
 # ----------------------------------------------------------------------------------------------- dashboard
 def test_a_search_row_opens_in_predict_with_its_recompute_modules():
     from predictor_ui.search_view import predict_query
-    L = _layout(mods=("mlp", "layernorm"))
+    L = _layout(mods=("mlp", "core_attn"))
     row = {f: getattr(L, f) for f in ("num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len", "vpp",
                                       "schedule", "recompute", "sequence_parallel", "zero_stage", "precision", "cp",
                                       "ep")}
-    q = predict_query({**row, "stage_layers": "", "recompute_modules": "layernorm,mlp"})
-    assert q["recompute_modules"] == "layernorm,mlp"
-    assert layout_from_fields(q).selective_modules == ("layernorm", "mlp")
+    q = predict_query({**row, "stage_layers": "", "recompute_modules": "core_attn,mlp"})
+    assert q["recompute_modules"] == "core_attn,mlp"
+    assert layout_from_fields(q).selective_modules == ("core_attn", "mlp")
     assert "recompute_modules" not in predict_query({**row, "stage_layers": "", "recompute_modules": "core_attn"})
 
 

@@ -537,6 +537,11 @@ class Layout:
         if len(set(mods)) != len(mods):
             raise InfeasibleConfig("recompute_modules", f"lists a module twice: {','.join(mods)}.",
                                    "give each module once.")
+        if self.framework != "megatron":
+            raise InfeasibleConfig("recompute_modules", f"recompute_modules is Megatron-Core's; framework "
+                                                        f"'{self.framework}' recomputes selectively only the core "
+                                                        "attention.",
+                                   "leave recompute_modules empty, or use framework megatron.")
         if self.recompute != "selective":
             raise InfeasibleConfig("recompute_modules", f"recompute_modules ({','.join(mods) or 'empty'}) applies "
                                                         f"to selective recomputation only, but recompute is "
@@ -555,6 +560,10 @@ class Layout:
         if model.is_moe and not model.has_dense_layers:
             why["mlp"] = ("every layer of the model is a MoE layer (no dense MLP to recompute; Megatron-Core's "
                           "'mlp' is the dense MLP submodule)")
+        if not model.is_moe and not model.is_mla:
+            why["layernorm"] = ("both of its norms are fused into the next linear layer (Megatron-Core's Transformer "
+                                "Engine spec: TELayerNormColumnParallelLinear), which 'layernorm' recomputation "
+                                "skips; only MLA's input norm and a MoE layer's pre-MLP norm are modules of their own")
         for m in mods:
             if m in why:
                 raise InfeasibleConfig("recompute_modules", f"'{m}' does not apply: {why[m]}.",

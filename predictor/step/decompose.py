@@ -580,9 +580,10 @@ def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, 
     Megatron-Core TransformerConfig.recompute_modules; `moe` set for a MoE layer, as in `_layer_forward`):
       core_attn       the attention core (flash attention's forward, or the unfused scores / softmax / context;
                       Megatron-Core's checkpointed core attention re-runs the kernel, flash or not);
-      layernorm       input_layernorm and pre_mlp_layernorm;
-      mla_up_proj     MLA's two up projections and RoPE (`mla_projection_ops` less the down projections and the
-                      latent norms, which Megatron-Core runs before the checkpointed qkv_up_proj_and_rope_apply);
+      layernorm       input_layernorm and pre_mlp_layernorm where they are modules of their own (MLA's input norm,
+                      a MoE layer's pre-MLP norm: memory.separate_norms; the others are fused into the next linear);
+      mla_up_proj     MLA's latent norms, the two up projections and RoPE (`mla_projection_ops` less the down
+                      projections; the norms are fused into the up projections in Transformer Engine's MLA spec);
       mlp             a dense layer's MLP with its tensor-parallel exchange (fc1 all-gathers, fc2 reduces);
       moe             a MoE layer's whole block: router, permutation, dispatch / combine all-to-alls, experts,
                       shared experts (`_moe_calls`);
@@ -599,12 +600,14 @@ def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, 
             return _tp_comms("allgather", ph, 1, act_bytes, tp_topo) + _tp_comms("reducescatter", ph, 1, act_bytes,
                                                                                   tp_topo)
         return _tp_comms("allreduce", ph, 1, act_bytes, tp_topo)
-    if "layernorm" in modules:
-        ops.append(OpCall(_norm(model), "fwd", make_shape(batch=b, seq=s // tp if sp else s, hidden=h), 2, ph,
+    norms = int(model.is_mla) + int(moe is not None)   # memory.separate_norms: the norms that are modules of their own
+    if "layernorm" in modules and norms:
+        ops.append(OpCall(_norm(model), "fwd", make_shape(batch=b, seq=s // tp if sp else s, hidden=h), norms, ph,
                           "layer"))
     if "mla_up_proj" in modules and model.is_mla:
         proj = mla_projection_ops(model, tp, b, s, sp, ph)
-        ops += [c for c in proj if c.op == "mlp_up"][-2:] + [c for c in proj if c.op == "rope"]   # W_UQ, W_UKV, RoPE
+        gemms = [c for c in proj if c.op == "mlp_up"]
+        ops += [c for c in proj if c.op != "mlp_up"] + gemms[-2:]   # latent norms, RoPE; W_UQ and W_UKV (the last two)
     if "core_attn" in modules:
         ops += _attention_core(model, tp, b, s, ph, cp)
     if moe is None:

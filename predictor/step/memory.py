@@ -319,11 +319,11 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     width, the expert output the rank's own rows after the reduce-scatter (h / etp per gathered row).
 
     Parts: the pieces of those terms that selective recomputation by module can free (`recompute_freed_bytes`):
-    `norm_out` (replicated: the two norm outputs, the QKV / MLA-down and the MLP / router input), `mla_qkv`
-    (sharded: MLA's up-projected Q, K and V that flash attention keeps), `mlp` (sharded: the dense MLP's
-    intermediates, or a MoE layer's whole block: routed rows, router probabilities and shared experts), `shared`
-    (sharded: the shared experts' intermediates), `moe_act` (sharded: the routed experts' activation output, fc2's
-    input)."""
+    `norm_out` (replicated: the outputs of the norms that are modules of their own, `separate_norms`),
+    `mla_latent_out` (replicated: MLA's normed latents, the up projections' input), `mla_qkv` (sharded: MLA's
+    up-projected Q, K and V that flash attention keeps), `mlp` (sharded: the dense MLP's intermediates, or a MoE
+    layer's whole block: routed rows, router probabilities and shared experts), `shared` (sharded: the shared experts'
+    intermediates), `moe_act` (sharded: the routed experts' activation output, fc2's input)."""
     s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
     e = BYTES_PER_ELEMENT[precision]
     a, hd = model.num_heads, model.head_size
@@ -338,7 +338,8 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     g = fp8.saved_input_bytes(precision, e)  # mxfp8 / nvfp4: their values + block scales
     # replicated: both norm inputs, the QKV input, the MLP input, the two residual dropout masks
     replicated = sbh * (2 * e + g + g) + sbh * 2 * mask
-    parts = {"norm_out": sbh * (g + g), "mla_qkv": 0.0, "mlp": 0.0, "shared": 0.0, "moe_act": 0.0}
+    parts = {"norm_out": sbh * g * separate_norms(model, moe and model.is_moe), "mla_latent_out": 0.0,
+             "mla_qkv": 0.0, "mlp": 0.0, "shared": 0.0, "moe_act": 0.0}
     # sharded: Q, K, V (GQA: kv heads per rank), attention output (out-proj input), MLP intermediates
     q = s * b * (a / t) * hd * e
     kv = 2 * s * b * kv_r * hd * e
@@ -354,6 +355,7 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
         q = s * b * (a / t) * model.qk_head_size * e
         kv = s * b * (a / t) * (model.qk_head_size + model.v_head_size) * e
         parts["mla_qkv"] = q + kv
+        parts["mla_latent_out"] = s * b * ((model.q_lora_rank or 0) + (model.kv_lora_rank or 0)) * g
         o = s * b * (a / t) * model.v_head_size * g
     def mlp_terms(width: float) -> float:
         if model.arch == "llama":
@@ -405,6 +407,15 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     return stored
 
 
+def separate_norms(model: ModelSpec, moe_layer: bool) -> int:
+    """How many of a layer's two norms are modules of their own, which selective 'layernorm' recomputation re-runs,
+    in Megatron-Core's Transformer Engine layer specs (gpt_layer_specs.py): the input norm is fused into the QKV
+    projection (TELayerNormColumnParallelLinear; input_layernorm IdentityOp) except before MLA's down projections
+    (input_layernorm TENorm); the pre-MLP norm is fused into fc1 except before a MoE block (pre_mlp_layernorm TENorm
+    when num_experts). transformer_layer.py recomputes a norm only `if not isinstance(..., IdentityOp)`."""
+    return int(model.is_mla) + int(moe_layer)
+
+
 def _freed(model: ModelSpec, T: dict[str, float], parts: dict[str, float], modules: tuple[str, ...], moe: bool,
            sp_div: int) -> float:
     """`recompute_freed_bytes` from one layer's terms and parts."""
@@ -412,10 +423,10 @@ def _freed(model: ModelSpec, T: dict[str, float], parts: dict[str, float], modul
     out = 0.0
     if "core_attn" in modules:     # the attention core's own saved tensors (its Q, K, V inputs stay saved)
         out += T["quadratic"] + T["flash"]
-    if "layernorm" in modules:     # input_layernorm and pre_mlp_layernorm outputs (output-discarding)
+    if "layernorm" in modules:     # the separate norms' outputs (output-discarding; fused ones are skipped)
         out += parts["norm_out"] / sp_div
-    if "mla_up_proj" in modules:   # the up projections' Q, K, V outputs (their input, the normed latents, stays)
-        out += parts["mla_qkv"]
+    if "mla_up_proj" in modules:   # the normed latents and the up projections' Q, K, V (the latents stay)
+        out += parts["mla_latent_out"] / sp_div + parts["mla_qkv"]
     if moe_layer:
         if "moe" in modules:       # the whole MoE block (it contains moe_act and shared_experts)
             out += parts["mlp"]
@@ -436,10 +447,12 @@ def recompute_freed_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: 
     the module's input and nothing inside it):
       core_attn       the attention core's saved tensors beyond its Q, K, V inputs: unfused attention's scores,
                       softmax and dropout (Korthikanti et al. 2022's 5as/h term), flash attention's fp32 logsumexp;
-      layernorm       the outputs of input_layernorm and pre_mlp_layernorm;
-      mla_up_proj     MLA's up-projected Q, K, V (Megatron-Core multi_latent_attention.py@003b4ce: the latents are
-                      normed before the checkpointed qkv_up_proj_and_rope_apply, so the normed latents, its input,
-                      stay saved);
+      layernorm       the outputs of input_layernorm and pre_mlp_layernorm where they are modules of their own
+                      (`separate_norms`: Megatron-Core skips a norm fused into the next linear layer);
+      mla_up_proj     MLA's normed latents (the up projections' input) and the up-projected Q, K, V: with
+                      Transformer Engine's MLA spec the latent norms are fused into the up projections
+                      (TELayerNormColumnParallelLinear, q_layernorm / kv_layernorm IdentityOp), inside the
+                      checkpointed qkv_up_proj_and_rope_apply, whose input is the un-normed latents;
       mlp             a dense layer's MLP intermediates (fc1 output, activation output);
       moe             a MoE layer's whole block: routed rows, router probabilities, shared experts;
       moe_act         the routed experts' activation output (fc2's input);
