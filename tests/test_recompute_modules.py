@@ -294,3 +294,20 @@ def test_predict_page_takes_recompute_modules_from_the_url():
     assert float(metric(more, "Memory / GPU").split()[0]) < float(metric(base, "Memory / GPU").split()[0])
     bad = run(query={**q, "recompute_modules": "moe_act"})
     assert any("`recompute_modules`" in w.value and "How to fix" in w.value for w in bad.warning), text(bad)
+
+
+# --------------------------------------------------------------------- fp8: the experts' GEMM inputs as FP8
+def test_fp8_moe_rows_keep_fc1_and_fc2_inputs_as_their_fp8_casts():
+    """Transformer Engine's GroupedLinear saves the quantized input of each expert GEMM (as Linear does for the dense
+    ones): per routed row the fc1 input (h) and the fc2 input (ffn_e) are 1 byte under fp8, the fc1 output
+    (2 ffn_e) and the expert output the un-permutation keeps (h) stay 16-bit."""
+    from predictor.step import fp8
+    s, b = 4096, 1
+    rows = s * b * QWEN.top_k            # balanced, dropless, ep 8, tp 1
+    g = fp8.saved_input_bytes("fp8", E)
+    assert g == 1
+    _, p16 = mem.activation_breakdown(QWEN, s, b, 1, "bf16", moe=True, ep=8)
+    _, p8 = mem.activation_breakdown(QWEN, s, b, 1, "fp8", moe=True, ep=8)
+    assert p16["mlp"] - p8["mlp"] == pytest.approx(rows * (QWEN.hidden_size + QWEN.expert_ffn) * (E - g), rel=1e-12)
+    assert p8["mlp"] == pytest.approx(rows * (QWEN.hidden_size * (g + E) + QWEN.expert_ffn * (2 * E + g))
+                                      + 4 * s * b * QWEN.num_experts + 8 * rows, rel=1e-12)

@@ -313,7 +313,8 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     `moe` (a MoE layer of a MoE model, `seq_len` already per CP rank): instead of the MLP intermediates, the
     rows this GPU's experts compute on the busiest rank (predictor.model.moe.routing: tokens x top_k x imbalance)
     keep the dispatched input, the fc1 output (gate and up), the activation output and the expert output the
-    un-permutation weights (2h + 3 ffn_e elements per row for SwiGLU, 2h + 2 ffn_e for GeLU), plus the fp32
+    un-permutation weights (2h + 3 ffn_e elements per row for SwiGLU, 2h + 2 ffn_e for GeLU; fc1's and fc2's inputs
+    as their FP8 casts under fp8, Transformer Engine's GroupedLinear saving the quantized inputs), plus the fp32
     router probabilities; the shared experts keep what a dense MLP of their width keeps. Expert tensor parallelism
     (`etp` > 1): the rows are the etp-gathered ones (routing), the fc1 output and activation 1/etp of the expert's
     width, the expert output the rank's own rows after the reduce-scatter (h / etp per gathered row).
@@ -365,8 +366,9 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
         r = routing(model, b, s, t, 1, ep, sequence_parallel, etp)
         rows = r.rows_per_expert * r.local_experts
         fe = model.expert_ffn / max(etp, 1)
-        per_row = (1.0 + 1.0 / max(etp, 1)) * h * e + (2 * fe * e + fe * g if model.arch == "llama"
-                                                       else fe * e + fe * g)
+        # fc1's input is a GEMM input like the dense ones: its FP8 cast under fp8 (Transformer Engine's GroupedLinear
+        # saves the quantized `inputmats`, as Linear does); the expert output stays 16-bit (the un-permutation keeps it)
+        per_row = h * g + h * e / max(etp, 1) + (2 * fe * e + fe * g if model.arch == "llama" else fe * e + fe * g)
         mlp = rows * per_row + 4.0 * r.tokens * model.num_experts + 8.0 * r.routed_rows
         parts["moe_act"] = rows * fe * g
         if model.shared_experts:
