@@ -453,7 +453,9 @@ def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], lay
     name = model_fields.get("model") or "custom model"
     pid = plat_fields.get("c_name") if plat_fields.get("platform") == CUSTOM else plat_fields.get("platform")
     L = layout
-    extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [f"recompute {L.recompute}"] + \
+    rc = f"recompute {L.recompute}" + (f" ({','.join(L.selective_modules) or 'no modules'})"
+                                       if L.recompute == "selective" else "")
+    extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [rc] + \
         (["SP"] if L.sequence_parallel else []) + ([f"ZeRO-{L.zero_stage}"] if L.zero_stage else []) + [L.precision] + \
         ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else []) + [L.framework] + \
         (["TP overlap"] if L.overlap_tp_comm else []) + \

@@ -3,6 +3,7 @@ bad input named, the memory each module frees against the tensors computed here 
 the forward of the same calls, and search agreeing with predict on the new field."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -311,3 +312,15 @@ def test_fp8_moe_rows_keep_fc1_and_fc2_inputs_as_their_fp8_casts():
     assert p16["mlp"] - p8["mlp"] == pytest.approx(rows * (QWEN.hidden_size + QWEN.expert_ffn) * (E - g), rel=1e-12)
     assert p8["mlp"] == pytest.approx(rows * (QWEN.hidden_size * (g + E) + QWEN.expert_ffn * (2 * E + g))
                                       + 4 * s * b * QWEN.num_experts + 8 * rows, rel=1e-12)
+
+
+def test_the_cli_takes_recompute_modules_and_refuses_one_that_does_not_apply(capsys):
+    from predictor.cli.main import main
+    q = ["predict", "--platform", "dgx-h100", "--model", "llama3-8b", "--num-gpus", "8", "--tp", "2", "--dp", "4",
+         "--global-batch", "32", "--seq-len", "4096", "--sequence-parallel", "--recompute", "selective"]
+    assert main([*q, "--recompute-modules", "mlp,core_attn", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["layout"]["recompute_modules"] == ["mlp", "core_attn"]
+    assert main([*q, "--recompute-modules", "moe_act"]) == 2
+    err = capsys.readouterr().err
+    assert "recompute_modules" in err and "moe_act" in err and "Fix" in err
