@@ -324,3 +324,42 @@ def test_the_cli_takes_recompute_modules_and_refuses_one_that_does_not_apply(cap
     assert main([*q, "--recompute-modules", "moe_act"]) == 2
     err = capsys.readouterr().err
     assert "recompute_modules" in err and "moe_act" in err and "Fix" in err
+
+
+def test_legacy_megatron_attention_does_not_checkpoint_flash():
+    """Frameworks other than Megatron-Core run the legacy Megatron-LM attention, which checkpoints the core attention
+    only without flash attention: their selective layout under flash re-runs nothing and stores what none stores, so
+    predict charges it nothing over none and search may rank it as none."""
+    P = get_predictor("dgx-h100")
+    base = dict(num_gpus=8, tp=2, dp=4, micro_batch=1, global_batch=32, seq_len=4096, sequence_parallel=True,
+                framework="megatron-deepspeed")
+    sel, none = Layout(**base, recompute="selective"), Layout(**base, recompute="none")
+    assert mem.recompute_mask(LLAMA, sel) == 0
+    ps, pn = P.predict(LLAMA, sel), P.predict(LLAMA, none)
+    assert ps.step_time_s == pytest.approx(pn.step_time_s, rel=1e-12)
+    assert ps.memory.peak_bytes == pytest.approx(pn.memory.peak_bytes, rel=1e-12)
+    # Megatron-Core re-runs the flash forward
+    mc = P.predict(LLAMA, replace(sel, framework="megatron"))
+    assert mc.step_time_s > P.predict(LLAMA, replace(none, framework="megatron")).step_time_s
+    # unfused attention: the legacy code checkpoints the core attention as Korthikanti et al. describe
+    unfused = replace(get_preset("gpt3-1.3b"), attention_impl="unfused")
+    assert mem.recompute_mask(unfused, replace(sel, num_gpus=8)) == mem.modules_mask(("core_attn",))
+    # search: under megatron-deepspeed the row searched alone is ranked at predict's time (and equals none's)
+    space = SearchSpace(tp=(2,), pp=(1,), micro_batch=(1,), recompute=("selective",), sequence_parallel=(True,),
+                        zero_stage=(1,), schedules=("1f1b",), framework="megatron-deepspeed")
+    row = search(LLAMA, P, 8, 32, 4096, space=space).table.iloc[0]
+    L = layout_of(row)
+    assert L.recompute == "selective" and L.recompute_modules is None
+    assert P.predict(LLAMA, L).step_time_s == pytest.approx(float(row["step_time_s"]), rel=1e-9)
+
+
+@pytest.mark.parametrize("fw,words", [("megatron", "re-runs the attention forward"),
+                                      ("megatron-deepspeed", "equals none")])
+def test_search_says_why_default_selective_is_not_enumerated_under_flash(fw, words):
+    P = get_predictor("dgx-h100")
+    rep = search(LLAMA, P, 8, 32, 4096, space=SearchSpace(tp=(2,), pp=(1,), micro_batch=(1,), framework=fw,
+                                                          zero_stage=(1,), schedules=("1f1b",)))
+    rej = rep.rejection_summary()
+    row = rej[rej["reason"] == "not enumerated: recompute=selective"]
+    assert len(row) == 1 and words in row["example"].iloc[0]
+    assert set(rep.table["recompute"]) == {"none", "full"}

@@ -264,17 +264,21 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
     rcs = [r for r in space.recompute if r in RC]
     # selective recomputation's modules: checked once on a probe, the same mask on every selective row
     if space.recompute_modules is not None and "selective" in rcs:
-        Layout(num_gpus=1, recompute="selective", recompute_modules=tuple(space.recompute_modules)).validate(model)
+        Layout(num_gpus=1, recompute="selective", recompute_modules=tuple(space.recompute_modules),
+               framework=space.framework).validate(model)
     sel_mods = (Layout(num_gpus=1, recompute="selective", recompute_modules=space.recompute_modules)
                 .selective_modules if space.recompute_modules is not None else DEFAULT_RECOMPUTE_MODULES)
     if (model.attention_impl in FLASH_IMPLS and "selective" in rcs and "none" in rcs
             and sel_mods == ("core_attn",)):
         rcs.remove("selective")
-        excl.append({"option": "recompute=selective", "values": {"recompute": "selective"},
-                     "reason": "with flash attention, selective recomputation of core_attn (Megatron-Core's "
-                               "default) re-runs the attention forward in the backward and frees only its fp32 "
-                               "logsumexp: slower than recompute none at the same memory but that; predict it "
-                               "with --recompute selective, or search other --recompute-modules."})
+        sel_why = ("with flash attention, selective recomputation of core_attn (Megatron-Core's default) re-runs "
+                   "the attention forward in the backward and frees only its fp32 logsumexp: slower than recompute "
+                   "none at the same memory but that; predict it with --recompute selective, or search other "
+                   "--recompute-modules." if fw.name == "megatron" else
+                   f"with flash attention selective recomputation equals none under {fw.name} (the legacy "
+                   "Megatron-LM attention checkpoints the core attention only without flash attention); ranked as "
+                   "recompute=none.")
+        excl.append({"option": "recompute=selective", "values": {"recompute": "selective"}, "reason": sel_why})
     # activation offloading: a device without a stated host link cannot time the copies (never a guessed speed)
     if any(n for n in space.offload_activations) and not getattr(platform.device, "host_link_gbps", 0.0):
         n_off = max(space.offload_activations)
@@ -359,8 +363,8 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
     gbytes = grad_comm_bytes(space.precision, space.grad_reduce_in_fp32)
     f8p = int(space.fp8_param_gather)
-    sel_mask = mem.modules_mask(DEFAULT_RECOMPUTE_MODULES if space.recompute_modules is None
-                                else space.recompute_modules)
+    sel_mask = mem.framework_recompute_mask(model, fw.name, DEFAULT_RECOMPUTE_MODULES if space.recompute_modules is None
+                                            else tuple(space.recompute_modules))
     sps = [s for s in space.sequence_parallel if not s or (tp > 1 and (seq_len // cp) % tp == 0)]
     if model.is_moe and tp > 1:   # Megatron-Core runs MoE with tp > 1 only with sequence parallelism
         sps = [s for s in sps if s]
@@ -764,7 +768,8 @@ def _moe_fields(row: pd.Series | dict) -> dict[str, Any]:
         out["etp"] = None if int(row["etp"]) == default else int(row["etp"])
     if "moe_overlap" in row and row["moe_overlap"] == row["moe_overlap"]:
         out["moe_overlap"] = bool(row["moe_overlap"])
-    if str(row.get("recompute", "")) == "selective" and isinstance(row.get("recompute_modules"), str):
+    if (str(row.get("recompute", "")) == "selective" and isinstance(row.get("recompute_modules"), str)
+            and str(row.get("framework") or DEFAULT_FRAMEWORK) == "megatron"):
         mods = tuple(m for m in str(row["recompute_modules"]).split(",") if m)
         out["recompute_modules"] = None if mods == DEFAULT_RECOMPUTE_MODULES else mods
     return out

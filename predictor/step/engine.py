@@ -101,7 +101,7 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
                      FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm),
                      L.grad_bytes, int(L.fp8_param_gather), CP_COMMS.index(L.cp_comm), L.cp_a2a_size or 0,
-                     L.offload_activations, L.expert_tp, int(L.moe_overlap), mem.layout_modules_mask(L)))
+                     L.offload_activations, L.expert_tp, int(L.moe_overlap), mem.recompute_mask(model, L)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -133,8 +133,8 @@ def _recompute_names(rows: np.ndarray) -> list[str]:
 def _modules_field(row: np.ndarray) -> tuple[str, ...] | None:
     """Layout.recompute_modules of an engine row: None (Megatron-Core's default) where a selective row's mask is the
     default's, else its modules; None unless selective."""
-    if RECOMPUTE[int(row[I_RC])] != "selective":
-        return None
+    if RECOMPUTE[int(row[I_RC])] != "selective" or FRAMEWORKS[int(row[I_FW])] != "megatron":
+        return None   # (recompute_modules is Megatron-Core's; the others' selective is the default's)
     mods = mem.modules_of_mask(int(row[I_RCM]))
     return None if mods == mem.DEFAULT_RECOMPUTE_MODULES else mods
 
@@ -1016,7 +1016,7 @@ def unit_key(layout: Layout, platform: Platform, model: ModelSpec) -> tuple[int,
     a2a = D.cp_a2a_ranks(model, layout.tp, layout.cp, layout.cp_comm, layout.cp_a2a_size, platform.gpus_per_node)
     return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
             layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm), a2a, layout.expert_tp,
-            mem.layout_modules_mask(layout))
+            mem.recompute_mask(model, layout))
 
 
 def unit_key_columns(rows: np.ndarray, platform: Platform, model: ModelSpec) -> np.ndarray:

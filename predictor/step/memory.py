@@ -715,9 +715,19 @@ def modules_of_mask(mask: int) -> tuple[str, ...]:
     return tuple(m for i, m in enumerate(RECOMPUTE_MODULES) if int(mask) >> i & 1)
 
 
-def layout_modules_mask(layout: Layout) -> int:
-    """The engine's recompute-modules column of a layout: its selective modules' mask (0 unless selective)."""
-    return modules_mask(layout.selective_modules)
+def recompute_mask(model: ModelSpec, layout: Layout) -> int:
+    """The engine's recompute-modules column of a layout of `model`: its selective modules' mask (0 unless
+    selective). Frameworks other than Megatron-Core (megatron) run the legacy Megatron-LM attention, which checkpoints
+    the core attention only without flash attention (megatron/model/transformer.py: `if not self.use_flash_attn: if
+    self.checkpoint_core_attention: ...`): under flash their selective recomputation re-runs nothing (mask 0)."""
+    return framework_recompute_mask(model, layout.framework, layout.selective_modules)
+
+
+def framework_recompute_mask(model: ModelSpec, framework: str, modules: tuple[str, ...]) -> int:
+    """`recompute_mask` from the framework and the selective modules."""
+    if framework != "megatron" and model.attention_impl in FLASH_IMPLS:
+        return 0
+    return modules_mask(modules)
 
 
 def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_layers: list[int] | tuple[int, ...],
@@ -943,7 +953,7 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
                               comm=DeviceComm.of(device) if device is not None else None,
                               grad_bytes=one(layout.grad_bytes), fp8_param=one(int(layout.fp8_param_gather)),
                               offload=one(layout.offload_activations),
-                              recompute_modules=one(layout_modules_mask(layout)))
+                              recompute_modules=one(recompute_mask(model, layout)))
     return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
 
 
