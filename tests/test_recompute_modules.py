@@ -363,3 +363,15 @@ def test_search_says_why_default_selective_is_not_enumerated_under_flash(fw, wor
     row = rej[rej["reason"] == "not enumerated: recompute=selective"]
     assert len(row) == 1 and words in row["example"].iloc[0]
     assert set(rep.table["recompute"]) == {"none", "full"}
+
+
+def test_an_oom_moe_layout_names_selective_modules_as_a_lever():
+    from predictor.plan.memory_verdict import oom_fix
+    P = get_predictor("dgx-h100")
+    L = Layout(num_gpus=8, tp=1, dp=8, ep=8, micro_batch=8, global_batch=64, seq_len=4096)
+    p = P.predict(QWEN, L)
+    assert not p.memory.fits
+    fix = oom_fix(p)
+    assert "selective recomputation of moe_act or moe" in fix and "--recompute-modules" in fix
+    dense = P.predict(LLAMA, Layout(num_gpus=1, micro_batch=16, global_batch=16, seq_len=8192))
+    assert "selective recomputation" not in oom_fix(dense)
