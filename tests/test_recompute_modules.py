@@ -335,6 +335,9 @@ def test_legacy_megatron_attention_does_not_checkpoint_flash():
                 framework="megatron-deepspeed")
     sel, none = Layout(**base, recompute="selective"), Layout(**base, recompute="none")
     assert mem.recompute_mask(LLAMA, sel) == 0
+    assert not [c for plan in D.decompose(LLAMA, sel, P.platform) for c in plan.ops if c.phase == "recompute"]
+    assert [c.op for plan in D.decompose(LLAMA, replace(sel, framework="megatron"), P.platform)[:1]
+            for c in plan.ops if c.phase == "recompute"] == ["flash_attn"]
     ps, pn = P.predict(LLAMA, sel), P.predict(LLAMA, none)
     assert ps.step_time_s == pytest.approx(pn.step_time_s, rel=1e-12)
     assert ps.memory.peak_bytes == pytest.approx(pn.memory.peak_bytes, rel=1e-12)

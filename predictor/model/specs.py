@@ -427,6 +427,16 @@ class ModelSpec:
                                    "rank's load over the mean (e.g. 1.2).")
 
 
+def recomputed_modules(model: ModelSpec, framework: str, modules: tuple[str, ...]) -> tuple[str, ...]:
+    """What selective recomputation of `modules` re-runs under `framework`: the modules under Megatron-Core
+    (framework megatron); nothing under the others with flash attention, which run the legacy Megatron-LM attention
+    that checkpoints the core attention only without flash attention (megatron/model/transformer.py: `if not
+    self.use_flash_attn: if self.checkpoint_core_attention: ...`; recompute_modules is refused for them)."""
+    if framework != "megatron" and model.attention_impl in FLASH_IMPLS:
+        return ()
+    return modules
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one training step is laid out over the GPUs.
@@ -518,6 +528,10 @@ class Layout:
             return ()
         mods = DEFAULT_RECOMPUTE_MODULES if self.recompute_modules is None else self.recompute_modules
         return tuple(m for m in RECOMPUTE_MODULES if m in mods)
+
+    def recomputed_modules(self, model: ModelSpec) -> tuple[str, ...]:
+        """The modules this layout's selective recomputation really re-runs on `model` (`recomputed_modules`)."""
+        return recomputed_modules(model, self.framework, self.selective_modules)
 
     def _validate_recompute_modules(self, model: ModelSpec | None) -> None:
         """recompute_modules: known names (Megatron-Core's choices), only with recompute 'selective', and only

@@ -46,6 +46,7 @@ from predictor.model.specs import (
     ModelSpec,
     grad_comm_bytes,
     grad_reduce_in_fp32_of,
+    recomputed_modules,
 )
 from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, interleaved_split, split_layers
 from predictor.plan.costing import TrainingEstimate, training_estimate
@@ -363,8 +364,9 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
     gbytes = grad_comm_bytes(space.precision, space.grad_reduce_in_fp32)
     f8p = int(space.fp8_param_gather)
-    sel_mask = mem.framework_recompute_mask(model, fw.name, DEFAULT_RECOMPUTE_MODULES if space.recompute_modules is None
-                                            else tuple(space.recompute_modules))
+    sel_mask = mem.modules_mask(recomputed_modules(model, fw.name, DEFAULT_RECOMPUTE_MODULES
+                                                   if space.recompute_modules is None
+                                                   else tuple(space.recompute_modules)))
     sps = [s for s in space.sequence_parallel if not s or (tp > 1 and (seq_len // cp) % tp == 0)]
     if model.is_moe and tp > 1:   # Megatron-Core runs MoE with tp > 1 only with sequence parallelism
         sps = [s for s in sps if s]

@@ -886,7 +886,7 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     edp_topo = edp_topology(g, tp, dpc, ep, etp)
     fused = fused_kernels_on(layout.framework, platform)
     otp = layout.overlap_tp_comm
-    rmods = layout.selective_modules
+    rmods = layout.recomputed_modules(model)
     lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused,
                      tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, etp=etp, etp_topo=etp_topology(g, etp),
                      recompute_modules=rmods)

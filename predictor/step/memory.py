@@ -720,14 +720,7 @@ def recompute_mask(model: ModelSpec, layout: Layout) -> int:
     selective). Frameworks other than Megatron-Core (megatron) run the legacy Megatron-LM attention, which checkpoints
     the core attention only without flash attention (megatron/model/transformer.py: `if not self.use_flash_attn: if
     self.checkpoint_core_attention: ...`): under flash their selective recomputation re-runs nothing (mask 0)."""
-    return framework_recompute_mask(model, layout.framework, layout.selective_modules)
-
-
-def framework_recompute_mask(model: ModelSpec, framework: str, modules: tuple[str, ...]) -> int:
-    """`recompute_mask` from the framework and the selective modules."""
-    if framework != "megatron" and model.attention_impl in FLASH_IMPLS:
-        return 0
-    return modules_mask(modules)
+    return modules_mask(layout.recomputed_modules(model))
 
 
 def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_layers: list[int] | tuple[int, ...],
