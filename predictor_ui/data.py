@@ -92,6 +92,8 @@ def _specs_from_json(mj: str, lj: str) -> tuple[ModelSpec, Layout]:
     ld = json.loads(lj)
     if ld.get("stage_layers") is not None:
         ld["stage_layers"] = tuple(ld["stage_layers"])
+    if ld.get("recompute_modules") is not None:
+        ld["recompute_modules"] = tuple(ld["recompute_modules"])
     return m, Layout(**ld)
 
 

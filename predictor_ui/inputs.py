@@ -313,11 +313,21 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
         out["vpp"] = 1
     out["recompute"] = a.selectbox("Recomputation", list(RECOMPUTES), index=list(RECOMPUTES).index(d["recompute"]),
                                    key=_k(prefix, "recompute"), bind=BIND,
-                                   help="Activation recomputation: none, selective (attention), full (whole layer)")
+                                   help="Activation recomputation: none, selective (the modules below; Megatron-Core's "
+                                        "default: core attention), full (whole layer)")
     out["zero_stage"] = b.selectbox("ZeRO stage", [0, 1, 2, 3], index=int(d["zero_stage"]),
                                     key=_k(prefix, "zero_stage"), bind=BIND,
                                     help="0: replicated optimizer; 1: optimizer states sharded over DP; "
                                          "2: + gradients; 3: + parameters")
+    # selective recomputation by module (Layout.recompute_modules; docs/memory.md)
+    out["recompute_modules"] = c.text_input(
+        "Recomputed modules", "", key=_k(prefix, "recompute_modules"), bind=BIND, placeholder="core_attn",
+        disabled=out["recompute"] != "selective",
+        help="With selective recomputation, the modules re-run in the backward (Megatron-Core recompute_modules), "
+             "comma-separated: core_attn, moe_act, layernorm, mla_up_proj, mlp, moe, shared_experts; empty = "
+             "core_attn (Megatron-Core's default), none = no module") or None
+    if out["recompute"] != "selective":
+        out["recompute_modules"] = None
     out["sequence_parallel"] = c.toggle("Sequence parallelism", d["sequence_parallel"],
                                         key=_k(prefix, "sequence_parallel"), bind=BIND,
                                         help="Megatron SP: norms/dropout split along the sequence over TP ranks")
@@ -443,7 +453,9 @@ def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], lay
     name = model_fields.get("model") or "custom model"
     pid = plat_fields.get("c_name") if plat_fields.get("platform") == CUSTOM else plat_fields.get("platform")
     L = layout
-    extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [f"recompute {L.recompute}"] + \
+    rc = f"recompute {L.recompute}" + (f" ({','.join(L.selective_modules) or 'no modules'})"
+                                       if L.recompute == "selective" else "")
+    extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [rc] + \
         (["SP"] if L.sequence_parallel else []) + ([f"ZeRO-{L.zero_stage}"] if L.zero_stage else []) + [L.precision] + \
         ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else []) + [L.framework] + \
         (["TP overlap"] if L.overlap_tp_comm else []) + \

@@ -87,14 +87,19 @@ def test_predict_batch_equals_predict():
     while len(items) < 60:
         model = get_preset(str(rng.choice(["llama3-8b", "gpt3-1.3b", "llama2-13b"])))
         tp, pp, dp, mb, cp = (int(rng.choice(v)) for v in ([1, 2, 4, 8], [1, 2, 4], [1, 2, 8], [1, 2], [1, 1, 2, 4]))
+        rc, fw = str(rng.choice(["none", "full", "selective"])), str(rng.choice(FRAMEWORKS))
+        # selective recomputation by module (Megatron-Core's recompute_modules; the default core_attn elsewhere)
+        mods = (tuple(m for m in ("core_attn", "mlp") if rng.random() < 0.5)
+                if rc == "selective" and fw == "megatron" else None)
         L = Layout(num_gpus=tp * pp * cp * dp, tp=tp, pp=pp, dp=dp, cp=cp, micro_batch=mb, global_batch=mb * dp * 4,
-                   seq_len=int(rng.choice([1024, 4096])), recompute=str(rng.choice(["none", "full"])),
-                   zero_stage=int(rng.choice([0, 1])), framework=str(rng.choice(FRAMEWORKS)))
+                   seq_len=int(rng.choice([1024, 4096])), recompute=rc, zero_stage=int(rng.choice([0, 1])),
+                   framework=fw, recompute_modules=mods)
         try:
             L.validate(model)
         except InfeasibleConfig:
             continue
         items.append((model, L))
+    assert any(L.recompute == "selective" and L.recompute_modules for _, L in items)
     batch = P.predict_many(items)
     for (model, L), b in zip(items, batch):
         p = P.predict(model, L, timeline=False)

@@ -58,7 +58,9 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                # sliding-window attention (GPT-OSS)
                "sliding_window", "full_attention_interval",
                # MoE expert tensor parallelism and the dispatch / combine overlap, as the recipes state them
-               "etp", "moe_overlap"]
+               "etp", "moe_overlap",
+               # selective recomputation by module, as the recipe states it (`recipe_recompute`)
+               "recompute_modules"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
 MOE_DEFAULTS = {"num_experts": {"", "0"}, "top_k": {""}, "moe_ffn_hidden": {""}, "shared_experts": {"", "0"},
                 "shared_ffn_hidden": {""}, "dense_layers": {"", "0"}, "capacity_factor": {""},
@@ -131,6 +133,7 @@ def published_runs(doc: dict[str, Any], sources: list[str] | None = None) -> Pub
         d.insert(0, "source", sid)
         d.insert(1, "row", range(len(d)))
         d["force_balanced"] = d["release"].isin(src.get("force_balanced_releases", []))
+        d["recompute_modules"] = [recipe_recompute(src, r) for _, r in d.iterrows()]
         frames.append(d)
     d = pd.concat(frames, ignore_index=True)
     d["model_key"] = d["model"].map(doc["model_names"])
@@ -233,6 +236,17 @@ RECIPE_OFFLOAD: dict[tuple[str, str, str, str, str], int] = {
 }
 
 
+def recipe_recompute(src: dict[str, Any], r: pd.Series) -> tuple[str, ...] | None:
+    """The modules a row's recipe recomputes selectively (Megatron-Core recompute_modules), from its source's
+    `recipe_recompute` list (each entry keyed by release, system, printed model and printed precision, with the
+    recipe file it is read from in `cite`); None where the source states none for the row."""
+    for e in src.get("recipe_recompute", []):
+        if (e["release"], e["system"], e["model"], e["precision"]) == (r["release"], r["system"], r["model"],
+                                                                       r["precision"]):
+            return tuple(e["recompute_modules"])
+    return None
+
+
 def recipe_offload(r: pd.Series) -> int:
     """Layers whose activations the run's recipe offloads to the host (RECIPE_OFFLOAD; 0 where none is stated)."""
     return RECIPE_OFFLOAD.get((str(r["source"]), str(r["release"]), str(r["system"]), str(r["model"]),
@@ -282,7 +296,10 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         "seq_len": r["seq_len"], "num_gpus": r["gpus"], "tp": tp, "pp": int(_num(r["pp"]) or 1),
         "cp": int(_num(r["cp"]) or 1), "ep": int(_num(r["ep"]) or 1), "dp": r["dp_derived"], "vpp": vp,
         "schedule": "interleaved" if vp > 1 else "1f1b", "micro_batch": r["micro_batch"],
-        "global_batch": r["global_batch"], "recompute": "none", "sequence_parallel": tp > 1,
+        "global_batch": r["global_batch"], "sequence_parallel": tp > 1,
+        # the recipe's selective recomputation (`recipe_recompute`: a source's `recipe_recompute` rows); else none
+        "recompute": "selective" if r.get("recompute_modules") else "none",
+        "recompute_modules": ",".join(r.get("recompute_modules") or ()) or None,
         # FSDP > 0: Megatron FSDP (parameters, gradients and optimizer sharded); else the distributed optimizer
         "zero_stage": 3 if fsdp else 1, "precision": r["pred_precision"], "framework": "megatron",
         # NeMo overlaps the distributed optimizer's gradient reduce-scatter and parameter all-gather with compute

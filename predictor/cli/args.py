@@ -51,6 +51,15 @@ def add_moe_parallel_args(sp: argparse.ArgumentParser) -> None:
                          "(Megatron-Core overlap_moe_expert_parallel_comm); needs ep > 1, pp 1 or interleaved")
 
 
+def add_recompute_modules_arg(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:
+    """--recompute-modules (Layout.recompute_modules) for predict and search."""
+    where = " of every selective layout" if every_layout else ""
+    sp.add_argument("--recompute-modules", dest="recompute_modules",
+                    help=f"the modules selective recomputation re-runs{where} (Megatron-Core recompute_modules; needs "
+                         "--recompute selective): comma-separated from core_attn, moe_act, layernorm, mla_up_proj, "
+                         "mlp, moe, shared_experts; default core_attn (Megatron-Core's); 'none' for an empty list")
+
+
 def add_precision_memory_args(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:
     """--grad-reduce-in-fp32 / --no-grad-reduce-in-fp32 and --fp8-param-gather (Layout fields of those names)."""
     where = " on every layout" if every_layout else ""

@@ -16,6 +16,7 @@ from predictor.cli.args import (
     add_moe_args,
     add_moe_parallel_args,
     add_precision_memory_args,
+    add_recompute_modules_arg,
     memory_options_from_args,
     model_fields,
 )
@@ -156,7 +157,7 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
             "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather",
             "cp_comm", "cp_a2a_size", "offload_activations",
-            "etp", "moe_overlap")
+            "etp", "moe_overlap", "recompute_modules")
     return model_fields(a, keys)
 
 
@@ -174,6 +175,7 @@ def print_prediction(pred, console=None) -> None:
             f"tp{L.tp} pp{L.pp}{cps} dp{L.dp}{eps}"
             f"{f' vpp{L.vpp}' if L.vpp > 1 else ''}, micro-batch {L.micro_batch}, global batch {L.global_batch} "
             f"({L.num_micro_batches} micro-batches), seq {L.seq_len}, {L.schedule}, recompute {L.recompute}"
+            f"{' (' + (','.join(L.selective_modules) or 'no modules') + ')' if L.recompute == 'selective' else ''}"
             f"{', SP' if L.sequence_parallel else ''}{f', ZeRO-{L.zero_stage}' if L.zero_stage else ''}, {L.precision}"
             f"{f', {L.offload_activations} layers offloaded' if L.offload_activations else ''}")
     lo, hi = pred.step_time_s * (1 - pred.expected_error), pred.step_time_s * (1 + pred.expected_error)
@@ -437,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_moe_args(sp)
     add_mla_args(sp)
     add_moe_parallel_args(sp)
+    add_recompute_modules_arg(sp)
     add_memory_model_args(sp)
     sp.add_argument("--ops", action="store_true", help="with --json: include every operator call")
     sp.add_argument("--tokens", help="tokens to train (e.g. 2T, 300B): adds steps, days and GPU-hours to them")

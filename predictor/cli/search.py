@@ -62,7 +62,7 @@ def _ints(text: str | None, name: str) -> tuple[int, ...] | None:
 def cmd_search(a: argparse.Namespace) -> int:
     from predictor.cli.args import memory_options_from_args, model_fields
     from predictor.model.frameworks import DEFAULT_FRAMEWORK, get_framework
-    from predictor.model.layout_io import model_from_fields
+    from predictor.model.layout_io import model_from_fields, parse_recompute_modules
     from predictor.plan.costing import parse_count
     from predictor.plan.predict import get_predictor
     from predictor.plan.search import RC, SearchSpace, search
@@ -92,7 +92,8 @@ def cmd_search(a: argparse.Namespace) -> int:
                         grad_reduce_in_fp32=a.grad_reduce_in_fp32, fp8_param_gather=bool(a.fp8_param_gather),
                         cp_comm=(tuple(x.strip() for x in a.cp_comm.split(",")) if a.cp_comm else ("p2p",)),
                         offload_activations=_ints(a.offload_activations, "offload_activations") or (0,),
-                        etp=_ints(a.etp, "etp"), moe_overlap=(False, True) if a.moe_overlap else (False,))
+                        etp=_ints(a.etp, "etp"), moe_overlap=(False, True) if a.moe_overlap else (False,),
+                        recompute_modules=parse_recompute_modules(a.recompute_modules))
     mopt = memory_options_from_args(a)
     try:
         tokens = parse_count(a.tokens)
@@ -297,6 +298,7 @@ def add_search_parser(subparsers) -> None:
         add_mla_args,
         add_moe_args,
         add_precision_memory_args,
+        add_recompute_modules_arg,
     )
     from predictor.model.specs import PRECISIONS
     sp = subparsers.add_parser("search", help="rank every layout that fits by step time, tokens/s, MFU or cost",
@@ -343,6 +345,7 @@ def add_search_parser(subparsers) -> None:
     g.add_argument("--vpp", help="virtual stages for the interleaved schedule, e.g. 2,4")
     g.add_argument("--max-vpp", type=int, default=8)
     g.add_argument("--recompute", help="subset of none,selective,full")
+    add_recompute_modules_arg(g, every_layout=True)
     g.add_argument("--sequence-parallel", choices=["both", "on", "off"], default="both")
     g.add_argument("--zero-stage", help="subset of 0,1,2,3 (2 = FSDP SHARD_GRAD_OP, 3 = FULL_SHARD)")
     g.add_argument("--schedules", default="1f1b,interleaved",

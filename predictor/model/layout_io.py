@@ -32,7 +32,9 @@ OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gat
                           # --- sliding-window attention (GPT-OSS)
                           "sliding_window", "full_attention_interval",
                           # MoE expert tensor parallelism and the dispatch / combine overlap (Layout.etp, moe_overlap)
-                          "etp", "moe_overlap")
+                          "etp", "moe_overlap",
+                          # selective recomputation by module (Layout.recompute_modules; comma-separated)
+                          "recompute_modules")
 
 # The layout's defaults for a field not given: an omitted flag of `predict` / `search`, an empty cell of
 # predict-batch, and the dashboard's inputs as they open (predictor_ui.inputs.DEFAULT_SETUP takes them from here), so
@@ -62,7 +64,9 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
   capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
   (expert parallel: divides num_experts and tp*cp*dp); etp = empty (expert tensor parallel: the framework's
-  default, tp for megatron, else 1); moe_overlap = false. num_experts = 0 on a MoE preset makes it dense (the
+  default, tp for megatron, else 1); moe_overlap = false; recompute_modules = empty (with recompute selective:
+  Megatron-Core's default core_attn; a comma-separated subset of core_attn, moe_act, layernorm, mla_up_proj, mlp,
+  moe, shared_experts). num_experts = 0 on a MoE preset makes it dense (the
   preset's other MoE fields are dropped; ones you give are still checked); a dense row may write top_k (and the
   expert widths) as 0 beside num_experts 0. predict-batch: with a `model` column the columns a preset fills (arch,
   layers, hidden, heads, kv_heads, ffn_hidden, vocab) may be left out of the header.
@@ -290,7 +294,19 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   fp8_param_gather=_bool(row, "fp8_param_gather", False),
                   cp_comm=_str(row, "cp_comm", "p2p"), cp_a2a_size=_int(row, "cp_a2a_size"),
                   offload_activations=_int(row, "offload_activations", 0),
-                  etp=_int(row, "etp"), moe_overlap=_bool(row, "moe_overlap", False))
+                  etp=_int(row, "etp"), moe_overlap=_bool(row, "moe_overlap", False),
+                  recompute_modules=parse_recompute_modules(row.get("recompute_modules")))
+
+
+def parse_recompute_modules(v: Any) -> tuple[str, ...] | None:
+    """Layout.recompute_modules from a cell / flag: None when empty, else the comma-separated names (checked by
+    Layout.validate); 'none' (or '[]') for an explicitly empty list (a recipe's recompute_modules=[])."""
+    if blank(v):
+        return None
+    text = str(v).strip()
+    if text.lower() in ("none", "[]"):
+        return ()
+    return tuple(m.strip() for m in text.replace(";", ",").split(",") if m.strip())
 
 
 def _opt_bool(row: Mapping[str, Any], name: str) -> bool | None:

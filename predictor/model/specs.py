@@ -31,6 +31,11 @@ SCHEDULE_HELP = {
     "dualpipe-v": "DualPipeV: DualPipe cut in half, 2 chunks per GPU in a V; bubble (pp-1)(F&B+B-3W), 1x parameters",
 }
 RECOMPUTES = ("none", "selective", "full")
+# Selective recomputation by module (Layout.recompute_modules; Megatron-Core TransformerConfig.recompute_modules, with
+# recompute_granularity "selective"; its default is ["core_attn"]). What each one frees and re-runs:
+# predictor.step.memory.recompute_freed_bytes and predictor.step.decompose.recompute_module_calls (docs/memory.md).
+RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "mxfp8", "nvfp4")
 # Context-parallel communication kinds (Layout.cp_comm; Megatron-Core cp_comm_type)
 CP_COMMS = ("p2p", "a2a", "a2a+p2p")
@@ -422,6 +427,16 @@ class ModelSpec:
                                    "rank's load over the mean (e.g. 1.2).")
 
 
+def recomputed_modules(model: ModelSpec, framework: str, modules: tuple[str, ...]) -> tuple[str, ...]:
+    """What selective recomputation of `modules` re-runs under `framework`: the modules under Megatron-Core
+    (framework megatron); nothing under the others with flash attention, which run the legacy Megatron-LM attention
+    that checkpoints the core attention only without flash attention (megatron/model/transformer.py: `if not
+    self.use_flash_attn: if self.checkpoint_core_attention: ...`; recompute_modules is refused for them)."""
+    if framework != "megatron" and model.attention_impl in FLASH_IMPLS:
+        return ()
+    return modules
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one training step is laid out over the GPUs.
@@ -499,6 +514,74 @@ class Layout:
     # combined_1f1b.py): one micro-batch's forward runs merged with another's backward, the all-to-all dispatch /
     # combine of each hidden under the other's compute (predictor.step.engine, `moe_overlap_hidden`). Off by default.
     moe_overlap: bool = False
+    # --- selective recomputation by module (recompute "selective" only) ---
+    # The submodules recomputed in the backward (Megatron-Core recompute_modules, a subset of RECOMPUTE_MODULES);
+    # None = Megatron-Core's default ("core_attn",). An empty tuple recomputes nothing (a recipe's
+    # recompute_modules=[]).
+    recompute_modules: tuple[str, ...] | None = None
+
+    @property
+    def selective_modules(self) -> tuple[str, ...]:
+        """The modules recomputed, sorted in RECOMPUTE_MODULES order: () unless recompute is 'selective', where an
+        unset recompute_modules is Megatron-Core's default ("core_attn",)."""
+        if self.recompute != "selective":
+            return ()
+        mods = DEFAULT_RECOMPUTE_MODULES if self.recompute_modules is None else self.recompute_modules
+        return tuple(m for m in RECOMPUTE_MODULES if m in mods)
+
+    def recomputed_modules(self, model: ModelSpec) -> tuple[str, ...]:
+        """The modules this layout's selective recomputation really re-runs on `model` (`recomputed_modules`)."""
+        return recomputed_modules(model, self.framework, self.selective_modules)
+
+    def _validate_recompute_modules(self, model: ModelSpec | None) -> None:
+        """recompute_modules: known names (Megatron-Core's choices), only with recompute 'selective', and only
+        modules the model has (moe_act / moe / shared_experts need MoE layers, shared_experts shared experts,
+        mla_up_proj multi-head latent attention, mlp a dense-MLP layer)."""
+        mods = self.recompute_modules
+        if mods is None:
+            return
+        if not isinstance(mods, tuple) or not all(isinstance(m, str) for m in mods):
+            raise InfeasibleConfig("recompute_modules", f"must be a tuple of module names, got {mods!r}.",
+                                   f"give a comma-separated subset of {','.join(RECOMPUTE_MODULES)}.")
+        bad = [m for m in mods if m not in RECOMPUTE_MODULES]
+        if bad:
+            raise InfeasibleConfig("recompute_modules", f"unknown module(s) {', '.join(map(repr, bad))}.",
+                                   f"use a subset of {','.join(RECOMPUTE_MODULES)} (Megatron-Core's "
+                                   "recompute_modules choices).")
+        if len(set(mods)) != len(mods):
+            raise InfeasibleConfig("recompute_modules", f"lists a module twice: {','.join(mods)}.",
+                                   "give each module once.")
+        if self.framework != "megatron":
+            raise InfeasibleConfig("recompute_modules", f"recompute_modules is Megatron-Core's; framework "
+                                                        f"'{self.framework}' recomputes selectively only the core "
+                                                        "attention.",
+                                   "leave recompute_modules empty, or use framework megatron.")
+        if self.recompute != "selective":
+            raise InfeasibleConfig("recompute_modules", f"recompute_modules ({','.join(mods) or 'empty'}) applies "
+                                                        f"to selective recomputation only, but recompute is "
+                                                        f"'{self.recompute}'.",
+                                   "set recompute selective, or leave recompute_modules empty.")
+        if model is None:
+            return
+        why = {}
+        if not model.is_moe:
+            for m in ("moe_act", "moe", "shared_experts"):
+                why[m] = "the model is dense (num_experts 0): it has no MoE layer"
+        elif not model.shared_experts:
+            why["shared_experts"] = "the model has no shared experts (shared_experts 0)"
+        if not model.is_mla:
+            why["mla_up_proj"] = "the model has no multi-head latent attention (attention_kind mla)"
+        if model.is_moe and not model.has_dense_layers:
+            why["mlp"] = ("every layer of the model is a MoE layer (no dense MLP to recompute; Megatron-Core's "
+                          "'mlp' is the dense MLP submodule)")
+        if not model.is_moe and not model.is_mla:
+            why["layernorm"] = ("both of its norms are fused into the next linear layer (Megatron-Core's Transformer "
+                                "Engine spec: TELayerNormColumnParallelLinear), which 'layernorm' recomputation "
+                                "skips; only MLA's input norm and a MoE layer's pre-MLP norm are modules of their own")
+        for m in mods:
+            if m in why:
+                raise InfeasibleConfig("recompute_modules", f"'{m}' does not apply: {why[m]}.",
+                                       f"leave '{m}' out of recompute_modules.")
 
     @property
     def expert_tp(self) -> int:
@@ -745,6 +828,7 @@ class Layout:
             self._validate_cp()
         self._validate_cp_comm(model)
         self._validate_offload(model)
+        self._validate_recompute_modules(model)
         if self.global_batch % (self.micro_batch * self.dp):
             raise InfeasibleConfig(
                 "global_batch",

@@ -55,6 +55,13 @@ def oom_fix(pred: StepPrediction) -> str:
         state_levers.append(f"a higher ZeRO stage (zero_stage {L.zero_stage} -> {L.zero_stage + 1}, where the "
                             f"framework allows it)")
     if L.recompute != "full":
+        # selective by module first where Megatron-Core offers modules the layout does not recompute yet: the
+        # largest activations of MoE / MLA layers (docs/memory.md)
+        more = [x for x in (("moe_act", "moe") if m.is_moe else ()) + (("mla_up_proj",) if m.is_mla else ())
+                if x not in L.selective_modules]
+        if L.framework == "megatron" and more:
+            act_levers.append(f"selective recomputation of {' or '.join(more)} (--recompute selective "
+                              f"--recompute-modules)")
         act_levers.append(f"activation recomputation (recompute {L.recompute} -> full)")
     if L.micro_batch > 1:
         act_levers.append(f"a smaller micro-batch (micro_batch {L.micro_batch} -> {max(1, L.micro_batch // 2)})")

@@ -38,6 +38,7 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK, FRAMEWORKS, get_framework
 from predictor.model.specs import (
     CP_COMMS,
+    DEFAULT_RECOMPUTE_MODULES,
     FLASH_IMPLS,
     RECOMPUTES,
     SCHEDULES,
@@ -45,6 +46,7 @@ from predictor.model.specs import (
     ModelSpec,
     grad_comm_bytes,
     grad_reduce_in_fp32_of,
+    recomputed_modules,
 )
 from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, interleaved_split, split_layers
 from predictor.plan.costing import TrainingEstimate, training_estimate
@@ -108,6 +110,10 @@ class SearchSpace:
     # the dispatch / combine overlap (Layout.moe_overlap) values to try; True only where it runs (ep > 1; pp = 1 or
     # interleaved; no full recomputation)
     moe_overlap: tuple[bool, ...] = (False,)
+    # --- selective recomputation by module ---
+    # the modules every selective layout recomputes (Layout.recompute_modules); None = Megatron-Core's default
+    # ("core_attn",)
+    recompute_modules: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -213,6 +219,7 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
                                     "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
                                     "grad_reduce_in_fp32", "fp8_param_gather", "etp", "moe_overlap")}
+    d["recompute_modules"] = list(L.selective_modules) if L.recompute == "selective" else None
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
     d["num_micro_batches"] = L.num_micro_batches
     return d
@@ -256,11 +263,23 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
             excl.append({"option": f"zero_stage={z}", "values": {"zero_stage": z},
                          "reason": f"{fw.description} has no ZeRO stage {z}."})
     rcs = [r for r in space.recompute if r in RC]
-    if model.attention_impl in FLASH_IMPLS and "selective" in rcs and "none" in rcs:
+    # selective recomputation's modules: checked once on a probe, the same mask on every selective row
+    if space.recompute_modules is not None and "selective" in rcs:
+        Layout(num_gpus=1, recompute="selective", recompute_modules=tuple(space.recompute_modules),
+               framework=space.framework).validate(model)
+    sel_mods = (Layout(num_gpus=1, recompute="selective", recompute_modules=space.recompute_modules)
+                .selective_modules if space.recompute_modules is not None else DEFAULT_RECOMPUTE_MODULES)
+    if (model.attention_impl in FLASH_IMPLS and "selective" in rcs and "none" in rcs
+            and sel_mods == ("core_attn",)):
         rcs.remove("selective")
-        excl.append({"option": "recompute=selective", "values": {"recompute": "selective"},
-                     "reason": "with flash attention selective recomputation equals none (the kernel recomputes "
-                               "the attention scores itself); ranked as recompute=none."})
+        sel_why = ("with flash attention, selective recomputation of core_attn (Megatron-Core's default) re-runs "
+                   "the attention forward in the backward and frees only its fp32 logsumexp: slower than recompute "
+                   "none at the same memory but that; predict it with --recompute selective, or search other "
+                   "--recompute-modules." if fw.name == "megatron" else
+                   f"with flash attention selective recomputation equals none under {fw.name} (the legacy "
+                   "Megatron-LM attention checkpoints the core attention only without flash attention); ranked as "
+                   "recompute=none.")
+        excl.append({"option": "recompute=selective", "values": {"recompute": "selective"}, "reason": sel_why})
     # activation offloading: a device without a stated host link cannot time the copies (never a guessed speed)
     if any(n for n in space.offload_activations) and not getattr(platform.device, "host_link_gbps", 0.0):
         n_off = max(space.offload_activations)
@@ -345,6 +364,9 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
     gbytes = grad_comm_bytes(space.precision, space.grad_reduce_in_fp32)
     f8p = int(space.fp8_param_gather)
+    sel_mask = mem.modules_mask(recomputed_modules(model, fw.name, DEFAULT_RECOMPUTE_MODULES
+                                                   if space.recompute_modules is None
+                                                   else tuple(space.recompute_modules)))
     sps = [s for s in space.sequence_parallel if not s or (tp > 1 and (seq_len // cp) % tp == 0)]
     if model.is_moe and tp > 1:   # Megatron-Core runs MoE with tp > 1 only with sequence parallelism
         sps = [s for s in sps if s]
@@ -420,6 +442,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
             for st_id, _v in plist:
                 for rc in rcs:
                     rci = RC.index(rc)
+                    rcm = sel_mask if rc == "selective" else 0
                     for sp in sps:
                         for z in zs:
                             for ep in eps:
@@ -439,7 +462,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                                 rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z,
                                                              fw_i, ogr, opg, cp, ep,
                                                              int(space.overlap_tp_comm and tp > 1 and bool(sp)),
-                                                             gbytes, f8p, cpc, 0, off, etp, int(mo)))
+                                                             gbytes, f8p, cpc, 0, off, etp, int(mo), rcm))
 
 
 def _cp_comm_choices(model: ModelSpec, space: SearchSpace, tp: int, cp: int, gpus_per_node: int) -> list[int]:
@@ -607,6 +630,8 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "cp_comm": pd.Series(np.array(CP_COMMS, dtype=object)[arr[:, 18]], dtype=object),
         "offload_activations": arr[:, 20],
         "etp": arr[:, 21], "moe_overlap": arr[:, 22].astype(bool),
+        # selective recomputation's modules (empty unless recompute is selective)
+        "recompute_modules": pd.Series([",".join(mem.modules_of_mask(int(v))) for v in arr[:, 23]], dtype=object),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -745,6 +770,10 @@ def _moe_fields(row: pd.Series | dict) -> dict[str, Any]:
         out["etp"] = None if int(row["etp"]) == default else int(row["etp"])
     if "moe_overlap" in row and row["moe_overlap"] == row["moe_overlap"]:
         out["moe_overlap"] = bool(row["moe_overlap"])
+    if (str(row.get("recompute", "")) == "selective" and isinstance(row.get("recompute_modules"), str)
+            and str(row.get("framework") or DEFAULT_FRAMEWORK) == "megatron"):
+        mods = tuple(m for m in str(row["recompute_modules"]).split(",") if m)
+        out["recompute_modules"] = None if mods == DEFAULT_RECOMPUTE_MODULES else mods
     return out
 
 

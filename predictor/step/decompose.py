@@ -28,7 +28,14 @@ from predictor.model import moe as moe_
 from predictor.model import params
 from predictor.model.frameworks import fused_kernels_on, get_framework, separate_grad_accumulation
 from predictor.model.ops import OP_SHAPE_COLUMNS, SHAPE_COLUMNS
-from predictor.model.specs import BYTES_PER_ELEMENT, FLASH_IMPLS, Layout, ModelSpec, grad_comm_bytes
+from predictor.model.specs import (
+    BYTES_PER_ELEMENT,
+    DEFAULT_RECOMPUTE_MODULES,
+    FLASH_IMPLS,
+    Layout,
+    ModelSpec,
+    grad_comm_bytes,
+)
 from predictor.model.stages import V_SCHEDULES, chunk_layer_counts, chunk_rank
 from predictor.step import fp8 as fp8_
 from predictor.step.terms import TRITON_ATTENTION_FACTOR
@@ -516,7 +523,8 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
                recompute: str, precision: str, tp_topo: Topology, cp: int = 1,
                cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True,
                fused: bool = False, tp_overlap: bool = False, cp_a2a: int = 1,
-               a2a_topo: Topology = (1, 1, 1), etp: int = 1, etp_topo: Topology = (1, 1, 1)) -> Unit:
+               a2a_topo: Topology = (1, 1, 1), etp: int = 1, etp_topo: Topology = (1, 1, 1),
+               recompute_modules: tuple[str, ...] | None = None) -> Unit:
     """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
     tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
     sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added.
@@ -525,7 +533,9 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
     kernels (`fuse`).
     All-to-all context parallelism (`cp_a2a` > 1 ranks per all-to-all group of `a2a_topo`, `cp_topo` then the ring
     across the cp / cp_a2a groups): the attention of a rank runs on seq_len / (cp / cp_a2a) tokens with the heads
-    of tp x cp_a2a ranks' share (the ring's blocks over the rest), with `cp_a2a_comms` around it."""
+    of tp x cp_a2a ranks' share (the ring's blocks over the rest), with `cp_a2a_comms` around it.
+    Selective recomputation (`recompute` 'selective'): the forward of `recompute_modules` (None: Megatron-Core's
+    default, core_attn) runs again in the backward (`recompute_module_calls`)."""
     s = seq_len // cp
     act_bytes = micro_batch * s * model.hidden_size * BYTES_PER_ELEMENT[precision]
     routed = None
@@ -540,20 +550,84 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
         e = BYTES_PER_ELEMENT[precision]
         n_attn = len(mla_tp_comms(model, micro_batch, s, e, sequence_parallel, tp_topo, "fwd"))
         b_comms = mla_tp_comms(model, micro_batch, s, e, sequence_parallel, tp_topo, "bwd") + b_comms[n_attn:]
+    mods: tuple[str, ...] = ()
     if recompute == "full":
         r_ops, r_comms = _as_phase(f_ops, "recompute"), _as_phase(f_comms, "recompute")
-    elif recompute == "selective" and model.attention_impl not in FLASH_IMPLS:
-        r_ops, r_comms = _attention_core(model, tp, micro_batch, s, "recompute", cp), []
-    else:  # none, or selective with flash attention (which recomputes inside its own kernel)
+    elif recompute == "selective":
+        mods = DEFAULT_RECOMPUTE_MODULES if recompute_modules is None else tuple(recompute_modules)
+        r_ops, r_comms = recompute_module_calls(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo,
+                                                mods, cp, routed, etp_topo)
+        r_ops = fuse(r_ops, fused)
+    else:
         r_ops, r_comms = [], []
     ring_n = cp // cp_a2a
     if cp_a2a > 1:   # the attention on the all-to-all group's sequence, the heads split over tp x cp_a2a
         f_ops = _with_attention(f_ops, model, tp * cp_a2a, micro_batch, seq_len // ring_n, ring_n)
         b_ops = _with_attention(b_ops, model, tp * cp_a2a, micro_batch, seq_len // ring_n, ring_n)
         r_ops = _with_attention(r_ops, model, tp * cp_a2a, micro_batch, seq_len // ring_n, ring_n)
-    ring = cp_comms(model, tp * cp_a2a, micro_batch, seq_len, precision, ring_n, cp_topo, recompute)
-    ring += cp_a2a_comms(model, tp, micro_batch, seq_len, precision, cp, cp_a2a, a2a_topo, recompute)
+    # the attention re-run (full, or selective core_attn) repeats its CP exchanges
+    attn_rc = "full" if recompute == "full" or "core_attn" in mods else "none"
+    ring = cp_comms(model, tp * cp_a2a, micro_batch, seq_len, precision, ring_n, cp_topo, attn_rc)
+    ring += cp_a2a_comms(model, tp, micro_batch, seq_len, precision, cp, cp_a2a, a2a_topo, attn_rc)
     return Unit(tuple(f_ops + b_ops + r_ops), tuple(f_comms + b_comms + r_comms + ring), ring_n, tp_overlap)
+
+
+def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
+                           modules: tuple[str, ...], cp: int = 1,
+                           moe: tuple[moe_.Routing, Topology] | None = None, etp_topo: Topology = (1, 1, 1)
+                           ) -> tuple[list[OpCall], list[CommCall]]:
+    """The forward calls selective recomputation of `modules` re-runs in one layer's backward (phase 'recompute';
+    Megatron-Core TransformerConfig.recompute_modules; `moe` set for a MoE layer, as in `_layer_forward`):
+      core_attn       the attention core (flash attention's forward, or the unfused scores / softmax / context;
+                      Megatron-Core's checkpointed core attention re-runs the kernel, flash or not);
+      layernorm       input_layernorm and pre_mlp_layernorm where they are modules of their own (MLA's input norm,
+                      a MoE layer's pre-MLP norm: memory.separate_norms; the others are fused into the next linear);
+      mla_up_proj     MLA's latent norms, the two up projections and RoPE (`mla_projection_ops` less the down
+                      projections; the norms are fused into the up projections in Transformer Engine's MLA spec);
+      mlp             a dense layer's MLP with its tensor-parallel exchange (fc1 all-gathers, fc2 reduces);
+      moe             a MoE layer's whole block: router, permutation, dispatch / combine all-to-alls, experts,
+                      shared experts (`_moe_calls`);
+      moe_act         the routed experts' activation on their rows;
+      shared_experts  the shared experts' MLP with its tensor-parallel exchange.
+    A module not in the layer re-runs nothing there; moe contains moe_act and shared_experts."""
+    h = model.hidden_size
+    ph = "recompute"
+    ops: list[OpCall] = []
+    comms: list[CommCall] = []
+
+    def tp_exchange() -> list[CommCall]:
+        if sp:
+            return _tp_comms("allgather", ph, 1, act_bytes, tp_topo) + _tp_comms("reducescatter", ph, 1, act_bytes,
+                                                                                  tp_topo)
+        return _tp_comms("allreduce", ph, 1, act_bytes, tp_topo)
+    norms = int(model.is_mla) + int(moe is not None)   # memory.separate_norms: the norms that are modules of their own
+    if "layernorm" in modules and norms:
+        ops.append(OpCall(_norm(model), "fwd", make_shape(batch=b, seq=s // tp if sp else s, hidden=h), norms, ph,
+                          "layer"))
+    if "mla_up_proj" in modules and model.is_mla:
+        proj = mla_projection_ops(model, tp, b, s, sp, ph)
+        gemms = [c for c in proj if c.op == "mlp_up"]
+        ops += [c for c in proj if c.op != "mlp_up"] + gemms[-2:]   # latent norms, RoPE; W_UQ and W_UKV (the last two)
+    if "core_attn" in modules:
+        ops += _attention_core(model, tp, b, s, ph, cp)
+    if moe is None:
+        if "mlp" in modules:
+            ops += _mlp_ops(model, tp, b, s, model.ffn, ph, "layer")
+            comms += tp_exchange()
+        return ops, comms
+    r, ep_topo = moe
+    if "moe" in modules:
+        m_ops, m_comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, ph, r, ep_topo, etp_topo=etp_topo)
+        return ops + m_ops, comms + m_comms
+    if "moe_act" in modules:
+        act = "swiglu" if model.arch == "llama" else "gelu"
+        ops.append(OpCall(act, "fwd", make_shape(tp=r.etp, batch=1, seq=r.rows_per_expert, hidden=h,
+                                                 ffn_hidden=model.expert_ffn), r.local_experts, ph, "experts"))
+    if "shared_experts" in modules and model.shared_experts:
+        ops += _mlp_ops(model, tp, b, s, model.shared_experts * model.shared_ffn, ph, "shared_experts")
+        if tp_topo[0] > 1:
+            comms += tp_exchange()
+    return ops, comms
 
 
 def _with_attention(ops: list[OpCall], model: ModelSpec, tp: int, b: int, s: int, cp: int) -> list[OpCall]:
@@ -812,10 +886,13 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     edp_topo = edp_topology(g, tp, dpc, ep, etp)
     fused = fused_kernels_on(layout.framework, platform)
     otp = layout.overlap_tp_comm
+    rmods = layout.recomputed_modules(model)
     lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused,
-                     tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, etp=etp, etp_topo=etp_topology(g, etp))
+                     tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, etp=etp, etp_topo=etp_topology(g, etp),
+                     recompute_modules=rmods)
     dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False,
-                            fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo) if model.is_moe else lay)
+                            fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, recompute_modules=rmods)
+                 if model.is_moe else lay)
     fst = first_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     lst = last_unit(model, tp, b, s, sp, prec, tp_topo, cp, fused)
     p2p_bytes = p2p_message_bytes(model, tp, b, s, sp, prec, cp)

@@ -53,9 +53,12 @@ COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "st
            # Layout.cp_a2a_size (0 = the default), offload_activations = offloaded layers per stage
            "cp_comm", "cp_a2a", "offload_activations",
            # --- MoE expert tensor parallelism (resolved, Layout.expert_tp) and the dispatch / combine overlap ---
-           "etp", "moe_overlap")
+           "etp", "moe_overlap",
+           # --- selective recomputation by module: memory.modules_mask of Layout.selective_modules (0 unless
+           # recompute is selective) ---
+           "recompute_modules")
 (I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
- I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO) = range(len(COLUMNS))
+ I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO, I_RCM) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload_comm")
@@ -98,7 +101,7 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
                      FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm),
                      L.grad_bytes, int(L.fp8_param_gather), CP_COMMS.index(L.cp_comm), L.cp_a2a_size or 0,
-                     L.offload_activations, L.expert_tp, int(L.moe_overlap)))
+                     L.offload_activations, L.expert_tp, int(L.moe_overlap), mem.recompute_mask(model, L)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -117,7 +120,23 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   cp_a2a_size=int(row[I_CPA]) or None, offload_activations=int(row[I_OFF]),
                   etp=(None if int(row[I_ETP]) == (int(row[I_TP]) if fw.expert_tp_follows_tp else 1)
                        else int(row[I_ETP])),
-                  moe_overlap=bool(row[I_MO]))
+                  moe_overlap=bool(row[I_MO]), recompute_modules=_modules_field(row))
+
+
+def _recompute_names(rows: np.ndarray) -> list[str]:
+    """Per row, the recomputation its host passes follow: RECOMPUTE's name, 'none' for a selective row that
+    recomputes no module (recompute_modules empty: nothing re-runs)."""
+    return ["none" if RECOMPUTE[int(r)] == "selective" and int(m) == 0 else RECOMPUTE[int(r)]
+            for r, m in zip(rows[:, I_RC], rows[:, I_RCM])]
+
+
+def _modules_field(row: np.ndarray) -> tuple[str, ...] | None:
+    """Layout.recompute_modules of an engine row: None (Megatron-Core's default) where a selective row's mask is the
+    default's, else its modules; None unless selective."""
+    if RECOMPUTE[int(row[I_RC])] != "selective" or FRAMEWORKS[int(row[I_FW])] != "megatron":
+        return None   # (recompute_modules is Megatron-Core's; the others' selective is the default's)
+    mods = mem.modules_of_mask(int(row[I_RCM]))
+    return None if mods == mem.DEFAULT_RECOMPUTE_MODULES else mods
 
 
 def dp_cp(rows: np.ndarray) -> np.ndarray:
@@ -307,7 +326,11 @@ class Engine:
             otp = bool(k[7]) if len(k) > 7 else False
             a2a = k[8] if len(k) > 8 else 1   # ranks per all-to-all group of context parallelism (1: the ring)
             etp = int(k[9]) if len(k) > 9 else 1   # expert tensor-parallel ranks (1: experts whole)
-            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp), a2a, etp)
+            # selective recomputation's modules (memory.modules_mask; default: Megatron-Core's core_attn)
+            rcm = int(k[10]) if len(k) > 10 else mem.modules_mask(mem.DEFAULT_RECOMPUTE_MODULES)
+            rcm = rcm if RECOMPUTE[rc] == "selective" else 0
+            mods = mem.modules_of_mask(rcm)
+            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp), a2a, etp, rcm)
             if key in self._parts or key in todo:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
@@ -316,12 +339,13 @@ class Engine:
             units: tuple[D.Unit, ...] = (
                 D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo,
                              fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, etp=etp,
-                             etp_topo=D.etp_topology(g, etp)),
+                             etp_topo=D.etp_topology(g, etp), recompute_modules=mods),
                 D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused),
                 D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused))
             if model.has_dense_layers:
                 units += (D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo,
-                                       moe=False, fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo),)
+                                       moe=False, fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo,
+                                       recompute_modules=mods),)
             todo[key] = (units, D.p2p_message_bytes(model, tp, mb, seq, bool(sp), prec, cp))
         if not todo:
             return
@@ -731,7 +755,7 @@ class Engine:
             fc = fc + kappa * np.maximum(0.0, zf_tot - fdp)
             bc = bc + kappa * np.maximum(0.0, zb_tot - bdp)
         if host is not None:
-            bpasses = np.array([host.passes("bwd", RECOMPUTE[int(v)]) for v in sub[:, I_RC]])[:, None]
+            bpasses = np.array([host.passes("bwd", rc) for rc in _recompute_names(sub)])[:, None]
             fh = host.extra_s(fc + ft + fep, cn[None, :], "fwd", "none")
             bh = host.extra_for_passes_s(bc + bt + bep, cn[None, :], bpasses)
         elif e2e is not None and e2e.host:
@@ -746,6 +770,7 @@ class Engine:
                                       ep=sub[:, I_EP], etp=sub[:, I_ETP],
                                       micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
                                       recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
+                                      recompute_modules=sub[:, I_RCM],
                                       comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P],
                                       offload=sub[:, I_OFF])
         fof, bof = self._offload_exposed(sub, arr, onehot, cn, unit, idx)
@@ -845,7 +870,7 @@ class Engine:
                 h[sel], p[sel], u[sel] = t.host_s_per_layer_pass, t.blend_p, t.host_s_per_micro_batch
                 moe_r[sel] = e2e.moe_passes_for(FRAMEWORKS[int(fi)])
         rp = e2e.recompute_host_passes
-        bpasses = np.array([1.0 + rp * RECOMPUTE_PASSES.get(RECOMPUTE[int(v)], 0.0) for v in sub[:, I_RC]])[:, None]
+        bpasses = np.array([1.0 + rp * RECOMPUTE_PASSES.get(rc, 0.0) for rc in _recompute_names(sub)])[:, None]
         # layer passes of host time per chunk: a MoE layer counts moe_r dense ones
         lp = cn[None, :] + (0.0 if moe_layers is None else (moe_r - 1.0)[:, None] * moe_layers[None, :])
         fh = blend(g_fwd, lp * h[:, None], p[:, None]) - g_fwd
@@ -996,14 +1021,15 @@ def unit_key(layout: Layout, platform: Platform, model: ModelSpec) -> tuple[int,
     fused = fused_kernels_on(layout.framework, platform)
     a2a = D.cp_a2a_ranks(model, layout.tp, layout.cp, layout.cp_comm, layout.cp_a2a_size, platform.gpus_per_node)
     return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
-            layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm), a2a, layout.expert_tp)
+            layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm), a2a, layout.expert_tp,
+            mem.recompute_mask(model, layout))
 
 
 def unit_key_columns(rows: np.ndarray, platform: Platform, model: ModelSpec) -> np.ndarray:
     """Per row, the columns of its unit key (`unit_key`'s order: tp, micro_batch, sp, recompute, cp, ep, fused
     kernels, TP overlap, CP all-to-all ranks, expert TP)."""
     return np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]], fused_kernels(rows, platform),
-                            rows[:, I_OTP], a2a_ranks(model, rows, platform), rows[:, I_ETP]])
+                            rows[:, I_OTP], a2a_ranks(model, rows, platform), rows[:, I_ETP], rows[:, I_RCM]])
 
 
 def unit_keys(rows: np.ndarray, platform: Platform, model: ModelSpec) -> set[tuple[int, ...]]:

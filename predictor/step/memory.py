@@ -70,6 +70,8 @@ a heads, t tensor parallel; 16-bit activations, 1-byte dropout masks), GPT with 
   tensor parallel                s*b*h*(10 + 24/t + 5*a*s/(h*t))
   + sequence parallel            s*b*h/t*(34 + 5*a*s/h)
   selective recompute / flash    the 5*a*s/h term disappears (flash also stores a fp32 logsumexp)
+  selective by module            Megatron-Core recompute_modules (core_attn default): each module's tensors are not
+                                 stored (`recompute_freed_bytes`), one layer's come back while it rematerialises
   full recompute                 2*s*b*h (the layer input; /t with SP) + one layer rematerialised
 The same terms are derived tensor by tensor for Llama-style layers (RMSNorm, GQA, SwiGLU, no dropout).
 
@@ -100,8 +102,10 @@ from predictor.model.moe import routing
 from predictor.model.params import chunk_params, edge_params, layer_params_per_gpu  # noqa: F401  (re-exported)
 from predictor.model.specs import (  # noqa: F401
     BYTES_PER_ELEMENT,
+    DEFAULT_RECOMPUTE_MODULES,
     FLASH_IMPLS,
     GRAD_BYTES,
+    RECOMPUTE_MODULES,
     Layout,
     ModelSpec,
     grad_comm_bytes,
@@ -292,7 +296,16 @@ def _dropout(model: ModelSpec, options: MemoryOptions) -> bool:
 def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str = "bf16",
                      options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
                      sequence_parallel: bool = False, etp: int = 1) -> dict[str, float]:
-    """Bytes kept for backward by one layer and micro-batch, per GPU, split by how they shard:
+    """`activation_breakdown`'s terms (see there)."""
+    return activation_breakdown(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel,
+                                etp)[0]
+
+
+def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str = "bf16",
+                         options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
+                         sequence_parallel: bool = False, etp: int = 1
+                         ) -> tuple[dict[str, float], dict[str, float]]:
+    """(terms, parts). Terms: Bytes kept for backward by one layer and micro-batch, per GPU, split by how they shard:
     `replicated` (whole on every TP rank unless SP splits it), `sharded` (split over tp),
     `quadratic` (the s^2 attention probabilities of unfused attention, split over tp),
     `flash` (flash attention's fp32 logsumexp, split over tp), `input` (the layer input).
@@ -300,10 +313,18 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     `moe` (a MoE layer of a MoE model, `seq_len` already per CP rank): instead of the MLP intermediates, the
     rows this GPU's experts compute on the busiest rank (predictor.model.moe.routing: tokens x top_k x imbalance)
     keep the dispatched input, the fc1 output (gate and up), the activation output and the expert output the
-    un-permutation weights (2h + 3 ffn_e elements per row for SwiGLU, 2h + 2 ffn_e for GeLU), plus the fp32
+    un-permutation weights (2h + 3 ffn_e elements per row for SwiGLU, 2h + 2 ffn_e for GeLU; fc1's and fc2's inputs
+    as their FP8 casts under fp8, Transformer Engine's GroupedLinear saving the quantized inputs), plus the fp32
     router probabilities; the shared experts keep what a dense MLP of their width keeps. Expert tensor parallelism
     (`etp` > 1): the rows are the etp-gathered ones (routing), the fc1 output and activation 1/etp of the expert's
-    width, the expert output the rank's own rows after the reduce-scatter (h / etp per gathered row)."""
+    width, the expert output the rank's own rows after the reduce-scatter (h / etp per gathered row).
+
+    Parts: the pieces of those terms that selective recomputation by module can free (`recompute_freed_bytes`):
+    `norm_out` (replicated: the outputs of the norms that are modules of their own, `separate_norms`),
+    `mla_latent_out` (replicated: MLA's normed latents, the up projections' input), `mla_qkv` (sharded: MLA's
+    up-projected Q, K and V that flash attention keeps), `mlp` (sharded: the dense MLP's intermediates, or a MoE
+    layer's whole block: routed rows, router probabilities and shared experts), `shared` (sharded: the shared experts'
+    intermediates), `moe_act` (sharded: the routed experts' activation output, fc2's input)."""
     s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
     e = BYTES_PER_ELEMENT[precision]
     a, hd = model.num_heads, model.head_size
@@ -318,6 +339,8 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
     g = fp8.saved_input_bytes(precision, e)  # mxfp8 / nvfp4: their values + block scales
     # replicated: both norm inputs, the QKV input, the MLP input, the two residual dropout masks
     replicated = sbh * (2 * e + g + g) + sbh * 2 * mask
+    parts = {"norm_out": sbh * g * separate_norms(model, moe and model.is_moe), "mla_latent_out": 0.0,
+             "mla_qkv": 0.0, "mlp": 0.0, "shared": 0.0, "moe_act": 0.0}
     # sharded: Q, K, V (GQA: kv heads per rank), attention output (out-proj input), MLP intermediates
     q = s * b * (a / t) * hd * e
     kv = 2 * s * b * kv_r * hd * e
@@ -332,6 +355,8 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
         replicated += s * b * ((model.q_lora_rank or 0) + (model.kv_lora_rank or 0)) * (e + g)
         q = s * b * (a / t) * model.qk_head_size * e
         kv = s * b * (a / t) * (model.qk_head_size + model.v_head_size) * e
+        parts["mla_qkv"] = q + kv
+        parts["mla_latent_out"] = s * b * ((model.q_lora_rank or 0) + (model.kv_lora_rank or 0)) * g
         o = s * b * (a / t) * model.v_head_size * g
     def mlp_terms(width: float) -> float:
         if model.arch == "llama":
@@ -341,13 +366,17 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
         r = routing(model, b, s, t, 1, ep, sequence_parallel, etp)
         rows = r.rows_per_expert * r.local_experts
         fe = model.expert_ffn / max(etp, 1)
-        per_row = (1.0 + 1.0 / max(etp, 1)) * h * e + (2 * fe * e + fe * g if model.arch == "llama"
-                                                       else fe * e + fe * g)
+        # fc1's input is a GEMM input like the dense ones: its FP8 cast under fp8 (Transformer Engine's GroupedLinear
+        # saves the quantized `inputmats`, as Linear does); the expert output stays 16-bit (the un-permutation keeps it)
+        per_row = h * g + h * e / max(etp, 1) + (2 * fe * e + fe * g if model.arch == "llama" else fe * e + fe * g)
         mlp = rows * per_row + 4.0 * r.tokens * model.num_experts + 8.0 * r.routed_rows
+        parts["moe_act"] = rows * fe * g
         if model.shared_experts:
-            mlp += mlp_terms(model.shared_experts * model.shared_ffn)
+            parts["shared"] = mlp_terms(model.shared_experts * model.shared_ffn)
+            mlp += parts["shared"]
     else:
         mlp = mlp_terms(ffn)
+    parts["mlp"] = mlp
     sharded = q + kv + o + mlp
     if model.attention_impl in FLASH_IMPLS:
         quadratic = 0.0
@@ -356,25 +385,85 @@ def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, 
         # softmax output (e) [+ dropout mask (1) + dropout output (e)] per score
         quadratic = b * (a / t) * s * s * (e + (1 + e if drop else 0))
         flash = 0.0
-    return {"replicated": replicated, "sharded": sharded, "quadratic": quadratic, "flash": flash,
-            "input": sbh * e}
+    return ({"replicated": replicated, "sharded": sharded, "quadratic": quadratic, "flash": flash,
+             "input": sbh * e}, parts)
 
 
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                                recompute: str, precision: str = "bf16",
                                options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
-                               etp: int = 1) -> float:
+                               etp: int = 1, modules: tuple[str, ...] | None = None) -> float:
     """Bytes one layer keeps for backward per micro-batch on one GPU (`moe`: a MoE layer, experts over `ep`, each
-    split over `etp`)."""
+    split over `etp`). `modules`: what selective recomputation recomputes (None: Megatron-Core's default
+    ("core_attn",)); the layer stores everything else, all its activations less `recompute_freed_bytes`."""
     t = tp
     sp_div = t if sequence_parallel else 1
-    T = activation_terms(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel, etp)
+    T, parts = activation_breakdown(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel,
+                                    etp)
     if recompute == "full":
         return T["input"] / sp_div
-    stored = T["replicated"] / sp_div + T["sharded"] + T["flash"]
-    if recompute == "none":
-        stored += T["quadratic"]
+    stored = T["replicated"] / sp_div + T["sharded"] + T["flash"] + T["quadratic"]
+    if recompute == "selective":
+        mods = DEFAULT_RECOMPUTE_MODULES if modules is None else modules
+        stored -= _freed(model, T, parts, mods, moe, sp_div)
     return stored
+
+
+def separate_norms(model: ModelSpec, moe_layer: bool) -> int:
+    """How many of a layer's two norms are modules of their own, which selective 'layernorm' recomputation re-runs,
+    in Megatron-Core's Transformer Engine layer specs (gpt_layer_specs.py): the input norm is fused into the QKV
+    projection (TELayerNormColumnParallelLinear; input_layernorm IdentityOp) except before MLA's down projections
+    (input_layernorm TENorm); the pre-MLP norm is fused into fc1 except before a MoE block (pre_mlp_layernorm TENorm
+    when num_experts). transformer_layer.py recomputes a norm only `if not isinstance(..., IdentityOp)`."""
+    return int(model.is_mla) + int(moe_layer)
+
+
+def _freed(model: ModelSpec, T: dict[str, float], parts: dict[str, float], modules: tuple[str, ...], moe: bool,
+           sp_div: int) -> float:
+    """`recompute_freed_bytes` from one layer's terms and parts."""
+    moe_layer = moe and model.is_moe
+    out = 0.0
+    if "core_attn" in modules:     # the attention core's own saved tensors (its Q, K, V inputs stay saved)
+        out += T["quadratic"] + T["flash"]
+    if "layernorm" in modules:     # the separate norms' outputs (output-discarding; fused ones are skipped)
+        out += parts["norm_out"] / sp_div
+    if "mla_up_proj" in modules:   # the normed latents and the up projections' Q, K, V (the latents stay)
+        out += parts["mla_latent_out"] / sp_div + parts["mla_qkv"]
+    if moe_layer:
+        if "moe" in modules:       # the whole MoE block (it contains moe_act and shared_experts)
+            out += parts["mlp"]
+        else:
+            out += parts["moe_act"] if "moe_act" in modules else 0.0
+            out += parts["shared"] if "shared_experts" in modules else 0.0
+    elif "mlp" in modules:         # a dense layer's MLP intermediates (its input stays saved)
+        out += parts["mlp"]
+    return out
+
+
+def recompute_freed_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
+                          modules: tuple[str, ...], precision: str = "bf16", options: MemoryOptions = MemoryOptions(),
+                          moe: bool = False, ep: int = 1, etp: int = 1) -> float:
+    """Bytes of one layer's saved activations per micro-batch that selective recomputation of `modules` does not
+    store (Megatron-Core TransformerConfig.recompute_modules: "moe_act", "layernorm" and "mla_up_proj" use
+    output-discarding checkpointing, "core_attn", "mlp", "moe" and "shared_experts" normal checkpointing, which keeps
+    the module's input and nothing inside it):
+      core_attn       the attention core's saved tensors beyond its Q, K, V inputs: unfused attention's scores,
+                      softmax and dropout (Korthikanti et al. 2022's 5as/h term), flash attention's fp32 logsumexp;
+      layernorm       the outputs of input_layernorm and pre_mlp_layernorm where they are modules of their own
+                      (`separate_norms`: Megatron-Core skips a norm fused into the next linear layer);
+      mla_up_proj     MLA's normed latents (the up projections' input) and the up-projected Q, K, V: with
+                      Transformer Engine's MLA spec the latent norms are fused into the up projections
+                      (TELayerNormColumnParallelLinear, q_layernorm / kv_layernorm IdentityOp), inside the
+                      checkpointed qkv_up_proj_and_rope_apply, whose input is the un-normed latents;
+      mlp             a dense layer's MLP intermediates (fc1 output, activation output);
+      moe             a MoE layer's whole block: routed rows, router probabilities, shared experts;
+      moe_act         the routed experts' activation output (fc2's input);
+      shared_experts  the shared experts' MLP intermediates.
+    A module that is not in the layer (moe_act in a dense layer, mlp in a MoE layer) frees nothing there."""
+    sp_div = tp if sequence_parallel else 1
+    T, parts = activation_breakdown(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel,
+                                    etp)
+    return _freed(model, T, parts, tuple(modules), moe, sp_div)
 
 
 def full_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
@@ -616,6 +705,24 @@ def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, d
 RECOMPUTE_ORDER = ("none", "selective", "full")
 
 
+def modules_mask(modules: tuple[str, ...] | list[str]) -> int:
+    """The bit mask of recompute modules (bit i = RECOMPUTE_MODULES[i]): how an engine row carries them."""
+    return sum(1 << RECOMPUTE_MODULES.index(m) for m in set(modules))
+
+
+def modules_of_mask(mask: int) -> tuple[str, ...]:
+    """`modules_mask` inverted, in RECOMPUTE_MODULES order."""
+    return tuple(m for i, m in enumerate(RECOMPUTE_MODULES) if int(mask) >> i & 1)
+
+
+def recompute_mask(model: ModelSpec, layout: Layout) -> int:
+    """The engine's recompute-modules column of a layout of `model`: its selective modules' mask (0 unless
+    selective). Frameworks other than Megatron-Core (megatron) run the legacy Megatron-LM attention, which checkpoints
+    the core attention only without flash attention (megatron/model/transformer.py: `if not self.use_flash_attn: if
+    self.checkpoint_core_attention: ...`): under flash their selective recomputation re-runs nothing (mask 0)."""
+    return modules_mask(layout.recomputed_modules(model))
+
+
 def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_layers: list[int] | tuple[int, ...],
                         pp: int, vpp: int, schedule: str, *, tp: np.ndarray, dp: np.ndarray, zero_stage: np.ndarray,
                         micro_batch: np.ndarray, num_micro_batches: np.ndarray, recompute: np.ndarray,
@@ -623,11 +730,13 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                         cp: np.ndarray | None = None, ep: np.ndarray | None = None,
                         comm: DeviceComm | None = None, grad_bytes: np.ndarray | None = None,
                         fp8_param: np.ndarray | None = None, offload: np.ndarray | None = None,
-                        etp: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                        etp: np.ndarray | None = None, recompute_modules: np.ndarray | None = None
+                        ) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
-    'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER. The one implementation behind
-    `estimate_memory` and the step-time engine.
+    'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER, `recompute_modules`
+    (default: Megatron-Core's default modules on selective rows) the selective rows' `modules_mask`. The one
+    implementation behind `estimate_memory` and the step-time engine.
 
     Context parallelism (`cp`, default 1; Megatron-Core): every per-layer and edge activation term above is
     taken at seq_len / cp tokens (each CP rank keeps the activations of its own tokens: Korthikanti et al.'s
@@ -683,27 +792,39 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
              else np.asarray(grad_bytes, dtype=np.int64))
     f8p = np.zeros(n) if fp8_param is None else np.asarray(fp8_param, dtype=float)
     # activations per (tp, micro-batch, SP, recompute, cp, ep), on the seq_len / cp tokens of a CP rank
-    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa, eta]))
+    sel = rc == RECOMPUTE_ORDER.index("selective")
+    rcm = (np.where(sel, modules_mask(DEFAULT_RECOMPUTE_MODULES), 0) if recompute_modules is None
+           else np.where(sel, np.asarray(recompute_modules, dtype=np.int64), 0))
+    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa, eta, rcm]))
     is_moe = model.is_moe
 
-    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int, y: int = 1) -> tuple[float, ...]:
+    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int, y: int = 1, mm: int = 0) -> tuple[float, ...]:
         sc = seq_len // c
-        dense_l = activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options)
+        mods = modules_of_mask(mm)
+        dense_l = activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options,
+                                             modules=mods)
         dense_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options)
-        moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x, y)
+        moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x, y,
+                                            modules=mods)
                  if is_moe else dense_l)
         moe_f = (full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x, y) if is_moe
                  else dense_f)
         # what full recomputation rematerialises: the larger of the layer kinds the model has
         full_f = (max(dense_f, moe_f) if model.has_dense_layers else moe_f) if is_moe else dense_f
+        # selective: what one layer's backward rematerialises at a time (the larger of the layer kinds it has)
+        sel_f = (max(dense_f - dense_l, moe_f - moe_l) if model.has_dense_layers else moe_f - moe_l) if is_moe \
+            else dense_f - dense_l
         return (dense_l, full_f,
                 *edge_activation_bytes(model, sc, b, t, s, precision, options),
                 cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
-                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x, y))
-    acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]))
+                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x, y),
+                sel_f if r == RECOMPUTE_ORDER.index("selective") else 0.0)
+    acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]),
+                               int(k[7]))
                        for k in keys],
-                      dtype=np.float64).reshape(-1, 8)[kinv]
-    act_dense, act_full, act_first, act_last, act_last_tr, ring, act_moe, a2a_buf = (acts_k[:, j] for j in range(8))
+                      dtype=np.float64).reshape(-1, 9)[kinv]
+    (act_dense, act_full, act_first, act_last, act_last_tr, ring, act_moe, a2a_buf,
+     sel_buf) = (acts_k[:, j] for j in range(9))
     # parameters per (tp, ep): every chunk (the routed experts apart), the largest ZeRO unit of the edge stages
     te2, tinv = unique_rows(np.column_stack([tp, epa, eta]))
     tps = te2[:, 0]
@@ -761,6 +882,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     full = (rc == RECOMPUTE_ORDER.index("full")).astype(float)[:, None]
     buffers += full * np.maximum(0.0, act_full - act_dense)[:, None]   # (under full recomputation every layer keeps
     #                                                                     its input only, MoE or dense alike)
+    # selective recomputation: one layer's recomputed modules rematerialised in its backward
+    buffers += np.maximum(0.0, sel_buf)[:, None]
     if is_moe:
         buffers += a2a_buf[:, None]
     unit = np.repeat(lp[:, None], pp, axis=1)
@@ -822,7 +945,8 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
                               sequence_parallel=one(int(layout.sequence_parallel)), options=options,
                               comm=DeviceComm.of(device) if device is not None else None,
                               grad_bytes=one(layout.grad_bytes), fp8_param=one(int(layout.fp8_param_gather)),
-                              offload=one(layout.offload_activations))
+                              offload=one(layout.offload_activations),
+                              recompute_modules=one(recompute_mask(model, layout)))
     return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
 
 
