@@ -44,6 +44,9 @@ def test_each_table_dtype_trains_its_own_grid_regressor_and_fp8_gemms_follow_it(
     assert sorted(rep["op"]) == ["gemm", "gemm_fp8"]
     pr = P.Predictor("dgx-h100", models_dir=models)
     dev = pr.platform.device
+    # each grid records its best measured throughput (the synthetic grids: 600 / 1000 TFLOP/s less the 8 us)
+    assert 500e12 < pr.kernel_bank.op_info("gemm", "fwd")["grid_best_flops"] < 600e12
+    assert 900e12 < pr.kernel_bank.op_info("gemm_fp8", "fwd")["grid_best_flops"] < 1000e12
     c = call("mlp_up", "fwd")  # (m, n, k) = (2048, 8192, 4096), sampled
     (tf, pf, ef), (tb, pb, _) = pr.op_times([c, OpCall(c.op, "bwd", c.shape, 1.0, "bwd", "layer")], "fp8")
     # the synthetic grid times the GEMM alone; the model takes each timing to include its input's quantize (as the
@@ -150,3 +153,21 @@ def test_the_grids_fixed_quantize_latency_is_measured_against_bf16_and_taken_out
     M, N, K = 2048, 8192, 4096
     # the same GEMM as BF16 once the grid's 10 us are out, plus TE's casts the grid leaves out
     assert t8 == pytest.approx(t16 + (1 * M * K + 4 * K * N) / pr.platform.device.hbm_bytes_per_s, rel=0.05)
+
+
+def test_no_predicted_gemm_beats_its_measured_grid() -> None:
+    """The MFU cap on a table platform is the lower of the catalog's MAMF and the grid's best measured throughput
+    (B200: the grid's 1,716 TFLOP/s under ml-engineering's 1,745), in BF16 and in each low-precision grid."""
+    pr = P.Predictor("dgx-b200")
+    best = float(pr.kernel_bank.op_info("gemm", "fwd")["grid_best_flops"])
+    mamf = pr.platform.device.achievable_flops("bf16")
+    assert best < mamf and pr.achievable_flops("bf16") == pytest.approx(best)
+    big = call("mlp_up", "fwd", b=8, l=8192, h=16384, ffn=53248)  # beyond the grid's largest m
+    flops = 2.0 * 8 * 8192 * 16384 * 53248
+    for precision, op in (("bf16", "gemm"), ("fp8", "gemm_fp8"), ("nvfp4", "gemm_nvfp4")):
+        cap = float(pr.kernel_bank.op_info(op, "fwd")["grid_best_flops"])
+        (t, _, _), = pr.op_times([big], precision)
+        assert flops / t <= cap * (1 + 1e-9), precision
+    # a platform whose grid beats the catalog's MAMF keeps the MAMF
+    h = P.Predictor("dgx-h100")
+    assert h.achievable_flops("bf16") == pytest.approx(h.platform.device.achievable_flops("bf16"))

@@ -46,6 +46,7 @@ _SAME_ROOFLINE = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
 KERNEL_TABLE_OPS = ("gemm", "flash_attn", *(f.op for f in ops.FORMAT_GEMMS.values()))
 # a grid regressor per low-precision format, trained on the gemm rows of that dtype (ops.FORMAT_GEMMS)
 _FORMAT_BY_OP = {f.op: f for f in ops.FORMAT_GEMMS.values()}
+F_GRID_OPS = ("gemm", *_FORMAT_BY_OP)  # generic GEMM grids (features.GRID_GEMM_OPS)
 # variant suffix of a power-monitored collection (formats.aiconfigurator): left out of a fit when a short-run
 # collection of the same op exists, since the two differ in software and kernel choice as well as in power
 POWER_MONITORED = ":power-monitored"
@@ -99,6 +100,17 @@ def grid_fixed_overhead_s(grid: pd.DataFrame, table_dtype: str) -> float | None:
     if small.sum() < 20:
         return None
     return max(float(np.median((j["fmt"] - j["bf16"]).to_numpy()[small])), 0.0)
+
+
+def grid_best_flops(g: pd.DataFrame) -> float | None:
+    """The highest throughput a GEMM grid measured: max over its rows of 2 m n k / seconds (FLOP/s); what no
+    predicted GEMM on its platform may exceed (predict.achievable_flops). None for an empty grid."""
+    if not len(g):
+        return None
+    flops = 2.0 * g["seq"].astype(float) * g["hidden"].astype(float) * g["ffn_hidden"].astype(float)
+    t = (flops / g["duration_s"].astype(float)).to_numpy()
+    t = t[np.isfinite(t)]
+    return float(t.max()) if len(t) else None
 
 
 def _licences(batch_ids: pd.Series, store_path) -> dict[str, str]:
@@ -220,12 +232,16 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
                 counts = {k: len(g) for k in by}
             paper_err = _weighted_paper_error(by, counts) if by else None
             cmp_ = _mape_over_groups(model.cv_, by) if name == "optimizer" else model.cv_mape_
+            best = {"grid_best_flops": grid_best_flops(g),
+                    "grid_best_note": "max 2mnk / seconds over the grid's rows: the throughput cap of every GEMM "
+                                      "it times (training.grid_best_flops)"} if name in F_GRID_OPS else {}
             fixed = {} if fmt is None else {
                 "grid_fixed_overhead_s": grid_fixed_overhead_s(grid, fmt.table_dtype),
                 "grid_fixed_overhead_note": "median (format - bf16) seconds of the shapes both grids timed with "
                                             "<= 1 GFLOP: the grid's per-call input-quantize latency, taken out of "
                                             "each GEMM it times (training.grid_fixed_overhead_s)"}
             extra = {"platform": platform_id, "cv_mape_paper_groups": cmp_, **_provenance(g, store_path), **fixed,
+                     **best,
                      "dtype_excluded": int((~same).sum()), "power_monitored_excluded": n_power,
                      "paper_best_error": paper_err, "paper_errors_by_group": by,
                      "paper_best_model": sorted(set(pe["best_model"].dropna().astype(str))) or None,

@@ -345,9 +345,14 @@ class Predictor:
 
     def achievable_flops(self, precision: str) -> float | None:
         """The device's measured maximum achievable matmul FLOP/s (MAMF), else its peak scaled by the MAMF/peak
-        ratio of the sampled device behind it; None where neither is known (a CPU)."""
+        ratio of the sampled device behind it; None where neither is known (a CPU). On a platform whose BF16 GEMMs
+        come from a measured grid, never above the grid's best throughput (its `grid_best_flops`)."""
         dev = self.platform.device
         ach = dev.achievable_flops(precision)
+        kb = self.kernel_bank
+        if ach and precision in ("bf16", "fp16") and kb is not None and kb.has_op("gemm", "fwd"):
+            best = kb.op_info("gemm", "fwd").get("grid_best_flops")
+            return min(ach, float(best)) if best else ach
         if ach:
             return ach
         from predictor.regress import transfer
@@ -470,11 +475,17 @@ class Predictor:
         M, N, K, _ = features.gemm_mnk(op, features.derived_dims(shapes))
 
         fixed = float(info.get("grid_fixed_overhead_s") or 0.0)  # the grid's own per-call quantize latency
+        best = info.get("grid_best_flops")  # the format grid's best throughput: no GEMM of it is faster
 
         def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
             t = np.asarray(kb.predict_op(grid_of.op, "fwd", gemm_shapes(m, n, k), dev, rp), "float64")
             return np.maximum(t - fixed, features.LAUNCH_LATENCY_S)
         err = info.get("cv_mape")
+        if best:
+            capped = grid
+
+            def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
+                return np.maximum(capped(m, n, k), 2.0 * m * n * k / float(best))
         if pass_ == "fwd":
             return grid(M, N, K), f"measured ({grid_of.label}) + {fp8.CAST_RULE}", err
         return (grid(M, K, N) + grid(K, N, M),

@@ -686,6 +686,7 @@ def check_model_metadata(path: str | Path, md: Any, stem: str, platform_id: str 
     check_number(path, "n_samples", md.get("n_samples"), ge=0, integer=True, optional=True)
     check_number(path, "n_used", md.get("n_used"), ge=0, integer=True, optional=True)
     check_number(path, "grid_fixed_overhead_s", md.get("grid_fixed_overhead_s"), ge=0, le=1e-3, optional=True)
+    check_number(path, "grid_best_flops", md.get("grid_best_flops"), gt=0, le=1e17, optional=True)
     if md.get(CAUSAL_KEY) is not None:
         if kind != "op" or md.get("op") != "flash_attn":
             raise ArtifactError(path, CAUSAL_KEY, "only a flash_attn model times a causal kernel")
