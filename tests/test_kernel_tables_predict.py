@@ -133,3 +133,39 @@ def test_ingest_train_predict_from_a_collector_tree(tmp_path: Path) -> None:
     assert pf == "measured" and tf == pytest.approx(want, rel=0.1)
     # data gradient (2048, 4096, 8192) and weight gradient (4096, 8192, 2048): both sampled, same FLOPs
     assert pb == P.BWD_GEMM_PROVENANCE and tb == pytest.approx(2 * want, rel=0.15)
+
+
+def test_measured_table_error_is_the_held_out_error_with_the_harness_bias() -> None:
+    import math
+    assert P.measured_table_error({"cv_mape": 0.02, "block_heldout": {"mape": 0.05}}) == pytest.approx(
+        math.hypot(0.05, P.CROSS_HARNESS_BIAS))
+    assert P.measured_table_error({"cv_mape": 0.02}) == pytest.approx(math.hypot(0.02, P.CROSS_HARNESS_BIAS))
+    pr = P.Predictor("dgx-h100")
+    info = pr.kernel_bank.op_info("gemm", "fwd")
+    assert info["block_heldout"]["mape"] > 0  # the shipped grids carry their held-out error
+    (_, prov, err), = pr.op_times([call("qkv_proj", "fwd")], "bf16")
+    assert prov == "measured" and err == pytest.approx(P.measured_table_error(info))
+
+
+def _synthetic_grid(slow_from_m: int | None = None) -> pd.DataFrame:
+    rows = []
+    for m in (16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384):
+        for n in (1024, 2048, 4096, 8192):
+            for k in (1024, 2048, 4096, 8192):
+                t = 2.0 * m * n * k / 600e12 + 8e-6
+                if slow_from_m is not None and m >= slow_from_m:
+                    t *= 1.5
+                rows.append({"tp": 1, "batch": 1, "seq": m, "hidden": k, "ffn_hidden": n, "variant": "x/1",
+                             "duration_s": t})
+    return pd.DataFrame(rows)
+
+
+def test_block_heldout_error_can_fail() -> None:
+    """A smooth grid interpolates across a held-out m range; one whose largest m run 1.5x slower cannot be predicted
+    from the others, and the held-out error says so."""
+    from predictor.calibrate.training import block_heldout_error
+    dev = get_platform("dgx-h100").device
+    smooth = block_heldout_error("gemm", _synthetic_grid(), dev, "bf16")
+    broken = block_heldout_error("gemm", _synthetic_grid(slow_from_m=4097), dev, "bf16")
+    assert smooth is not None and broken is not None and smooth["rows"] > 0
+    assert smooth["mape"] < 0.10 and broken["mape"] > 2 * smooth["mape"]

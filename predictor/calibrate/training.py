@@ -24,6 +24,7 @@ import pandas as pd
 from predictor.hardware.platforms import get_platform
 from predictor.model import ops
 from predictor.paths import ArtifactError, read_json_checked, write_bytes_atomic, write_text_atomic
+from predictor.regress import transfer
 from predictor.regress.regressors import (
     MODEL_FILE_KEY,
     MODELS_DIR,
@@ -100,6 +101,44 @@ def grid_fixed_overhead_s(grid: pd.DataFrame, table_dtype: str) -> float | None:
     if small.sum() < 20:
         return None
     return max(float(np.median((j["fmt"] - j["bf16"]).to_numpy()[small])), 0.0)
+
+
+# Whole ranges of the swept dimension held out at once (a grid's dense neighbours flatter a random split): the m
+# (tokens) ranges of a GEMM grid, the sequence ranges of an attention table; scored on the shapes a training step
+# runs (GEMMs of m >= 512 and >= 1 GFLOP, attention of >= 1024 tokens) that pass the physical bound
+HELD_OUT_BLOCKS = {"gemm": ("seq", ((1, 64), (65, 512), (513, 4096), (4097, 32768))),
+                   "flash_attn": ("seq", ((1, 512), (513, 2048), (2049, 8192), (8193, 16384)))}
+
+
+def block_heldout_error(op: str, g: pd.DataFrame, device, precision: str) -> dict[str, Any] | None:
+    """The regressor of `op` refitted without each whole block of its swept dimension and scored on that block
+    (`HELD_OUT_BLOCKS`; the format grids as `gemm`): mean and median relative error over the train-sized rows, or
+    None where no block leaves enough to fit. What a prediction on a measured platform carries as its operator
+    error (predict._measured_error), beside the random-split CV."""
+    col, blocks = HELD_OUT_BLOCKS["flash_attn" if op == "flash_attn" else "gemm"]
+    g = g.reset_index(drop=True)
+    errs: list[np.ndarray] = []
+    for lo, hi in blocks:
+        te = g[col].between(lo, hi).to_numpy()
+        if not te.any() or (~te).sum() < 50:
+            continue
+        train, test = g[~te], g[te]
+        m = op_regressor_for(op, "fwd", train).fit(train, train["duration_s"].to_numpy(), device, precision)
+        y = test["duration_s"].to_numpy(float)
+        ape = np.abs(m.predict(test, device, precision) - y) / y
+        if op == "flash_attn":
+            big = (test["seq"] >= 1024).to_numpy()
+        else:
+            big = ((test["seq"] >= 512) & (2.0 * test["seq"].astype(float) * test["hidden"].astype(float)
+                                           * test["ffn_hidden"].astype(float) >= 1e9)).to_numpy()
+        ok = transfer.plausible(op, "fwd", test, y, device, precision) & big
+        errs.append(ape[ok])
+    e = np.concatenate(errs) if errs else np.array([])
+    if not len(e):
+        return None
+    return {"mape": float(np.mean(e)), "median_ape": float(np.median(e)), "rows": int(len(e)),
+            "scheme": f"whole {col} ranges held out ({', '.join(f'{a}-{b}' for a, b in blocks)}), refitted without "
+                      "each, train-sized rows (training.block_heldout_error)"}
 
 
 def grid_best_flops(g: pd.DataFrame) -> float | None:
@@ -180,7 +219,8 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
     except Exception:  # noqa: BLE001
         fp_all = None
 
-    if ops_only is None and plat.kernel_models == platform_id and plat.op_models != platform_id:
+    kernel_platform = plat.kernel_models == platform_id and plat.op_models != platform_id
+    if ops_only is None and kernel_platform:
         ops_only = KERNEL_TABLE_OPS
     jobs: list[tuple[str, str, str | None]] = []
     for (op, ps), _ in opdf.groupby(["op", "pass"], sort=True):
@@ -240,8 +280,9 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
                 "grid_fixed_overhead_note": "median (format - bf16) seconds of the shapes both grids timed with "
                                             "<= 1 GFLOP: the grid's per-call input-quantize latency, taken out of "
                                             "each GEMM it times (training.grid_fixed_overhead_s)"}
+            held = {"block_heldout": block_heldout_error(name, g, device, main)} if kernel_platform else {}
             extra = {"platform": platform_id, "cv_mape_paper_groups": cmp_, **_provenance(g, store_path), **fixed,
-                     **best,
+                     **best, **held,
                      "dtype_excluded": int((~same).sum()), "power_monitored_excluded": n_power,
                      "paper_best_error": paper_err, "paper_errors_by_group": by,
                      "paper_best_model": sorted(set(pe["best_model"].dropna().astype(str))) or None,

@@ -79,6 +79,21 @@ ANALYTIC_EFFICIENCY = 0.6
 # flash-attn 2.5.6, fp16; B_dur / F_dur: quartiles 2.95 / 3.135 / 3.39). The GH200 file is not used: 82 % of its
 # backward rows fail the physical bound (tests/test_kernel_tables_predict.py recomputes the value from the file).
 FLASH_BWD_OVER_FWD = 3.135
+# The published kernel tables against another harness on the same GPU: the collector's A100 bf16 grid predicts the
+# paper's Perlmutter linear-layer samples at a median ratio of 1.01-1.05 per op (tests.benchmarks.measured_kernels,
+# "A100 cross-harness"): a harness bias of about 3 %, added to every measured-table operator's error
+CROSS_HARNESS_BIAS = 0.03
+
+
+def measured_table_error(info: dict[str, Any]) -> float:
+    """The expected relative error of an operator timed from a published kernel table: the larger of its
+    regressor's random-split CV MAPE and its error with whole ranges of the grid held out (`block_heldout`, written
+    by training.block_heldout_error), combined with the cross-harness bias."""
+    cv = float(info.get("cv_mape") or 0.0)
+    held = float((info.get("block_heldout") or {}).get("mape") or 0.0)
+    return math.hypot(max(cv, held), CROSS_HARNESS_BIAS)
+
+
 FLASH_BWD_RATIO_SPREAD = 0.07  # half the interquartile range over the median: (3.39 - 2.95) / 2 / 3.135
 KERNEL_GEMM_OPS = tuple(o for o in features.GEMM_OPS if o not in features.GRID_GEMM_OPS)  # what the grid times
 BWD_GEMM_PROVENANCE = "measured (derived: the forward GEMM grid at the data- and weight-gradient shapes)"
@@ -445,7 +460,7 @@ class Predictor:
         dev = self.platform.device
         if op in KERNEL_GEMM_OPS and kb.has_op("gemm", "fwd"):
             M, N, K, _ = features.gemm_mnk(op, features.derived_dims(shapes))
-            err = kb.op_info("gemm", "fwd").get("cv_mape")
+            err = measured_table_error(kb.op_info("gemm", "fwd"))
 
             def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
                 return np.asarray(kb.predict_op("gemm", "fwd", gemm_shapes(m, n, k), dev, precision), "float64")
@@ -454,10 +469,10 @@ class Predictor:
             return grid(M, K, N) + grid(K, N, M), BWD_GEMM_PROVENANCE, err
         if op == "flash_attn" and kb.has_op("flash_attn", "fwd"):
             t = np.asarray(kb.predict_op("flash_attn", "fwd", shapes, dev, precision), "float64")
-            err = kb.op_info("flash_attn", "fwd").get("cv_mape")
+            err = measured_table_error(kb.op_info("flash_attn", "fwd"))
             if pass_ == "fwd":
                 return t, "measured", err
-            e = math.hypot(float(err or 0.0), FLASH_BWD_RATIO_SPREAD)
+            e = math.hypot(err, FLASH_BWD_RATIO_SPREAD)
             return t * FLASH_BWD_OVER_FWD, FLASH_BWD_PROVENANCE, e
         return None
 
@@ -480,7 +495,7 @@ class Predictor:
         def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
             t = np.asarray(kb.predict_op(grid_of.op, "fwd", gemm_shapes(m, n, k), dev, rp), "float64")
             return np.maximum(t - fixed, features.LAUNCH_LATENCY_S)
-        err = info.get("cv_mape")
+        err = measured_table_error(info)
         if best:
             capped = grid
 

@@ -687,6 +687,12 @@ def check_model_metadata(path: str | Path, md: Any, stem: str, platform_id: str 
     check_number(path, "n_used", md.get("n_used"), ge=0, integer=True, optional=True)
     check_number(path, "grid_fixed_overhead_s", md.get("grid_fixed_overhead_s"), ge=0, le=1e-3, optional=True)
     check_number(path, "grid_best_flops", md.get("grid_best_flops"), gt=0, le=1e17, optional=True)
+    bh = md.get("block_heldout")
+    if bh is not None:
+        if not isinstance(bh, dict):
+            raise ArtifactError(path, "block_heldout", "must be an object")
+        check_number(path, "block_heldout.mape", bh.get("mape"), ge=0)
+        check_number(path, "block_heldout.median_ape", bh.get("median_ape"), ge=0, optional=True)
     if md.get(CAUSAL_KEY) is not None:
         if kind != "op" or md.get("op") != "flash_attn":
             raise ArtifactError(path, CAUSAL_KEY, "only a flash_attn model times a causal kernel")
