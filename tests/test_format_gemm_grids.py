@@ -47,6 +47,8 @@ def test_each_table_dtype_trains_its_own_grid_regressor_and_fp8_gemms_follow_it(
     # each grid records its best measured throughput (the synthetic grids: 600 / 1000 TFLOP/s less the 8 us)
     assert 500e12 < pr.kernel_bank.op_info("gemm", "fwd")["grid_best_flops"] < 600e12
     assert 900e12 < pr.kernel_bank.op_info("gemm_fp8", "fwd")["grid_best_flops"] < 1000e12
+    # and its error with whole m ranges held out (a smooth synthetic grid: small)
+    assert 0 <= pr.kernel_bank.op_info("gemm_fp8", "fwd")["block_heldout"]["mape"] < 0.1
     c = call("mlp_up", "fwd")  # (m, n, k) = (2048, 8192, 4096), sampled
     (tf, pf, ef), (tb, pb, _) = pr.op_times([c, OpCall(c.op, "bwd", c.shape, 1.0, "bwd", "layer")], "fp8")
     # the synthetic grid times the GEMM alone; the model takes each timing to include its input's quantize (as the
