@@ -38,6 +38,10 @@ def main(argv: list[str] | None = None) -> None:
         e = ok["error"]
         print(f"\n{len(ok)} compared: mean |error| {e.abs().mean():.1%}, mean signed {e.mean():+.1%}, "
               f"worst {e.abs().max():.1%}")
+        al = ok.loc[ok["measures"] == "allocated", "error"]
+        if len(al):
+            print(f"{len(al)} allocated (torch max allocated): mean |error| {al.abs().mean():.1%}, "
+                  f"mean signed {al.mean():+.1%}, worst {al.abs().max():.1%}")
     print("\nwhat each published figure counts:")
     for _, r in d.drop_duplicates("counts").iterrows():
         print(f"  {r['id']}: {r['counts']}")
