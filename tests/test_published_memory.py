@@ -87,3 +87,28 @@ def test_the_gradient_precision_the_document_states_is_applied():
     assert bf16.grads_bytes == pytest.approx(fp32.grads_bytes / 2)
     ours = pm.compare().set_index("id").loc[e["id"], "ours_gib"]
     assert ours == pytest.approx(bf16.allocated_bytes / GIB)
+
+
+def test_a_figure_of_a_named_stage_is_compared_with_that_stage(tmp_path):
+    """Megatron-LM writes its tensorboard memory scalars on the last rank: those figures are compared with our last
+    pipeline stage, not the fullest one; an unknown stage is reported, not raised."""
+    doc = pm.load()
+    e = next(x for x in doc["entries"] if x.get("stage") == "last" and x["layout"]["pp"] > 1)
+    from predictor.hardware.platforms import get_platform
+    from predictor.step.memory import GIB, estimate_memory
+    rep = estimate_memory(pm.model_spec(e["model"], doc["models"][e["model"]]), pm.layout_of(e["layout"]),
+                          get_platform(e["platform"]))
+    ours = pm.compare().set_index("id").loc[e["id"], "ours_gib"]
+    assert ours == pytest.approx(rep.stages[-1].allocated_bytes / GIB)
+    assert rep.peak.stage != rep.stages[-1].stage  # the choice matters for this entry
+    e["stage"] = "middle"
+    path = tmp_path / "stage.json"
+    path.write_text(json.dumps(doc))
+    row = pm.compare(path).set_index("id").loc[e["id"]]
+    assert row["ours_gib"] is None or row["ours_gib"] != row["ours_gib"]
+    assert "stage must be one of" in row["note"]
+
+
+def test_byte_figures_are_converted():
+    d = pm.compare().set_index("id")
+    assert d.loc["megatron-ft-gpt-tp1-pp2-h100", "published_gib"] == pytest.approx(3637371904.0 / 2 ** 30)

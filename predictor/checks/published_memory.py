@@ -3,10 +3,11 @@
 
 `catalog/published_memory.json` holds each figure with its document, the unit it is printed in and what it counts (a
 README's 'mem' column read like nvidia-smi, torch's max reserved, a bound ...; `measures` names the quantity of ours
-it is compared with), the model (a preset or fields with their citation) and the layout (with the gradient precision
-and FP8 primary weights where the document states them). Entries whose stored text lacks the layout, or that give
-only a bound, are kept as found and reported as not comparable. A model or layout the predictor refuses (or a MoE
-field it does not accept yet) is reported with its message, never dropped silently.
+it is compared with), the model (a preset or fields with their citation), the layout (with the gradient precision
+and FP8 primary weights where the document states them) and, where the document says which rank it measured, the
+pipeline stage (`stage`: 'first' / 'last'; default: the stage with the largest total). Entries whose stored text
+lacks the layout, or that give only a bound, are kept as found and reported as not comparable. A model or layout the
+predictor refuses (or a MoE field it does not accept yet) is reported with its message, never dropped silently.
 """
 from __future__ import annotations
 
@@ -19,7 +20,10 @@ import pandas as pd
 from predictor import paths
 
 CATALOG = paths.CATALOG_DIR / "published_memory.json"
-TO_GIB = {"GiB": 1.0, "MiB": 1 / 1024, "GB": 1e9 / 2 ** 30, "MB": 1e6 / 2 ** 30}
+TO_GIB = {"GiB": 1.0, "MiB": 1 / 1024, "GB": 1e9 / 2 ** 30, "MB": 1e6 / 2 ** 30, "B": 1 / 2 ** 30}
+# which pipeline stage a figure was measured on: the stage with the largest device total (default), or the one the
+# document names (Megatron-LM writes its tensorboard memory scalars on the last rank: the last pipeline stage)
+STAGES = ("peak", "first", "last")
 
 
 def load(path: Path = CATALOG) -> dict[str, Any]:
@@ -59,13 +63,18 @@ def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
 MEASURES = ("device", "reserved", "allocated")
 
 
-def _estimate(model: Any, raw: dict[str, Any], platform: str, measures: str, recompute: str | None = None) -> float:
-    """Our figure for what the published one counts, GiB, on the stage with the largest device total:
-    'device' the total (nvidia-smi: reserved + CUDA context + NCCL buffers), 'reserved' allocated + the
-    allocator's reserve, 'allocated' the allocated peak."""
+def _estimate(model: Any, raw: dict[str, Any], platform: str, measures: str, recompute: str | None = None,
+              stage: str = "peak") -> float:
+    """Our figure for what the published one counts, GiB, on the stage with the largest device total (or the
+    first / last pipeline stage where the document says which rank it measured): 'device' the total (nvidia-smi:
+    reserved + CUDA context + NCCL buffers), 'reserved' allocated + the allocator's reserve, 'allocated' the
+    allocated peak."""
     from predictor.hardware.platforms import get_platform
     from predictor.step.memory import GIB, estimate_memory
-    peak = estimate_memory(model, layout_of(raw, recompute), get_platform(platform)).peak
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    report = estimate_memory(model, layout_of(raw, recompute), get_platform(platform))
+    peak = {"peak": report.peak, "first": report.stages[0], "last": report.stages[-1]}[stage]
     value = {"device": peak.total_bytes, "reserved": peak.reserved_bytes, "allocated": peak.allocated_bytes}
     return float(value[measures] / GIB)
 
@@ -89,11 +98,12 @@ def compare(path: Path = CATALOG) -> pd.DataFrame:
             continue
         try:
             model = model_spec(e["model"], doc["models"][e["model"]])
-            row["ours_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"])
+            stage = e.get("stage", "peak")
+            row["ours_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"], stage=stage)
             row["error"] = row["ours_gib"] / pub - 1
             if e.get("recompute_alt"):
                 row["ours_alt_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"],
-                                                e["recompute_alt"])
+                                                e["recompute_alt"], stage)
         except Exception as exc:  # noqa: BLE001 - a refused model / layout / MoE field is reported, not raised
             row["note"] = f"not estimated: {type(exc).__name__}: {exc}"
         rows.append(row)
