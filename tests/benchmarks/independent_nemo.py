@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     print("\nkept runs per source / platform / model:")
     print(d.groupby(["source", "platform", "model_key"]).size().rename("runs").to_string())
     for by, title in ((None, "overall"), ("platform", "per GPU kind"), ("kind", "MoE vs dense"),
-                      ("pred_precision", "per precision"), ("source", "per source")):
+                      ("pred_precision", "per precision"), ("source", "per source"),
+                      ("release", "per software release (the container a table was measured with)")):
         print(f"\n-- {title} --")
         print(c.summary(by).to_string(index=False, formatters=fmt))
     errors = Counter(e for e in d["error"] if e)
