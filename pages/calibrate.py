@@ -67,8 +67,12 @@ def own_runs_section() -> None:
                                    **{c: st.column_config.NumberColumn(label, format="%+.1f%%")
                                       for c, label in errors.items()}},
                     shown=t.assign(**{c: 100.0 * t[c] for c in errors}))
+        scales = rec.get("prior_scales_held_out_mape") or {}
         st.markdown("**The terms**: the base's value (prior), the fitted one, and whether the runs identified it "
-                    "(halved its prior uncertainty; sd in log units).")
+                    "(halved its prior uncertainty; sd in log units)."
+                    + (f" The prior's sd x{rec['prior_scale']:g}: the strength whose leave-one-run-out error on "
+                       "these runs was lowest (" + ", ".join(f"x{k} {v:.1%}" for k, v in scales.items()) + ")."
+                       if scales else ""))
         tt = terms_table(cal.fits)
         views.table(tt, "own_terms", "own_terms_table",
                     shown=tt.assign(prior=tt["prior"].map("{:.4g}".format), fitted=tt["fitted"].map("{:.4g}".format),

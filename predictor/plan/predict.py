@@ -830,6 +830,11 @@ def own_runs_band(rec: dict[str, Any], model: ModelSpec, layout: Layout, gpus_pe
         how.append(f"{nodes} nodes, more than any run ({max_nodes}): x{k:.2f}")
     err = base
     if layout.framework not in (rec.get("frameworks") or []):
+        if rec.get("frameworks_scoped"):
+            return shipped_err, (f"calibrated on {n} of your runs of {', '.join(rec.get('frameworks') or [])}; "
+                                 f"framework {layout.framework} is not among them, so it keeps "
+                                 f"{rec.get('base') or 'the base'}'s terms, uncalibrated, and the shipped band: "
+                                 f"{shipped_basis}")
         err = max(err, shipped_err)
         how.append(f"framework {layout.framework} not among the runs': at least the shipped band {shipped_err:.0%}")
     return err, "; ".join(how) + f"; parts: {shipped_basis}"

@@ -64,7 +64,7 @@ CONTENTION_SOURCE = (f"compute overlapped by communication runs {PUBLISHED_SLOWD
 MAX_CONTENTION = 2.0   # seconds of compute lost per overlapped second: no more in a terms file or the fit's option
 MAX_SPEED_SPREAD = 0.2  # relative spread of identical GPUs' sustained speed: no more in a terms file
 # the own-runs factors (EndToEndTerms.gemm_factor ... network_factor): no more than this far from 1 in a file
-KIND_FACTORS = ("gemm_factor", "attention_factor", "memory_factor", "network_factor")
+KIND_FACTORS = ("gemm_factor", "attention_factor", "memory_factor", "network_factor", "ep_factor")
 MIN_KIND_FACTOR, MAX_KIND_FACTOR = 0.25, 4.0
 TERMS_PROVENANCE = "end-to-end terms (power factor, contention, GPU speed spread)"   # what a prediction rests on
 
@@ -150,11 +150,15 @@ class EndToEndTerms:
     speed_spread: float = 0.0               # sigma: relative spread of identical GPUs' sustained speed (slowest_of)
     # a platform calibrated on its own runs (predictor.calibrate.runs): sustained speed per kind of work, GPU time x
     # factor (tensor-core GEMMs, attention kernels, memory-bound operators), and inter-node collectives' time x
-    # network_factor (1 / network efficiency) where a job spans nodes; 1.0 = as sampled (every shipped terms file)
+    # network_factor (1 / network efficiency) where a job spans nodes, a MoE model's expert-parallel dispatch /
+    # combine time x ep_factor; 1.0 = as sampled (every shipped terms file). `frameworks`: the frameworks these
+    # factors apply to (the runs' frameworks: another framework's runs keep the sampled speeds); empty = every one
     gemm_factor: float = 1.0
     attention_factor: float = 1.0
     memory_factor: float = 1.0
     network_factor: float = 1.0
+    ep_factor: float = 1.0
+    frameworks: tuple[str, ...] = ()
     source: str = ""
     fitted_on: dict[str, int] = field(default_factory=dict)     # source id -> runs
     validation: dict[str, Any] = field(default_factory=dict)    # per source: in-sample and held-out errors
@@ -165,6 +169,11 @@ class EndToEndTerms:
         """(GEMM, attention, memory-bound) time factors of a platform calibrated on its own runs."""
         return self.gemm_factor, self.attention_factor, self.memory_factor
 
+    @property
+    def own_factors(self) -> bool:
+        """Whether any own-runs factor departs from 1 (a platform calibrated on its own runs)."""
+        return any(getattr(self, k) != 1.0 for k in KIND_FACTORS)
+
     def host_for(self, framework: str) -> HostTerm | None:
         """The host term of a framework, else the pooled one, else None."""
         t = self.host.get(framework) or self.host.get(DEFAULT_HOST)
@@ -173,6 +182,7 @@ class EndToEndTerms:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["host"] = {k: asdict(v) for k, v in self.host.items()}
+        d["frameworks"] = list(self.frameworks)
         return d
 
 
@@ -209,6 +219,10 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
             blend_p=float(check_number(path, f"host.{fw}.blend_p", t.get("blend_p", 2.0), ge=1.0, le=64.0)),
             host_s_per_micro_batch=float(check_number(path, f"host.{fw}.host_s_per_micro_batch",
                                                       t.get("host_s_per_micro_batch", 0.0), ge=0.0, lt=10.0)))
+    fws = d.get("frameworks") or []
+    if not isinstance(fws, list) or any(f not in FRAMEWORKS for f in fws):
+        raise ArtifactError(path, "frameworks", f"must be a list of frameworks ({', '.join(FRAMEWORKS)}), not "
+                                                f"{str(fws)[:80]}")
     fitted_on = d.get("fitted_on") or {}
     if not isinstance(fitted_on, dict):
         raise ArtifactError(path, "fitted_on", "must be a mapping of platform -> number of runs")
@@ -220,7 +234,8 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
                          power_form=str(form), recompute_host_passes=rpass, speed_spread=spread,
                          source=str(d.get("source", "")), fitted_on=fitted_on,
-                         validation=dict(validation), fitted_at=str(d.get("fitted_at", "")), **kinds)
+                         validation=dict(validation), fitted_at=str(d.get("fitted_at", "")),
+                         frameworks=tuple(str(f) for f in fws), **kinds)
 
 
 def _check_finite(path: str | Path, where: str, o: Any) -> None:
