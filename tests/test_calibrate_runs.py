@@ -123,6 +123,14 @@ def test_the_band_widens_away_from_the_runs(user, capsys):
     other = pr.predict(model_from_fields(fsdp), layout_from_fields(fsdp), timeline=False)
     assert far.expected_error > near.expected_error and "outside the runs'" in far.error_basis
     assert nodes.expected_error > near.expected_error and "more than any run (1)" in nodes.error_basis
+    # far in size and in nodes at once the widenings compound (x4 x x3 here): capped at the shipped band plus the
+    # most the calibration moved a run (12 %: the runs are BASE x 1.12)
+    both = _row(layers=48, hidden=6144, heads=48, num_gpus=512, global_batch=1024)
+    far_both = pr.predict(model_from_fields(both), layout_from_fields(both), timeline=False)
+    shipped = get_predictor(BASE, None, str(user / "clusters.json")).predict(
+        model_from_fields(both), layout_from_fields(both), timeline=False)
+    assert "the most the calibration moved a run (12." in far_both.error_basis
+    assert far_both.expected_error < shipped.expected_error + 0.13
     assert other.expected_error >= near.expected_error and "framework fsdp is not among them" in other.error_basis
     # the fitted speeds are megatron's: fsdp's step time is the base platform's, to the bit, and its band the
     # shipped one (of the new platform's parts: its network calibration is borrowed from BASE, so slightly wider)
