@@ -299,7 +299,9 @@ def _fit(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrio
          x0: np.ndarray | None = None) -> ScaledFit:
     from scipy.optimize import least_squares
     mask = np.ones(len(meas), dtype=bool) if mask is None else mask
-    sd = np.array([p.prior_sd for p in active]) * prior_scale
+    # the strength applies to the speed and network terms; the host terms' sd (already x2 per sd) stays: runs with
+    # long layers hide the host, so a weaker pull there lets it run to its bound and ruin short-layer predictions
+    sd = np.array([p.prior_sd * (1.0 if p.name.startswith("host_") else prior_scale) for p in active])
     lim = np.array([p.bound for p in active])
 
     def residuals(z: np.ndarray) -> np.ndarray:
