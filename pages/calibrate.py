@@ -17,9 +17,10 @@ from predictor_ui.clusters import DASHBOARD_SOURCE, custom_platform
 views.page_setup()
 
 st.title("Calibrate a platform")
-st.caption("Bring your own measurements: the Parquet / CSV files `bench/` writes (operator samples, collective "
-           "samples, or measured runs). They are checked, ingested into the sample store, and the platform's "
-           "regressors retrained, after which every page predicts from them.")
+st.caption("Bring your own measurements: a few measured training steps calibrate a new platform at once (the first "
+           "section below); the Parquet / CSV files `bench/` writes (operator samples, collective samples, or "
+           "measured runs) are checked, ingested into the sample store, and the platform's regressors retrained, "
+           "after which every page predicts from them.")
 
 
 def own_runs_section() -> None:
@@ -54,10 +55,29 @@ def own_runs_section() -> None:
         rec = cal.record
         t = cal.table[["line", "source", "model", "gpus", "layout", "measured_s", "before_s", "after_s", "held_out_s",
                        "before_error", "after_error", "held_out_error"]]
+        st.markdown(f"**Each run**: measured, predicted by **{base}** as it is (before), by the calibrated terms "
+                    "(after) and by terms fitted without that run (held out: what to expect on a run you did not "
+                    "give).")
+        seconds = {"measured_s": "measured s", "before_s": f"{base} s", "after_s": "after s",
+                   "held_out_s": "held out s"}
+        errors = {"before_error": "before", "after_error": "after", "held_out_error": "held out"}
         views.table(t, "own_runs", "own_table",
-                    column_config={c: st.column_config.NumberColumn(format="percent")
-                                   for c in ("before_error", "after_error", "held_out_error")})
-        views.table(terms_table(cal.fits), "own_terms", "own_terms_table")
+                    column_config={**{c: st.column_config.NumberColumn(label, format="%.4g")
+                                      for c, label in seconds.items()},
+                                   **{c: st.column_config.NumberColumn(label, format="%+.1f%%")
+                                      for c, label in errors.items()}},
+                    shown=t.assign(**{c: 100.0 * t[c] for c in errors}))
+        scales = rec.get("prior_scales_held_out_mape") or {}
+        st.markdown("**The terms**: the base's value (prior), the fitted one, and whether the runs identified it "
+                    "(halved its prior uncertainty; sd in log units)."
+                    + (f" The prior's sd x{rec['prior_scale']:g}: the strength whose leave-one-run-out error on "
+                       "these runs was lowest (" + ", ".join(f"x{k} {v:.1%}" for k, v in scales.items()) + ")."
+                       if scales else ""))
+        tt = terms_table(cal.fits)
+        views.table(tt, "own_terms", "own_terms_table",
+                    shown=tt.assign(prior=tt["prior"].map("{:.4g}".format), fitted=tt["fitted"].map("{:.4g}".format),
+                                    prior_sd=tt["prior_sd"].map("{:.2f}".format),
+                                    posterior_sd=tt["posterior_sd"].map("{:.2f}".format)))
         held = rec["held_out_mape"]
         st.markdown(f"MAPE before {rec['before_mape']:.1%} (mean signed {rec['before_mean_signed']:+.1%}), after "
                     f"{rec['in_sample_mape']:.1%} in-sample; "

@@ -117,9 +117,11 @@ def export(df: pd.DataFrame, name: str, key: str, container=None) -> None:
                       key=f"{key}_json", icon=":material/download:", on_click="ignore")
 
 
-def table(df: pd.DataFrame, name: str, key: str, height: int | str = "auto", **kwargs: Any) -> Any:
-    """A dataframe with its CSV / JSON export underneath."""
-    ev = st.dataframe(df, height=height, hide_index=True, key=key, **kwargs)
+def table(df: pd.DataFrame, name: str, key: str, height: int | str = "auto", shown: pd.DataFrame | None = None,
+          **kwargs: Any) -> Any:
+    """A dataframe with its CSV / JSON export underneath; `shown`: what the page shows instead of `df` (formatted
+    for reading), the export keeping `df`'s values."""
+    ev = st.dataframe(df if shown is None else shown, height=height, hide_index=True, key=key, **kwargs)
     export(df, name, key + "_x")
     return ev
 

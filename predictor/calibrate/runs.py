@@ -76,6 +76,7 @@ TERM_PRIORS = (
     TermPrior("host_s_per_layer_pass", "host seconds per layer pass", HOST_SD, 3.0),
     TermPrior("host_s_per_micro_batch", "host seconds per micro-batch", HOST_SD, 3.0),
     TermPrior("network_factor", "inter-node collective time x (1 / efficiency)", 0.3, math.log(3.0)),
+    TermPrior("ep_factor", "MoE expert-parallel dispatch / combine time x (1 / efficiency)", 0.3, math.log(3.0)),
 )
 IDENTIFIED_SD_RATIO = 0.5    # identified: the posterior sd at most this share of the prior sd
 
@@ -230,12 +231,18 @@ def prior_terms(pr: Predictor) -> EndToEndTerms:
 
 
 def active_terms(runs: Sequence[OwnRun], platform: Platform) -> list[TermPrior]:
+    """The terms the runs can say something about: the network's only where a run spans nodes, the expert-parallel
+    traffic's only where a run is a MoE model with ep > 1; the rest always (the prior holds them where the runs
+    cannot tell)."""
     spans = any(r.layout.num_gpus > platform.gpus_per_node for r in runs)
-    return [p for p in TERM_PRIORS if p.name != "network_factor" or spans]
+    experts = any(r.model.is_moe and r.layout.ep > 1 for r in runs)
+    return [p for p in TERM_PRIORS if (p.name != "network_factor" or spans) and (p.name != "ep_factor" or experts)]
 
 
-def _terms_at(prior: EndToEndTerms, active: Sequence[TermPrior], z: np.ndarray, frameworks: Sequence[str]
-              ) -> EndToEndTerms:
+def _terms_at(prior: EndToEndTerms, active: Sequence[TermPrior], z: np.ndarray, frameworks: Sequence[str],
+              scoped: bool = True) -> EndToEndTerms:
+    """The terms at log-offsets z from the prior; `scoped`: the speed factors apply to the runs' frameworks only
+    (another framework keeps the prior's speeds, as its host term is the prior's)."""
     kinds: dict[str, Any] = {}
     host_z: dict[str, float] = {}
     zs = dict(zip((p.name for p in active), (float(v) for v in z)))
@@ -255,7 +262,7 @@ def _terms_at(prior: EndToEndTerms, active: Sequence[TermPrior], z: np.ndarray, 
             x0 = getattr(h, name)
             vals[name] = max(0.0, (x0 + shift) * math.exp(host_z.get(name, 0.0)) - shift)
         host[fw] = HostTerm(vals["host_s_per_layer_pass"], h.blend_p, vals["host_s_per_micro_batch"])
-    return replace(prior, host=host, **kinds)
+    return replace(prior, host=host, frameworks=tuple(sorted(frameworks)) if scoped else (), **kinds)
 
 
 def _host_value(t: EndToEndTerms, fw: str, name: str) -> float:
@@ -264,28 +271,100 @@ def _host_value(t: EndToEndTerms, fw: str, name: str) -> float:
 
 
 def fit_own_terms(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrior], meas: np.ndarray,
-                  frameworks: Sequence[str], mask: np.ndarray | None = None
+                  frameworks: Sequence[str], mask: np.ndarray | None = None, scoped: bool = True,
+                  prior_scale: float = 1.0, x0: np.ndarray | None = None
                   ) -> tuple[EndToEndTerms, np.ndarray, np.ndarray]:
-    """(terms, z, posterior sd per active term in log units) fitted on the runs of `mask` (None: all)."""
+    """(terms, z, posterior sd per active term in log units) fitted on the runs of `mask` (None: all); `scoped`:
+    the fitted speed factors apply to the runs' frameworks only (`EndToEndTerms.frameworks`); `prior_scale`: every
+    prior sd x this (the prior's strength, `choose_prior_scale`); `x0`: where to start (default: the prior)."""
+    f = _fit(evaluate, prior, active, meas, frameworks, mask, scoped, prior_scale, x0)
+    return f.terms, f.z, f.posterior_sd
+
+
+@dataclass(frozen=True)
+class ScaledFit:
+    scale: float
+    terms: EndToEndTerms
+    z: np.ndarray
+    posterior_sd: np.ndarray
+    held_out_log: np.ndarray   # per fitted run: log(held-out prediction / measured), to first order (PRESS)
+
+    @property
+    def held_out_mape(self) -> float:
+        return float(np.mean(np.abs(np.expm1(self.held_out_log)))) if len(self.held_out_log) else math.nan
+
+
+def _fit(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrior], meas: np.ndarray,
+         frameworks: Sequence[str], mask: np.ndarray | None = None, scoped: bool = True, prior_scale: float = 1.0,
+         x0: np.ndarray | None = None) -> ScaledFit:
     from scipy.optimize import least_squares
     mask = np.ones(len(meas), dtype=bool) if mask is None else mask
-    sd = np.array([p.prior_sd for p in active])
+    # the strength applies to the speed and network terms; the host terms' sd (already x2 per sd) stays: runs with
+    # long layers hide the host, so a weaker pull there lets it run to its bound and ruin short-layer predictions
+    sd = np.array([p.prior_sd * (1.0 if p.name.startswith("host_") else prior_scale) for p in active])
     lim = np.array([p.bound for p in active])
 
     def residuals(z: np.ndarray) -> np.ndarray:
-        pred = evaluate(_terms_at(prior, active, z, frameworks))[mask]
+        pred = evaluate(_terms_at(prior, active, z, frameworks, scoped))[mask]
         return np.concatenate([np.log(pred / meas[mask]) / RUN_NOISE, z / sd])
 
-    res = least_squares(residuals, np.zeros(len(active)), bounds=(-lim, lim), diff_step=1e-3, max_nfev=60,
-                        x_scale=sd)
+    start = np.zeros(len(active)) if x0 is None else np.clip(x0, -lim, lim)
+    res = least_squares(residuals, start, bounds=(-lim, lim), diff_step=1e-3, max_nfev=60, x_scale=sd)
     J = np.asarray(res.jac, dtype=float)
-    H = J.T @ J
     try:
-        cov = np.linalg.inv(H)
+        cov = np.linalg.inv(J.T @ J)
         post = np.sqrt(np.maximum(np.diag(cov), 0.0))
     except np.linalg.LinAlgError:
         post = sd.copy()
-    return _terms_at(prior, active, res.x, frameworks), res.x, post
+    # each run left out, to first order: the residual / (1 - its leverage) over the terms not held at a bound (the
+    # closed form of leave-one-out for regularised linear least squares, here at the fit's linearisation)
+    m = int(mask.sum())
+    free = np.abs(res.x) < lim - 1e-6
+    lev = np.zeros(m)
+    if free.any():
+        Jf = J[:, free]
+        try:
+            lev = np.einsum("ij,jk,ik->i", Jf[:m], np.linalg.inv(Jf.T @ Jf), Jf[:m])
+        except np.linalg.LinAlgError:
+            lev = np.zeros(m)
+    loo = np.asarray(res.fun[:m], dtype=float) * RUN_NOISE / np.maximum(1.0 - lev, 1e-3)
+    return ScaledFit(prior_scale, _terms_at(prior, active, res.x, frameworks, scoped), res.x, post, loo)
+
+
+# the prior's strength is chosen on the runs themselves: every prior sd x each of these, the one whose
+# leave-one-run-out error over the runs is lowest (ties: the earlier, so the shipped priors first)
+PRIOR_SCALES = (1.0, 0.5, 2.0, 4.0)
+MIN_RUNS_TO_CHOOSE = 3   # fewer runs: the shipped priors (two runs predict each other from one run alone)
+TIE = 1e-3               # leave-one-run-out errors closer than this are a tie
+
+
+def choose_prior_scale(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrior], meas: np.ndarray,
+                       frameworks: Sequence[str], scoped: bool = True, scales: Sequence[float] = PRIOR_SCALES,
+                       exact: bool = False) -> tuple[ScaledFit, list[ScaledFit]]:
+    """(the chosen fit, every scale's fit): the prior's strength chosen by leave-one-run-out on the runs
+    themselves, as a user can, never on runs the calibration does not see. Each scale x every prior sd is fitted on
+    all runs, and each run's held-out error taken in closed form at the fit (its residual / (1 - its leverage), the
+    first-order leave-one-out; `exact`: refitted without it, k more fits per scale, about 4x the time); the lowest
+    mean wins, a tie (within TIE) going to the earlier scale (the shipped priors first). With fewer than
+    MIN_RUNS_TO_CHOOSE runs only the first scale is fitted."""
+    fits: list[ScaledFit] = []
+    n = len(meas)
+    for sc in (scales if n >= MIN_RUNS_TO_CHOOSE else scales[:1]):
+        f = _fit(evaluate, prior, active, meas, frameworks, None, scoped, sc, x0=fits[0].z if fits else None)
+        if exact and n >= MIN_RUNS_TO_CHOOSE:
+            loo = np.empty(n)
+            for i in range(n):
+                mask = np.ones(n, dtype=bool)
+                mask[i] = False
+                t_i, _z, _p = fit_own_terms(evaluate, prior, active, meas, frameworks, mask, scoped, sc, x0=f.z)
+                loo[i] = math.log(evaluate(t_i)[i] / meas[i])
+            f = replace(f, held_out_log=loo)
+        fits.append(f)
+    best = fits[0]
+    for f in fits[1:]:
+        if f.held_out_mape < best.held_out_mape - TIE:
+            best = f
+    return best, fits
 
 
 def _mape(pred: np.ndarray, meas: np.ndarray) -> tuple[float, float]:
@@ -300,10 +379,12 @@ def _model_key(r: OwnRun) -> str:
 
 def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Path | None = None,
              clusters: str | None = None, held_out: bool = True, progress: Progress | None = None,
-             predictor: Predictor | None = None
+             predictor: Predictor | None = None, all_frameworks: bool = False
              ) -> tuple[EndToEndTerms, tuple[TermFit, ...], pd.DataFrame, dict[str, Any]]:
     """(terms, per-term fit, per-run table, record) of `runs` on BASE; `held_out`: also leave-one-run-out and
-    leave-one-model-out (the error band)."""
+    leave-one-model-out (the error band). The fitted speed factors apply to the runs' frameworks only, unless
+    `all_frameworks` (a framework's efficiency is in them: calibrated on one framework they made another worse)."""
+    scoped = not all_frameworks
     say = progress or (lambda _m: None)
     pr = predictor or Predictor(base if isinstance(base, Platform) else get_platform(base, clusters), models_dir,
                                 ComposeOptions(simulate=False))
@@ -318,7 +399,10 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
     active = active_terms(runs, plat)
     say(f"{len(runs)} runs prepared on {plat.platform_id}; fitting {len(active)} terms")
     before = ev(prior)
-    terms, z_fit, post = fit_own_terms(ev, prior, active, meas, frameworks)
+    if held_out and len(runs) >= MIN_RUNS_TO_CHOOSE:
+        say(f"choosing the prior's strength by leave-one-run-out: {len(PRIOR_SCALES)} fits")
+    chosen, scaled = choose_prior_scale(ev, prior, active, meas, frameworks, scoped)
+    terms, z_fit, post = chosen.terms, chosen.z, chosen.posterior_sd
     after = ev(terms)
     fits = []
     for p, ps in zip(active, post):
@@ -329,8 +413,8 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
             pv, v = 1.0, float(np.exp(z_fit[[q.name for q in active].index(COMPUTE_SCALE)]))
         else:
             pv, v = float(getattr(prior, p.name)), float(getattr(terms, p.name))
-        fits.append(TermFit(p.name, p.words, pv, v, p.prior_sd, float(ps),
-                            bool(ps <= IDENTIFIED_SD_RATIO * p.prior_sd)))
+        sd_p = p.prior_sd * chosen.scale
+        fits.append(TermFit(p.name, p.words, pv, v, sd_p, float(ps), bool(ps <= IDENTIFIED_SD_RATIO * sd_p)))
     loro = np.full(len(runs), np.nan)
     lomo = np.full(len(runs), np.nan)
     keys = np.array([_model_key(r) for r in runs])
@@ -339,14 +423,14 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
         for i in range(len(runs)):
             mask = np.ones(len(runs), dtype=bool)
             mask[i] = False
-            t_i, _z, _p = fit_own_terms(ev, prior, active, meas, frameworks, mask)
+            t_i, _z, _p = fit_own_terms(ev, prior, active, meas, frameworks, mask, scoped, chosen.scale, x0=z_fit)
             loro[i] = ev(t_i)[i]
-        if len(set(keys)) >= 2:
-            say(f"leave-one-model-out: {len(set(keys))} fits")
-            for k in sorted(set(keys)):
-                mask = keys != k
-                t_k, _z, _p = fit_own_terms(ev, prior, active, meas, frameworks, mask)
-                lomo[~mask] = ev(t_k)[~mask]
+    if held_out and len(runs) >= 2 and len(set(keys)) >= 2:
+        say(f"leave-one-model-out: {len(set(keys))} fits")
+        for k in sorted(set(keys)):
+            mask = keys != k
+            t_k, _z, _p = fit_own_terms(ev, prior, active, meas, frameworks, mask, scoped, chosen.scale, x0=z_fit)
+            lomo[~mask] = ev(t_k)[~mask]
     table = pd.DataFrame({
         "line": [r.line for r in runs], "source": [r.source for r in runs],
         "model": [f"{r.model.arch} {r.model.num_layers}L h{r.model.hidden_size}" for r in runs],
@@ -359,13 +443,15 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
     b_m, b_s = _mape(before, meas)
     a_m, a_s = _mape(after, meas)
     rec: dict[str, Any] = {
-        "base": plat.platform_id, "runs": len(runs), "frameworks": frameworks,
+        "base": plat.platform_id, "runs": len(runs), "frameworks": frameworks, "frameworks_scoped": scoped,
         "model_params": sorted({float(r.model.total_params()) for r in runs}),
         "max_nodes": max(plat.nodes_for(r.layout.num_gpus) for r in runs),
         "sources": sorted({r.source for r in runs}),
         "before_mape": b_m, "before_mean_signed": b_s, "in_sample_mape": a_m, "in_sample_mean_signed": a_s,
         "held_out_mape": None, "held_out_mean_signed": None, "held_out_model_mape": None,
         "held_out_model_mean_signed": None, "models": len(set(keys)),
+        "prior_scale": chosen.scale,
+        "prior_scales_held_out_mape": {f"{f.scale:g}": f.held_out_mape for f in scaled if len(scaled) > 1},
         "terms": [{"name": f.name, "prior": f.prior, "value": f.value, "prior_sd_log": f.prior_sd,
                    "posterior_sd_log": f.posterior_sd, "identified": f.identified} for f in fits],
         "per_run": [{"line": int(r.line), "source": r.source, "measured_s": float(m_), "before_s": float(b_),
@@ -454,7 +540,7 @@ def save_calibrated(terms: EndToEndTerms, platform: Platform, clusters: str | Pa
 def calibrate_runs(runs_csv: str | bytes | Path, base: str, save_as: str | None, *,
                    models_dir: str | Path | None = None, clusters: str | Path | None = None,
                    user_dir: str | Path | None = None, save: bool = True,
-                   progress: Progress | None = None) -> RunsCalibration:
+                   progress: Progress | None = None, all_frameworks: bool = False) -> RunsCalibration:
     """Read and check RUNS.csv, fit BASE's terms on it, score it leave-one-run-out, and (with `save` and
     `save_as`) save it as the user platform NEW. Every check runs before anything is fitted or written."""
     cl_path = paths.clusters_file(clusters)
@@ -465,7 +551,7 @@ def calibrate_runs(runs_csv: str | bytes | Path, base: str, save_as: str | None,
         check_save_as(save_as, base_p, cl_path)
         _user_dir_checked(user_dir)
     runs = read_runs_csv(runs_csv, base_p.platform_id)
-    terms, fits, table, rec = fit_runs(base_p, runs, models_dir, progress=progress)
+    terms, fits, table, rec = fit_runs(base_p, runs, models_dir, progress=progress, all_frameworks=all_frameworks)
     tp = cp = None
     if save and save_as:
         plat = new_platform(base_p, save_as, models_dir, len(runs))
@@ -473,7 +559,20 @@ def calibrate_runs(runs_csv: str | bytes | Path, base: str, save_as: str | None,
     return RunsCalibration(base_p.platform_id, save_as, terms, fits, table, rec, tp, cp)
 
 
+KIND_TERMS = ("gemm_factor", "attention_factor", "memory_factor")
+
+
+def identified_words(f: TermFit) -> str:
+    """Whether the runs identified a term, in words: a kind of work the runs cannot tell apart still moves with the
+    common scale (its fitted value is the scale x its own factor), any other term stays near the prior."""
+    if f.identified:
+        return "identified"
+    if f.name in KIND_TERMS:
+        return f"not identified: moves with {COMPUTE_SCALE}"
+    return "not identified: stays near the prior"
+
+
 def terms_table(fits: Sequence[TermFit]) -> pd.DataFrame:
     return pd.DataFrame([{"term": f.name, "what": f.words, "prior": f.prior, "fitted": f.value,
                           "prior_sd": f.prior_sd, "posterior_sd": f.posterior_sd,
-                          "identified": "identified" if f.identified else "stayed at the prior"} for f in fits])
+                          "identified": identified_words(f)} for f in fits])

@@ -114,7 +114,8 @@ def cmd_calibrate_runs(a: argparse.Namespace) -> int:
     from predictor.calibrate.runs import calibrate_runs, terms_table
     log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     cal = calibrate_runs(Path(a.runs), a.platform, a.save_as, models_dir=a.models_dir, clusters=a.clusters,
-                         user_dir=a.user_models_dir, save=not a.dry_run, progress=log)
+                         user_dir=a.user_models_dir, save=not a.dry_run, progress=log,
+                         all_frameworks=a.all_frameworks)
     rec = cal.record
     if a.json:
         print(json.dumps({"record": rec, "terms": cal.terms.to_dict(), "per_run": cal.table.to_dict(orient="records"),
@@ -139,7 +140,10 @@ def cmd_calibrate_runs(a: argparse.Namespace) -> int:
     tt["fitted"] = tt["fitted"].map("{:.4g}".format)
     tt["prior_sd"] = tt["prior_sd"].map("{:.2f}".format)
     tt["posterior_sd"] = tt["posterior_sd"].map("{:.2f}".format)
-    print("\nterms (sd: log units; identified where the runs at least halve the prior's sd)")
+    scales = rec.get("prior_scales_held_out_mape") or {}
+    print("\nterms (sd: log units; identified where the runs at least halve the prior's sd)"
+          + (f"; prior sd x{rec['prior_scale']:g}, chosen by leave-one-run-out on the runs ("
+             + ", ".join(f"x{k}: {v:.1%}" for k, v in scales.items()) + ")" if scales else ""))
     print(tt.to_string(index=False))
 
     def pct(v: Any) -> str:
@@ -170,13 +174,17 @@ def add_calibrate_runs_parser(sub: Any, common: Any) -> None:
                         description="RUNS.csv: the predict-batch columns plus step_time_s (source optional), one row "
                                     "per measured run. Fits the sustained speed per kind of work, the host time per "
                                     "layer pass and per micro-batch and (runs across nodes) the network efficiency, "
-                                    "pulled towards BASE's values; scores them leave-one-run-out.")
+                                    "pulled towards BASE's values; scores them leave-one-run-out. The fitted speeds "
+                                    "apply to the runs' frameworks; another framework keeps BASE's.")
     sp.add_argument("--runs", required=True, help="CSV of measured runs")
     sp.add_argument("--platform", required=True, help="BASE: the platform the runs were measured on")
     sp.add_argument("--save-as", help="NEW: the name of the calibrated user platform (not a shipped one)")
     sp.add_argument("--user-models-dir", help="where NEW's terms go (default: $PREDICTOR_USER_MODELS_DIR, else "
                                               "user_models/ beside the clusters file)")
     sp.add_argument("--dry-run", action="store_true", help="fit and report, write nothing")
+    sp.add_argument("--all-frameworks", action="store_true",
+                    help="apply the fitted speeds to every framework, not only the runs' (by default another "
+                         "framework keeps BASE's: a framework's own efficiency is in them)")
     clusters_arg(sp)
     common(sp, store=False)
     sp.set_defaults(func=cmd_calibrate_runs)

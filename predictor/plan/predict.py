@@ -893,11 +893,30 @@ def own_runs_band(rec: dict[str, Any], model: ModelSpec, layout: Layout, gpus_pe
         k = 1.0 + OWN_RUNS_WIDEN_PER_DOUBLING * math.log2(nodes / max_nodes)
         base *= k
         how.append(f"{nodes} nodes, more than any run ({max_nodes}): x{k:.2f}")
+    moved = own_runs_moved(rec)
+    if moved is not None and len(how) > 1 and base > shipped_err + moved:
+        # far from the runs the widening compounds; the calibrated terms there are at worst the shipped ones moved by
+        # what the calibration moved the runs
+        base = shipped_err + moved
+        how.append(f"at most the shipped band {shipped_err:.1%} + the most the calibration moved a run "
+                   f"({moved:.1%})")
     err = base
     if layout.framework not in (rec.get("frameworks") or []):
+        if rec.get("frameworks_scoped"):
+            return shipped_err, (f"calibrated on {n} of your runs of {', '.join(rec.get('frameworks') or [])}; "
+                                 f"framework {layout.framework} is not among them, so it keeps "
+                                 f"{rec.get('base') or 'the base'}'s terms, uncalibrated, and the shipped band: "
+                                 f"{shipped_basis}")
         err = max(err, shipped_err)
         how.append(f"framework {layout.framework} not among the runs': at least the shipped band {shipped_err:.0%}")
     return err, "; ".join(how) + f"; parts: {shipped_basis}"
+
+
+def own_runs_moved(rec: dict[str, Any]) -> float | None:
+    """The most the calibration moved a run's prediction (|after / before - 1| over the runs), None unrecorded."""
+    moved = [abs(float(r["after_s"]) / float(r["before_s"]) - 1.0) for r in rec.get("per_run") or []
+             if r.get("after_s") and r.get("before_s")]
+    return max(moved) if moved else None
 
 
 OWN_RUNS_WIDEN_PER_DOUBLING = 0.5   # the own-runs band x (1 + this x log2 of how far off) beyond the runs

@@ -706,13 +706,19 @@ class Engine:
             on = sub[:, I_MO].astype(float) * moe_overlap_paired_share(m_r, pp, vpp)
             fep = fep - on[:, None] * chunks_of("hfep")
             bep = bep - on[:, None] * chunks_of("hbep")
+        if e2e is not None and e2e.ep_factor != 1.0:
+            # a platform calibrated on its own runs: the expert-parallel dispatch / combine's efficiency (what is left
+            # of it after the overlap), on the runs' frameworks
+            ef = np.where(_own_rows(e2e, sub), e2e.ep_factor, 1.0)[:, None]
+            fep, bep = fep * ef, bep * ef
         # every micro-batch after the first adds its gradients into the earlier ones' (predictor.model.frameworks): the
         # pass ends that micro-batch's backward, so a micro-batch's backward carries (m - 1) / m of it on average
         acc_share = separate_accumulation(sub, self.platform) * (m_r - 1.0) / m_r
         kf = e2e.kind_factors if e2e is not None else (1.0, 1.0, 1.0)
+        own = _own_rows(e2e, sub)   # the rows the own-runs factors apply to (the runs' frameworks)
         if kf != (1.0, 1.0, 1.0):
             # a platform calibrated on its own runs: sustained speed per kind of work (GEMM, attention, memory-bound)
-            g_, a_, m_ = kf
+            g_, a_, m_ = (np.where(own, f, 1.0)[:, None] for f in kf)
             fa, ba, ra, fm, bm, rm = (chunks_of(f) for f in ("fa", "ba", "ra", "fm", "bm", "rm"))
             sampled_k = fc + bc + W[..., 7] * acc_share[:, None]
             fc = g_ * fc + (a_ - g_) * fa + (m_ - g_) * fm
@@ -743,7 +749,7 @@ class Engine:
         if e2e is not None and e2e.network_factor != 1.0:
             # a platform calibrated on its own runs: the network's efficiency where the job spans nodes (the
             # data-parallel and pipeline traffic crossing them)
-            span = np.where(sub[:, I_GPUS] > self.platform.gpus_per_node, e2e.network_factor, 1.0)
+            span = np.where((sub[:, I_GPUS] > self.platform.gpus_per_node) & own, e2e.network_factor, 1.0)
             ppc = ppc * span[:, None]
             W = W.copy()
             W[..., 1:7] = W[..., 1:7] * span[:, None, None]
@@ -982,6 +988,14 @@ def moe_overlap_paired_share(m: np.ndarray, pp: int, vpp: int) -> np.ndarray:
     total = np.maximum(np.asarray(m, float) * vpp, 1.0)
     warm = 1.0 if pp <= 1 else 2.0 * (pp - 1) + (vpp - 1) * pp + 1.0
     return np.clip((total - warm) / total, 0.0, 1.0)
+
+
+def _own_rows(e2e: EndToEndTerms | None, rows: np.ndarray) -> np.ndarray:
+    """Per row: whether the own-runs factors of `e2e` (predictor.calibrate.runs) apply to it, i.e. its framework is
+    one the runs used (`EndToEndTerms.frameworks`; empty: every framework)."""
+    if e2e is None or not e2e.frameworks:
+        return np.ones(len(rows), dtype=bool)
+    return np.isin(rows[:, I_FW], [FRAMEWORKS.index(f) for f in e2e.frameworks])
 
 
 def _per_framework(rows: np.ndarray, platform: Platform, rule: Any) -> np.ndarray:

@@ -73,7 +73,7 @@ CONTENTION_SOURCE = (f"compute overlapped by communication runs {PUBLISHED_SLOWD
 MAX_CONTENTION = 2.0   # seconds of compute lost per overlapped second: no more in a terms file or the fit's option
 MAX_SPEED_SPREAD = 0.2  # relative spread of identical GPUs' sustained speed: no more in a terms file
 # the own-runs factors (EndToEndTerms.gemm_factor ... network_factor): no more than this far from 1 in a file
-KIND_FACTORS = ("gemm_factor", "attention_factor", "memory_factor", "network_factor")
+KIND_FACTORS = ("gemm_factor", "attention_factor", "memory_factor", "network_factor", "ep_factor")
 MIN_KIND_FACTOR, MAX_KIND_FACTOR = 0.25, 4.0
 TERMS_PROVENANCE = "end-to-end terms (power factor, contention, GPU speed spread)"   # what a prediction rests on
 
@@ -162,11 +162,15 @@ class EndToEndTerms:
     moe_host_passes: dict[str, float] = field(default_factory=dict)
     # a platform calibrated on its own runs (predictor.calibrate.runs): sustained speed per kind of work, GPU time x
     # factor (tensor-core GEMMs, attention kernels, memory-bound operators), and inter-node collectives' time x
-    # network_factor (1 / network efficiency) where a job spans nodes; 1.0 = as sampled (every shipped terms file)
+    # network_factor (1 / network efficiency) where a job spans nodes, a MoE model's expert-parallel dispatch /
+    # combine time x ep_factor; 1.0 = as sampled (every shipped terms file). `frameworks`: the frameworks these
+    # factors apply to (the runs' frameworks: another framework's runs keep the sampled speeds); empty = every one
     gemm_factor: float = 1.0
     attention_factor: float = 1.0
     memory_factor: float = 1.0
     network_factor: float = 1.0
+    ep_factor: float = 1.0
+    frameworks: tuple[str, ...] = ()
     source: str = ""
     fitted_on: dict[str, int] = field(default_factory=dict)     # source id -> runs
     validation: dict[str, Any] = field(default_factory=dict)    # per source: in-sample and held-out errors
@@ -181,6 +185,11 @@ class EndToEndTerms:
         """Dense layer passes of host time one MoE layer pass of `framework` takes (1 where not measured)."""
         return float(self.moe_host_passes.get(framework, 1.0))
 
+    @property
+    def own_factors(self) -> bool:
+        """Whether any own-runs factor departs from 1 (a platform calibrated on its own runs)."""
+        return any(getattr(self, k) != 1.0 for k in KIND_FACTORS)
+
     def host_for(self, framework: str) -> HostTerm | None:
         """The host term of a framework, else the pooled one, else None."""
         t = self.host.get(framework) or self.host.get(DEFAULT_HOST)
@@ -189,6 +198,7 @@ class EndToEndTerms:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["host"] = {k: asdict(v) for k, v in self.host.items()}
+        d["frameworks"] = list(self.frameworks)
         return d
 
 
@@ -233,6 +243,10 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
         if fw not in FRAMEWORKS:
             raise ArtifactError(path, f"moe_host_passes.{fw}", f"unknown framework (use {', '.join(FRAMEWORKS)})")
         moe_passes[fw] = float(check_number(path, f"moe_host_passes.{fw}", v, ge=MIN_MOE_PASSES, le=MAX_MOE_PASSES))
+    fws = d.get("frameworks") or []
+    if not isinstance(fws, list) or any(f not in FRAMEWORKS for f in fws):
+        raise ArtifactError(path, "frameworks", f"must be a list of frameworks ({', '.join(FRAMEWORKS)}), not "
+                                                f"{str(fws)[:80]}")
     fitted_on = d.get("fitted_on") or {}
     if not isinstance(fitted_on, dict):
         raise ArtifactError(path, "fitted_on", "must be a mapping of platform -> number of runs")
@@ -244,7 +258,8 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
                          power_form=str(form), recompute_host_passes=rpass, speed_spread=spread,
                          moe_host_passes=moe_passes, source=str(d.get("source", "")), fitted_on=fitted_on,
-                         validation=dict(validation), fitted_at=str(d.get("fitted_at", "")), **kinds)
+                         validation=dict(validation), fitted_at=str(d.get("fitted_at", "")),
+                         frameworks=tuple(str(f) for f in fws), **kinds)
 
 
 def _check_finite(path: str | Path, where: str, o: Any) -> None:
