@@ -24,6 +24,7 @@ import pandas as pd
 from predictor.hardware.platforms import get_platform
 from predictor.model import ops
 from predictor.paths import ArtifactError, read_json_checked, write_bytes_atomic, write_text_atomic
+from predictor.regress import features as F
 from predictor.regress import transfer
 from predictor.regress.regressors import (
     MODEL_FILE_KEY,
@@ -44,10 +45,9 @@ _PAPER_OPT_GROUP = dict(ops.PAPER_OPTIMIZER_FILES)  # paper function -> variant
 _SAME_ROOFLINE = {"fp16": "half", "bf16": "half", "fp32": "fp32"}
 # Operators a platform's published kernel tables measure (`Platform.kernel_models`): a platform that holds only
 # those trains only those (its other samples, e.g. a few Liger-Kernel rows of one swept dimension, stay in the store)
-KERNEL_TABLE_OPS = ("gemm", "flash_attn", *(f.op for f in ops.FORMAT_GEMMS.values()))
+KERNEL_TABLE_OPS = (*F.GRID_GEMM_OPS, "flash_attn")
 # a grid regressor per low-precision format, trained on the gemm rows of that dtype (ops.FORMAT_GEMMS)
 _FORMAT_BY_OP = {f.op: f for f in ops.FORMAT_GEMMS.values()}
-F_GRID_OPS = ("gemm", *_FORMAT_BY_OP)  # generic GEMM grids (features.GRID_GEMM_OPS)
 # variant suffix of a power-monitored collection (formats.aiconfigurator): left out of a fit when a short-run
 # collection of the same op exists, since the two differ in software and kernel choice as well as in power
 POWER_MONITORED = ":power-monitored"
@@ -274,7 +274,7 @@ def train_platform(platform_id: str, *, store_path=None, models_dir=None, progre
             cmp_ = _mape_over_groups(model.cv_, by) if name == "optimizer" else model.cv_mape_
             best = {"grid_best_flops": grid_best_flops(g),
                     "grid_best_note": "max 2mnk / seconds over the grid's rows: the throughput cap of every GEMM "
-                                      "it times (training.grid_best_flops)"} if name in F_GRID_OPS else {}
+                                      "it times (training.grid_best_flops)"} if name in F.GRID_GEMM_OPS else {}
             fixed = {} if fmt is None else {
                 "grid_fixed_overhead_s": grid_fixed_overhead_s(grid, fmt.table_dtype),
                 "grid_fixed_overhead_note": "median (format - bf16) seconds of the shapes both grids timed with "

@@ -67,9 +67,9 @@ VOCAB_PAD_MULTIPLE = 128
 OPTIMIZER_BYTES_PER_PARAM = 28.0
 OPTIMIZER_FLOPS_PER_PARAM = 12.0
 OPTIMIZER_VARIANTS = {"whole": 0.0, "first": 1.0, "middle": 2.0, "last": 3.0}
-GEMM_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", "gemm", "gemm_fp8", "gemm_fp8_block",
-            "gemm_nvfp4")
-GRID_GEMM_OPS = ("gemm", "gemm_fp8", "gemm_fp8_block", "gemm_nvfp4")  # m = b*l, k = hidden, n = ffn_hidden
+# generic GEMM grids (m = b*l, k = hidden, n = ffn_hidden): BF16 and one per low-precision format (ops.FORMAT_GEMMS)
+GRID_GEMM_OPS = ("gemm", *(f.op for f in ops.FORMAT_GEMMS.values()))
+GEMM_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head", *GRID_GEMM_OPS)
 BMM_OPS = ("attn_scores", "attn_context")
 # GEMMs that run on the tensor cores (the linear layers and the batched attention GEMMs), and with flash attention
 # the operators whose time is set by tensor-core throughput (floored at FLOPs / achievable matmul rate)
