@@ -18,7 +18,7 @@ The numbers come from the one step-time engine (`predictor.step.engine`), the sa
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
@@ -92,6 +92,17 @@ def measured_table_error(info: dict[str, Any]) -> float:
     cv = float(info.get("cv_mape") or 0.0)
     held = float((info.get("block_heldout") or {}).get("mape") or 0.0)
     return math.hypot(max(cv, held), CROSS_HARNESS_BIAS)
+
+
+def grid_pass_s(grid: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray], op: str, pass_: str,
+                shapes: dict[str, np.ndarray]) -> np.ndarray:
+    """Seconds of a linear layer's GEMMs in one pass from a forward GEMM grid `grid(m, n, k)`: the forward at the
+    layer's (M, N, K); the backward's data gradient [M, N] x [N, K] plus weight gradient [K, M] x [M, N], the same
+    grid at those shapes."""
+    M, N, K, _ = features.gemm_mnk(op, features.derived_dims(shapes))
+    if pass_ == "fwd":
+        return grid(M, N, K)
+    return grid(M, K, N) + grid(K, N, M)
 
 
 FLASH_BWD_RATIO_SPREAD = 0.07  # half the interquartile range over the median: (3.39 - 2.95) / 2 / 3.135
@@ -459,14 +470,11 @@ class Predictor:
         assert kb is not None
         dev = self.platform.device
         if op in KERNEL_GEMM_OPS and kb.has_op("gemm", "fwd"):
-            M, N, K, _ = features.gemm_mnk(op, features.derived_dims(shapes))
             err = measured_table_error(kb.op_info("gemm", "fwd"))
 
             def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
                 return np.asarray(kb.predict_op("gemm", "fwd", gemm_shapes(m, n, k), dev, precision), "float64")
-            if pass_ == "fwd":
-                return grid(M, N, K), "measured", err
-            return grid(M, K, N) + grid(K, N, M), BWD_GEMM_PROVENANCE, err
+            return grid_pass_s(grid, op, pass_, shapes), ("measured" if pass_ == "fwd" else BWD_GEMM_PROVENANCE), err
         if op == "flash_attn" and kb.has_op("flash_attn", "fwd"):
             t = np.asarray(kb.predict_op("flash_attn", "fwd", shapes, dev, precision), "float64")
             err = measured_table_error(kb.op_info("flash_attn", "fwd"))
@@ -487,25 +495,15 @@ class Predictor:
             return None
         info = kb.op_info(grid_of.op, "fwd")
         rp = str(info.get("precision") or grid_of.roofline_precision)
-        M, N, K, _ = features.gemm_mnk(op, features.derived_dims(shapes))
-
         fixed = float(info.get("grid_fixed_overhead_s") or 0.0)  # the grid's own per-call quantize latency
-        best = info.get("grid_best_flops")  # the format grid's best throughput: no GEMM of it is faster
+        best = float(info.get("grid_best_flops") or np.inf)  # the grid's best throughput: no GEMM of it is faster
 
         def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
             t = np.asarray(kb.predict_op(grid_of.op, "fwd", gemm_shapes(m, n, k), dev, rp), "float64")
-            return np.maximum(t - fixed, features.LAUNCH_LATENCY_S)
-        err = measured_table_error(info)
-        if best:
-            capped = grid
-
-            def grid(m: np.ndarray, n: np.ndarray, k: np.ndarray) -> np.ndarray:
-                return np.maximum(capped(m, n, k), 2.0 * m * n * k / float(best))
-        if pass_ == "fwd":
-            return grid(M, N, K), f"measured ({grid_of.label}) + {fp8.CAST_RULE}", err
-        return (grid(M, K, N) + grid(K, N, M),
-                f"measured (derived: the {grid_of.label} at the data- and weight-gradient shapes) + "
-                f"{fp8.CAST_RULE}", err)
+            return np.maximum(np.maximum(t - fixed, features.LAUNCH_LATENCY_S), 2.0 * m * n * k / best)
+        prov = (f"measured ({grid_of.label})" if pass_ == "fwd" else
+                f"measured (derived: the {grid_of.label} at the data- and weight-gradient shapes)")
+        return grid_pass_s(grid, op, pass_, shapes), f"{prov} + {fp8.CAST_RULE}", measured_table_error(info)
 
     # ---- collective times -----------------------------------------------------------------
     def comm_times(self, calls: Sequence[CommCall]) -> list[tuple[float, str]]:

@@ -861,12 +861,12 @@ def fit_causal_overhead_tiles(a: dict[str, np.ndarray], durations_s: np.ndarray,
     use = np.isfinite(dur) & (dur > 0) & np.isfinite(ctas) & (ctas >= CAUSAL_SATURATED_WAVES * sm) & (nb >= 2)
     if int(use.sum()) < 20:
         return 0.0
-    base = (d["b"] * d["Hr"] * d["hd"])[use]
+    base = (d["b"] * d["Hr"] * d["hd"] * nb * nb)[use]   # the non-causal work in tiles (per head-dim unit)
     group = pd.Series(d["hd"][use]).astype(str) + ":" + pd.Series(d["Hr"][use] / d["KVr"][use]).round(3).astype(str)
-    n, ld = nb[use], np.log(dur[use])
+    seq, ld = d["l"][use], np.log(dur[use])
     best_c, best = 0.0, np.inf
     for c in CAUSAL_OVERHEAD_GRID:
-        y = pd.Series(ld - np.log(base * (n * (n + 1.0) / 2.0 + c * n)))
+        y = pd.Series(ld - np.log(base * F.causal_tile_work(seq, c)))
         spread = float(np.median(np.abs(y - y.groupby(group.to_numpy()).transform("median"))))
         if spread < best - 1e-12:
             best_c, best = float(c), spread

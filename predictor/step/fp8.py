@@ -264,11 +264,11 @@ def grid_cast_bytes(op: str, pass_: str, shapes: Any, precision: str) -> np.ndar
                   quantize: its input X^T was saved quantized in the forward)"""
     d = features._dims(features.shape_arrays(shapes))
     M, N, K, _ = features.gemm_mnk(op, d)
-    c = CAST_BYTES_PER_ELEMENT if precision == "fp8" else FORMATS[precision].cast_bytes_per_element
     timed = 2.0 + FORMATS[precision].stored_bytes_per_element
+    te = cast_bytes(op, pass_, shapes, precision)
     if pass_ == "bwd":
-        return (c - timed) * M * N - timed * K * M
-    return (c - timed) * M * K + c * K * N
+        return te - timed * M * N - timed * K * M
+    return te - timed * M * K
 
 
 def measured_gemm_times(op: str, pass_: str, shapes: Any, t_format: np.ndarray, device: Any, ach_bf16: float | None,
