@@ -31,7 +31,13 @@ import time
 import numpy as np
 import pandas as pd
 
-from predictor.calibrate.training import _drop_power_monitored, grid_fixed_overhead_s, op_regressor_for
+from predictor.calibrate.training import (
+    HELD_OUT_BLOCKS,
+    _drop_power_monitored,
+    block_heldout_error,
+    grid_fixed_overhead_s,
+    op_regressor_for,
+)
 from predictor.hardware.platforms import get_platform
 from predictor.model import ops
 from predictor.regress import features as F
@@ -41,8 +47,8 @@ from predictor.samples import store
 from predictor.step import fp8
 
 GPUS = ("dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72")
-M_BLOCKS = ((1, 64), (65, 512), (513, 4096), (4097, 32768))
-SEQ_BLOCKS = ((1, 512), (513, 2048), (2049, 8192), (8193, 16384))
+M_BLOCKS = HELD_OUT_BLOCKS["gemm"][1]         # the ranges training holds out for a regressor's block_heldout
+SEQ_BLOCKS = HELD_OUT_BLOCKS["flash_attn"][1]
 SCHEMES = (("gemm", ("m-blocks", "nk-blocks")), ("flash_attn", ("seq-blocks", "seq-alternate", "head-blocks")))
 LINEAR_OPS = ("qkv_proj", "attn_out_proj", "mlp_up", "mlp_down", "lm_head")
 
@@ -70,7 +76,8 @@ def format_grids(pid: str, store_path) -> list[dict[str, object]]:
     pipeline, `training.grid_fixed_overhead_s`, taken out of every GEMM it times), the measured time ratio format /
     bf16 on shapes both grids timed (median, by size: 1-100 GFLOP and >= 100 GFLOP, m >= 512) against the derived
     rule's ratio (fp8.format_ratio: the MAMF ratio, x peak fp8/fp4 for nvfp4) that times a platform without the
-    table, and the format regressor's error with whole m ranges held out (train-sized rows)."""
+    table, and the format regressor's error with whole m ranges held out (training.block_heldout_error, what the
+    shipped sidecar's `block_heldout` holds)."""
     dev = get_platform(pid).device
     bf = samples(pid, "gemm", store_path)
     key = ["seq", "hidden", "ffn_hidden"]
@@ -91,31 +98,22 @@ def format_grids(pid: str, store_path) -> list[dict[str, object]]:
             rule = fp8.format_ratio(dev, precision)[0]
         except ValueError:
             rule = np.nan
-        parts = []
-        for lo, hi in M_BLOCKS:
-            te = g["seq"].between(lo, hi).to_numpy()
-            if te.sum() and (~te).sum() > 50:
-                m_ = OpRegressor(f.op, "fwd").fit(g[~te], g[~te]["duration_s"].to_numpy(), dev, f.roofline_precision,
-                                                  cv_folds=0)
-                parts.append(score(f.op, g[te], m_.predict(g[te], dev, f.roofline_precision), dev,
-                                   f.roofline_precision))
-        held = summarise(pd.concat(parts, ignore_index=True), "train-sized") if parts else {"median": np.nan,
-                                                                                         "p90": np.nan}
+        held = block_heldout_error(f.op, g, dev, f.roofline_precision) or {"median_ape": np.nan, "mape": np.nan}
         fixed = grid_fixed_overhead_s(pd.concat([g, bf]), f.table_dtype)
         out.append({"platform": pid, "format": f.table_dtype, "as precision": precision, "rows": len(g),
                     "fixed_us": np.nan if fixed is None else fixed * 1e6,
                     "ratio 1-100 GFLOP": float(np.median(r[mid])) if mid.any() else np.nan,
                     "ratio >= 100 GFLOP": float(np.median(r[big])) if big.any() else np.nan,
-                    "rule ratio": rule, "m-blocks median": held["median"], "m-blocks p90": held["p90"]})
+                    "rule ratio": rule, "m-blocks median": held["median_ape"], "m-blocks mean": held["mape"]})
     return out
 
 
-def score(op: str, test: pd.DataFrame, pred: np.ndarray, device, precision: str = "bf16") -> pd.DataFrame:
+def score(op: str, test: pd.DataFrame, pred: np.ndarray, device) -> pd.DataFrame:
     y = test["duration_s"].to_numpy(float)
-    ok = T.plausible(op, "fwd", test, y, device, precision)
+    ok = T.plausible(op, "fwd", test, y, device, "bf16")
     ape = np.abs(pred - y) / y
     signed = pred / y - 1
-    if op in F.GRID_GEMM_OPS:
+    if op == "gemm":
         flops = 2.0 * test["seq"] * test["hidden"] * test["ffn_hidden"]
         big = ((test["seq"] >= 512) & (flops >= 1e9)).to_numpy()
     else:
@@ -278,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
               "BF16 (taken out of each GEMM), time / bf16 time on shapes both grids timed against the derived rule's "
               "ratio a platform without the table uses, and the format regressor held out by m block ==")
         f = pd.DataFrame(fg)
-        for c in ("m-blocks median", "m-blocks p90"):
+        for c in ("m-blocks median", "m-blocks mean"):
             f[c] = f[c].map(lambda v: "-" if v != v else f"{v:.1%}")
         print(f.round(3).to_string(index=False))
     print("\n== grid throughput (bf16) vs the catalog: a predicted MFU above grid_best_over_peak has no "
