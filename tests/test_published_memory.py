@@ -8,6 +8,13 @@ import pytest
 from predictor.checks import published_memory as pm
 
 
+def compare_edited(doc, tmp_path, name: str):
+    """`pm.compare` of an edited copy of the catalog, written to tmp_path / name."""
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return pm.compare(path)
+
+
 def test_catalog_entries_are_complete():
     doc = pm.load()
     assert len(doc["entries"]) >= 5 and len({e["id"] for e in doc["entries"]}) == len(doc["entries"])
@@ -36,9 +43,7 @@ def test_every_comparable_figure_is_estimated_and_the_rest_say_why():
 def test_a_refused_model_is_reported_not_raised(tmp_path):
     doc = pm.load()
     doc["models"]["qwen1.5-moe-8x1.8b"]["top_k"] = 99  # more than num_experts: the predictor refuses it
-    path = tmp_path / "mem.json"
-    path.write_text(json.dumps(doc))
-    d = pm.compare(path)
+    d = compare_edited(doc, tmp_path, "mem.json")
     bad = d[d["model"] == "qwen1.5-moe-8x1.8b"]
     assert len(bad) == 2 and bad["ours_gib"].isna().all() and bad["note"].str.contains("top_k").all()
 
@@ -53,9 +58,7 @@ def test_each_figure_is_compared_with_the_quantity_it_counts(tmp_path):
     got = {}
     for measures in ("reserved", "allocated"):
         e["measures"] = measures
-        path = tmp_path / f"{measures}.json"
-        path.write_text(json.dumps(doc))
-        got[measures] = pm.compare(path).set_index("id").loc[e["id"], "ours_gib"]
+        got[measures] = compare_edited(doc, tmp_path, f"{measures}.json").set_index("id").loc[e["id"], "ours_gib"]
     assert base.loc[e["id"], "ours_gib"] > got["reserved"] > got["allocated"] > 0
     from predictor.hardware.platforms import get_platform
     from predictor.step.memory import GIB, estimate_memory
@@ -65,9 +68,7 @@ def test_each_figure_is_compared_with_the_quantity_it_counts(tmp_path):
     assert got["reserved"] == pytest.approx(peak.reserved_bytes / GIB)
     assert base.loc[e["id"], "ours_gib"] == pytest.approx(peak.total_bytes / GIB)
     e["measures"] = "something else"
-    path = tmp_path / "unknown.json"
-    path.write_text(json.dumps(doc))
-    row = pm.compare(path).set_index("id").loc[e["id"]]
+    row = compare_edited(doc, tmp_path, "unknown.json").set_index("id").loc[e["id"]]
     assert row["ours_gib"] is None or row["ours_gib"] != row["ours_gib"]
     assert "does not say what its figure counts" in row["note"]
 
@@ -102,9 +103,7 @@ def test_a_figure_of_a_named_stage_is_compared_with_that_stage(tmp_path):
     assert ours == pytest.approx(rep.stages[-1].allocated_bytes / GIB)
     assert rep.peak.stage != rep.stages[-1].stage  # the choice matters for this entry
     e["stage"] = "middle"
-    path = tmp_path / "stage.json"
-    path.write_text(json.dumps(doc))
-    row = pm.compare(path).set_index("id").loc[e["id"]]
+    row = compare_edited(doc, tmp_path, "stage.json").set_index("id").loc[e["id"]]
     assert row["ours_gib"] is None or row["ours_gib"] != row["ours_gib"]
     assert "stage must be one of" in row["note"]
 

@@ -17,6 +17,7 @@ fit uses it (a lower bound).
 """
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -38,16 +39,14 @@ DEFAULT_ROUNDS = 27
 FRAMEWORKS_EAGER = ["megatron", "megatron-deepspeed", "deepspeed", "fsdp", "ddp"]
 
 
-def _layer_class() -> Any:
+@functools.cache
+def _identity_function() -> Any:
+    """An identity as a Python autograd function: Megatron's copy-to / reduce-from tensor-parallel region (each
+    column / row parallel linear calls one even at TP 1; an all-reduce in one direction at TP > 1) and the MoE
+    dispatcher's all-to-all functions; their Python calls are counted, the collectives' launches are not."""
     import torch
-    import torch.nn.functional as F
-    from torch import nn
 
     class _Identity(torch.autograd.Function):
-        """Megatron's copy-to / reduce-from tensor-parallel region: a Python autograd function that each
-        column / row parallel linear calls even at TP 1 (an identity there; an all-reduce in one direction
-        at TP > 1, whose launch is not counted here)."""
-
         @staticmethod
         def forward(ctx: Any, x: Any) -> Any:
             return x
@@ -55,6 +54,15 @@ def _layer_class() -> Any:
         @staticmethod
         def backward(ctx: Any, g: Any) -> Any:
             return g
+    return _Identity
+
+
+def _layer_class() -> Any:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    _Identity = _identity_function()
 
     class _LayerNorm(torch.autograd.Function):
         """A fused layer norm as apex / Megatron wrap it: a Python autograd function around the kernel."""
@@ -252,15 +260,7 @@ def _moe_layer_class() -> Any:
     from torch import nn
 
     dense = _layer_class()
-
-    class _Identity(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, x: Any) -> Any:
-            return x
-
-        @staticmethod
-        def backward(ctx: Any, g: Any) -> Any:
-            return g
+    _Identity = _identity_function()
 
     class _AuxLossAutoScaler(torch.autograd.Function):
         """MoEAuxLossAutoScaler: attaches the aux loss to the probabilities; its backward seeds the loss's

@@ -372,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
         if (data["platform"] == pid).any():
             # a platform that borrows another's calibration (same fabric family) takes its inter-node tier from it
             # (one-node tables do not reach that tier, which would otherwise fall back to the link spec)
-            borrow = get_platform(pid).collective_calibration
-            start = (replace(spec_network(get_platform(pid)),
-                             inter=borrowed_network(get_platform(pid), fits[borrow], borrow).inter)
+            plat = get_platform(pid)
+            borrow = plat.collective_calibration
+            start = (replace(spec_network(plat), inter=borrowed_network(plat, fits[borrow], borrow).inter)
                      if borrow is not None and borrow in fits and borrow != pid else None)
             net = calibrate_platform(pid, data, start=start)
             ev = evaluate(net, clean_paper(data[data["platform"] == pid]))

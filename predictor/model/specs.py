@@ -160,6 +160,15 @@ class ModelSpec:
     def is_mla(self) -> bool:
         return self.attention_kind == "mla"
 
+    def separate_norms(self, moe_layer: bool) -> int:
+        """How many of a layer's two norms are modules of their own, which selective 'layernorm' recomputation
+        re-runs, in Megatron-Core's Transformer Engine layer specs (gpt_layer_specs.py): the input norm is fused into
+        the QKV projection (TELayerNormColumnParallelLinear; input_layernorm IdentityOp) except before MLA's down
+        projections (input_layernorm TENorm); the pre-MLP norm is fused into fc1 except before a MoE block
+        (pre_mlp_layernorm TENorm when num_experts). transformer_layer.py recomputes a norm only
+        `if not isinstance(..., IdentityOp)`."""
+        return int(self.is_mla) + int(moe_layer)
+
     @property
     def qk_head_size(self) -> int:
         """MLA: the query / key head dimension, qk_nope_head_dim + qk_rope_head_dim; else head_size."""
@@ -574,7 +583,7 @@ class Layout:
         if model.is_moe and not model.has_dense_layers:
             why["mlp"] = ("every layer of the model is a MoE layer (no dense MLP to recompute; Megatron-Core's "
                           "'mlp' is the dense MLP submodule)")
-        if not model.is_moe and not model.is_mla:
+        if model.separate_norms(moe_layer=model.is_moe) == 0:
             why["layernorm"] = ("both of its norms are fused into the next linear layer (Megatron-Core's Transformer "
                                 "Engine spec: TELayerNormColumnParallelLinear), which 'layernorm' recomputation "
                                 "skips; only MLA's input norm and a MoE layer's pre-MLP norm are modules of their own")

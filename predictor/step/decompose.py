@@ -581,7 +581,7 @@ def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, 
       core_attn       the attention core (flash attention's forward, or the unfused scores / softmax / context;
                       Megatron-Core's checkpointed core attention re-runs the kernel, flash or not);
       layernorm       input_layernorm and pre_mlp_layernorm where they are modules of their own (MLA's input norm,
-                      a MoE layer's pre-MLP norm: memory.separate_norms; the others are fused into the next linear);
+                      a MoE layer's pre-MLP norm: ModelSpec.separate_norms; the others are fused into the next linear);
       mla_up_proj     MLA's latent norms, the two up projections and RoPE (`mla_projection_ops` less the down
                       projections; the norms are fused into the up projections in Transformer Engine's MLA spec);
       mlp             a dense layer's MLP with its tensor-parallel exchange (fc1 all-gathers, fc2 reduces);
@@ -600,7 +600,7 @@ def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, 
             return _tp_comms("allgather", ph, 1, act_bytes, tp_topo) + _tp_comms("reducescatter", ph, 1, act_bytes,
                                                                                   tp_topo)
         return _tp_comms("allreduce", ph, 1, act_bytes, tp_topo)
-    norms = int(model.is_mla) + int(moe is not None)   # memory.separate_norms: the norms that are modules of their own
+    norms = model.separate_norms(moe_layer=moe is not None)   # the norms that are modules of their own
     if "layernorm" in modules and norms:
         ops.append(OpCall(_norm(model), "fwd", make_shape(batch=b, seq=s // tp if sp else s, hidden=h), norms, ph,
                           "layer"))

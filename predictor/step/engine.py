@@ -706,16 +706,16 @@ class Engine:
             on = sub[:, I_MO].astype(float) * moe_overlap_paired_share(m_r, pp, vpp)
             fep = fep - on[:, None] * chunks_of("hfep")
             bep = bep - on[:, None] * chunks_of("hbep")
+        own = _own_rows(e2e, sub)   # the rows the own-runs factors apply to (the runs' frameworks)
         if e2e is not None and e2e.ep_factor != 1.0:
             # a platform calibrated on its own runs: the expert-parallel dispatch / combine's efficiency (what is left
             # of it after the overlap), on the runs' frameworks
-            ef = np.where(_own_rows(e2e, sub), e2e.ep_factor, 1.0)[:, None]
+            ef = np.where(own, e2e.ep_factor, 1.0)[:, None]
             fep, bep = fep * ef, bep * ef
         # every micro-batch after the first adds its gradients into the earlier ones' (predictor.model.frameworks): the
         # pass ends that micro-batch's backward, so a micro-batch's backward carries (m - 1) / m of it on average
         acc_share = separate_accumulation(sub, self.platform) * (m_r - 1.0) / m_r
         kf = e2e.kind_factors if e2e is not None else (1.0, 1.0, 1.0)
-        own = _own_rows(e2e, sub)   # the rows the own-runs factors apply to (the runs' frameworks)
         if kf != (1.0, 1.0, 1.0):
             # a platform calibrated on its own runs: sustained speed per kind of work (GEMM, attention, memory-bound)
             g_, a_, m_ = (np.where(own, f, 1.0)[:, None] for f in kf)

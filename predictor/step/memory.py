@@ -320,7 +320,7 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     width, the expert output the rank's own rows after the reduce-scatter (h / etp per gathered row).
 
     Parts: the pieces of those terms that selective recomputation by module can free (`recompute_freed_bytes`):
-    `norm_out` (replicated: the outputs of the norms that are modules of their own, `separate_norms`),
+    `norm_out` (replicated: the outputs of the norms that are modules of their own, `ModelSpec.separate_norms`),
     `mla_latent_out` (replicated: MLA's normed latents, the up projections' input), `mla_qkv` (sharded: MLA's
     up-projected Q, K and V that flash attention keeps), `mlp` (sharded: the dense MLP's intermediates, or a MoE
     layer's whole block: routed rows, router probabilities and shared experts), `shared` (sharded: the shared experts'
@@ -339,7 +339,7 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     g = fp8.saved_input_bytes(precision, e)  # mxfp8 / nvfp4: their values + block scales
     # replicated: both norm inputs, the QKV input, the MLP input, the two residual dropout masks
     replicated = sbh * (2 * e + g + g) + sbh * 2 * mask
-    parts = {"norm_out": sbh * g * separate_norms(model, moe and model.is_moe), "mla_latent_out": 0.0,
+    parts = {"norm_out": sbh * g * model.separate_norms(moe and model.is_moe), "mla_latent_out": 0.0,
              "mla_qkv": 0.0, "mlp": 0.0, "shared": 0.0, "moe_act": 0.0}
     # sharded: Q, K, V (GQA: kv heads per rank), attention output (out-proj input), MLP intermediates
     q = s * b * (a / t) * hd * e
@@ -409,15 +409,6 @@ def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int,
     return stored
 
 
-def separate_norms(model: ModelSpec, moe_layer: bool) -> int:
-    """How many of a layer's two norms are modules of their own, which selective 'layernorm' recomputation re-runs,
-    in Megatron-Core's Transformer Engine layer specs (gpt_layer_specs.py): the input norm is fused into the QKV
-    projection (TELayerNormColumnParallelLinear; input_layernorm IdentityOp) except before MLA's down projections
-    (input_layernorm TENorm); the pre-MLP norm is fused into fc1 except before a MoE block (pre_mlp_layernorm TENorm
-    when num_experts). transformer_layer.py recomputes a norm only `if not isinstance(..., IdentityOp)`."""
-    return int(model.is_mla) + int(moe_layer)
-
-
 def _freed(model: ModelSpec, T: dict[str, float], parts: dict[str, float], modules: tuple[str, ...], moe: bool,
            sp_div: int) -> float:
     """`recompute_freed_bytes` from one layer's terms and parts."""
@@ -450,7 +441,7 @@ def recompute_freed_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: 
       core_attn       the attention core's saved tensors beyond its Q, K, V inputs: unfused attention's scores,
                       softmax and dropout (Korthikanti et al. 2022's 5as/h term), flash attention's fp32 logsumexp;
       layernorm       the outputs of input_layernorm and pre_mlp_layernorm where they are modules of their own
-                      (`separate_norms`: Megatron-Core skips a norm fused into the next linear layer);
+                      (`ModelSpec.separate_norms`: Megatron-Core skips a norm fused into the next linear layer);
       mla_up_proj     MLA's normed latents (the up projections' input) and the up-projected Q, K, V: with
                       Transformer Engine's MLA spec the latent norms are fused into the up projections
                       (TELayerNormColumnParallelLinear, q_layernorm / kv_layernorm IdentityOp), inside the
