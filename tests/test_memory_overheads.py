@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from predictor.hardware.platforms import get_platform
+from predictor.model.errors import InfeasibleConfig
 from predictor.model.presets import get_preset
 from predictor.model.specs import Layout
 from predictor.step import memory as mem
@@ -178,3 +179,49 @@ def test_predict_and_search_say_tight():
         pred = P.predict(m, layout_of(tight.iloc[0]), timeline=False)
         assert pred.fits_memory and pred.memory_tight
         assert any(w.startswith("Memory is tight") for w in pred.warnings)
+
+
+def test_library_workspaces_are_allocated_tensors_on_a_known_gpu():
+    """PyTorch's cuBLAS workspace, one per handle (the forward thread's and autograd's), and Transformer Engine's
+    GEMM workspace (+4 per compute stream for a MoE's grouped GEMM) are torch allocations: in `allocated`, sized by
+    the architecture, 0 without a device."""
+    from predictor.step.memory import cublas_workspace_mib_of, workspace_bytes
+    m = get_preset("llama3-8b")
+    mib = 2.0 ** 20
+    hopper, ampere = DeviceComm.of(get_platform("dgx-h100")), DeviceComm.of(get_platform("dgx-a100-80gb"))
+    assert workspace_bytes(m, hopper) == pytest.approx((2 * 32 + 32) * mib)
+    assert workspace_bytes(m, ampere) == pytest.approx((2 * 8.125 + 4) * mib)
+    assert workspace_bytes(m, ampere, MemoryOptions(cublas_workspace_mib=32.0, transformer_impl="local")) \
+        == pytest.approx(64 * mib)
+    assert workspace_bytes(m, DeviceComm()) == 0.0
+    assert cublas_workspace_mib_of(":4096:8") == 32.0 and cublas_workspace_mib_of(":4096:2:16:8") == 8.125
+    moe = get_preset("mixtral-8x7b")
+    assert workspace_bytes(moe, hopper) - workspace_bytes(m, hopper) == pytest.approx(4 * 32 * mib)
+    lay = Layout(**LAYOUT)
+    full = estimate_memory(m, lay, get_platform("dgx-h100")).peak
+    bare = estimate_memory(m, lay).peak
+    assert full.buffers_bytes - bare.buffers_bytes == pytest.approx(workspace_bytes(m, hopper))
+
+
+def test_the_local_attention_keeps_its_scores_buffer():
+    """Megatron's local unfused attention takes its [b * heads / tp, s, s] baddbmm input from the global memory
+    buffer, held for the whole run; Transformer Engine's does not."""
+    m = replace(get_preset("llama3-8b"), attention_impl="unfused")
+    lay = Layout(num_gpus=8, tp=2, dp=4, global_batch=32, micro_batch=2, seq_len=2048)
+    plat = get_platform("dgx-h100")
+    te = estimate_memory(m, lay, plat, MemoryOptions(transformer_impl="transformer_engine")).peak
+    local = estimate_memory(m, lay, plat, MemoryOptions(transformer_impl="local")).peak
+    scores = 2 * (m.num_heads / 2) * 2048 ** 2 * 2
+    te_ws = 32 * 2.0 ** 20
+    assert local.buffers_bytes - te.buffers_bytes == pytest.approx(scores - te_ws)
+    with pytest.raises(InfeasibleConfig):
+        MemoryOptions(transformer_impl="apex")
+
+
+def test_the_one_graph_fused_cross_entropy_adds_one_fp32_logits_copy():
+    m = get_preset("llama3-8b")
+    lay = Layout(num_gpus=8, tp=2, dp=4, global_batch=32, micro_batch=1, seq_len=4096)
+    base = estimate_memory(m, lay).stages[-1]
+    old = estimate_memory(m, lay, options=MemoryOptions(fused_ce_logits_copy=True)).stages[-1]
+    from predictor.step.memory import padded_vocab
+    assert old.buffers_bytes - base.buffers_bytes == pytest.approx(4 * 4096 * padded_vocab(m.vocab_size, 2) / 2)

@@ -63,17 +63,29 @@ def layout_of(raw: dict[str, Any], recompute: str | None = None) -> Any:
 MEASURES = ("device", "reserved", "allocated")
 
 
+def memory_options(entry: dict[str, Any]) -> Any:
+    """The MemoryOptions a figure's run sets (the memory model's defaults otherwise): the transformer
+    implementation (`transformer_impl`), the cuBLAS workspace of the run's CUBLAS_WORKSPACE_CONFIG (`env`) and
+    whether its Megatron-Core compiled the fused cross entropy in one graph (`fused_ce_logits_copy`)."""
+    from predictor.step.memory import MemoryOptions, cublas_workspace_mib_of
+    config = entry.get("env", {}).get("CUBLAS_WORKSPACE_CONFIG")
+    return MemoryOptions(transformer_impl=entry.get("transformer_impl", "transformer_engine"),
+                         cublas_workspace_mib=cublas_workspace_mib_of(config) if config else None,
+                         fused_ce_logits_copy=bool(entry.get("fused_ce_logits_copy", False)))
+
+
 def _estimate(model: Any, raw: dict[str, Any], platform: str, measures: str, recompute: str | None = None,
-              stage: str = "peak") -> float:
+              stage: str = "peak", options: Any = None) -> float:
     """Our figure for what the published one counts, GiB, on the stage with the largest device total (or the
     first / last pipeline stage where the document says which rank it measured): 'device' the total (nvidia-smi:
     reserved + CUDA context + NCCL buffers), 'reserved' allocated + the allocator's reserve, 'allocated' the
     allocated peak."""
     from predictor.hardware.platforms import get_platform
-    from predictor.step.memory import GIB, estimate_memory
+    from predictor.step.memory import GIB, MemoryOptions, estimate_memory
     if stage not in STAGES:
         raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
-    report = estimate_memory(model, layout_of(raw, recompute), get_platform(platform))
+    report = estimate_memory(model, layout_of(raw, recompute), get_platform(platform),
+                             options or MemoryOptions())
     peak = {"peak": report.peak, "first": report.stages[0], "last": report.stages[-1]}[stage]
     value = {"device": peak.total_bytes, "reserved": peak.reserved_bytes, "allocated": peak.allocated_bytes}
     return float(value[measures] / GIB)
@@ -99,11 +111,12 @@ def compare(path: Path = CATALOG) -> pd.DataFrame:
         try:
             model = model_spec(e["model"], doc["models"][e["model"]])
             stage = e.get("stage", "peak")
-            row["ours_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"], stage=stage)
+            opts = memory_options(e)
+            row["ours_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"], stage=stage, options=opts)
             row["error"] = row["ours_gib"] / pub - 1
             if e.get("recompute_alt"):
                 row["ours_alt_gib"] = _estimate(model, e["layout"], e["platform"], row["measures"],
-                                                e["recompute_alt"], stage)
+                                                e["recompute_alt"], stage, opts)
         except Exception as exc:  # noqa: BLE001 - a refused model / layout / MoE field is reported, not raised
             row["note"] = f"not estimated: {type(exc).__name__}: {exc}"
         rows.append(row)

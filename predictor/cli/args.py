@@ -85,7 +85,8 @@ def add_memory_model_args(sp: argparse.ArgumentParser) -> None:
                    help="the caching allocator's reserve beyond the allocated peak, a share of it (0.145; PyTorch's "
                         "expandable_segments: about 0.02)")
     g.add_argument("--framework-gib", type=float, default=m.framework_gib,
-                   help="outside the allocator: CUDA context + library workspaces, GiB")
+                   help="outside the allocator: the CUDA context, GiB (0.4; the cuBLAS / Transformer Engine "
+                        "workspaces are torch tensors, counted in the allocated peak)")
     g.add_argument("--allocator-reserve", type=float, default=m.allocator_reserve,
                    help="share of the device memory kept free as a safety margin")
 

@@ -12,10 +12,13 @@ For every pipeline stage the peak is the sum of
                fp32 logits on the last stage
   buffers      transient peaks: ZeRO-3 / FSDP gathered units, the bf16 logits before the fp32
                cast, one re-materialised layer under full recomputation, one unsharded gradient
-               unit under ZeRO-2/3
-  framework    outside the caching allocator: the CUDA context with its loaded kernels and library
-               workspaces (`framework_gib`, default 0.5 GiB: ~0.3-0.4 GiB of context with lazy module
-               loading, PyTorch's measurements in pytorch#86509 / #109888, plus cuBLAS / TE workspaces)
+               unit under ZeRO-2/3; and what torch allocates once and keeps: PyTorch's cuBLAS and
+               Transformer Engine's GEMM workspaces (`workspace_bytes`), Megatron's global memory
+               buffer under the local transformer implementation (`global_buffer_bytes`)
+  framework    outside the caching allocator: the CUDA context with its loaded kernels (`framework_gib`,
+               default 0.4 GiB: ~0.3-0.4 GiB of context with lazy module loading, PyTorch's measurements in
+               pytorch#86509 / #109888); the cuBLAS / Transformer Engine workspaces are torch tensors, in
+               `buffers` (`workspace_bytes`)
   nccl         NCCL communicator buffers outside the allocator, per communicator the layout uses (below)
   allocator    the caching allocator's reserve beyond the allocated peak: `allocator_overhead` x the
                allocated parts (default 0.145, the median max_reserved / max_allocated of 17 published
@@ -90,6 +93,7 @@ stage 0 holds L(1 + (p-1)/(p v)) layers' worth, Korthikanti eq. 5).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, replace
 from functools import lru_cache
 from typing import Any
@@ -122,6 +126,24 @@ TIGHT_MEANS = ("above the usable memory with the caching allocator's typical res
                "fragments as little as runs tuned to the edge do (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True "
                "helps)")
 FP8_WEIGHT_COPIES = 2   # FP8 weight + its FP8 transpose (Hopper) / columnwise copy (MXFP8), bytes per GEMM parameter
+TRANSFORMER_IMPLS = ("transformer_engine", "local")
+# --- library workspaces allocated through torch's caching allocator (counted by torch.cuda.max_memory_allocated) ---
+# PyTorch (aten/src/ATen/cuda/CublasHandlePool.cpp, 2.3-2.9): getCurrentCUDABlasHandle keeps one workspace per
+# (cuBLAS handle, stream) pair, `getNewWorkspace()` = CUDACachingAllocator allocate(getChosenWorkspaceSize()); handles
+# come from a thread-local pool window, so the forward (the Python thread) and the backward (autograd's device
+# thread) run their GEMMs on two handles of the same stream: two workspaces
+TORCH_CUBLAS_HANDLES = 2
+# parseChosenWorkspaceSize: CUBLAS_WORKSPACE_CONFIG unset, ':4096:8' (32 MiB) on sm90, else ':4096:2:16:8' (8.125 MiB);
+# ROCm's hipBLAS: 32 MiB, 128 MiB on MI300 (gfx94)
+TORCH_CUBLAS_DEFAULT_MIB = {"hopper": 32.0, "cdna2": 32.0, "cdna3": 128.0}
+TORCH_CUBLAS_OTHER_MIB = (4096 * 2 + 16 * 8) / 1024
+# Transformer Engine (transformer_engine/pytorch/module/base.py): get_workspace() one torch.empty of
+# get_cublas_workspace_size_bytes() (32 MiB on compute capability 9 and later, 4 MiB before) for its GEMMs, and
+# get_multi_stream_cublas_workspace() one per compute stream (tex.get_num_cublas_streams(): 4) for GroupedLinear,
+# the MoE experts' grouped GEMM
+TE_WORKSPACE_MIB = {"hopper": 32.0, "blackwell": 32.0, "cdna2": 32.0, "cdna3": 32.0}   # major >= 9 (gfx9 on ROCm)
+TE_WORKSPACE_OTHER_MIB = 4.0
+TE_GROUPED_GEMM_STREAMS = 4
 
 @dataclass(frozen=True)
 class MemoryOptions:
@@ -131,7 +153,7 @@ class MemoryOptions:
     optimizer_bytes_per_param: int = 8     # Adam exp_avg + exp_avg_sq in fp32
     dropout: bool | None = None            # None: GPT layers have dropout (GPT-3 / Megatron), Llama none
     zero3_live_units: int = 2              # FSDP / ZeRO-3: units unsharded at once (current + prefetched)
-    framework_gib: float = 0.5             # outside the allocator: CUDA context ~0.4 + library workspaces
+    framework_gib: float = 0.4             # outside the allocator: the CUDA context with its loaded kernels
     allocator_overhead: float = 0.145      # caching allocator's reserve beyond the allocated peak (x allocated)
     allocator_overhead_min: float = 0.01   # the least of it seen (a run tuned to the edge, expandable segments)
     allocator_reserve: float = 0.0         # share of HBM kept free as a safety margin
@@ -141,6 +163,15 @@ class MemoryOptions:
     nccl_net_pool_mib: float = 512.0       # the shared pool of a communicator's peers on other nodes
     device_overheads: bool = True          # False: the allocated view only (no framework / NCCL / allocator)
     logits_fp32: bool = True               # vocab-parallel cross-entropy keeps fp32 logits (4*s*b*V/t)
+    # Megatron-Core's native fused cross entropy as compiled before its in-place steps got graphs of their own
+    # (`edge_activation_bytes`): one more fp32 logits-sized transient in the loss's forward
+    fused_ce_logits_copy: bool = False
+    # library workspaces torch allocates (`workspace_bytes`): PyTorch's cuBLAS workspace per handle (None: PyTorch's
+    # default for the GPU, or what CUBLAS_WORKSPACE_CONFIG sets: `cublas_workspace_mib_of`)
+    cublas_workspace_mib: float | None = None
+    # Megatron-Core's transformer implementation: 'transformer_engine' (TE's cuBLAS workspaces) or 'local'
+    # (Megatron's own modules: no TE workspace; unfused attention writes its scores through the global memory buffer)
+    transformer_impl: str = "transformer_engine"
 
     def __post_init__(self) -> None:
         # the safety margin is a user input (--allocator-reserve, the API): a share of the device memory in [0, 1)
@@ -148,6 +179,9 @@ class MemoryOptions:
         if not (isinstance(r, (int, float)) and r == r and 0.0 <= r < 1.0):
             raise InfeasibleConfig("allocator_reserve", f"is a share of the device memory in [0, 1), got {r!r}.",
                                    "use e.g. 0 (no margin) or 0.05 (keep 5 % free).")
+        if self.transformer_impl not in TRANSFORMER_IMPLS:
+            raise InfeasibleConfig("transformer_impl", f"unknown '{self.transformer_impl}'.",
+                                   f"use one of {', '.join(TRANSFORMER_IMPLS)}.")
 
 
 @dataclass
@@ -495,7 +529,12 @@ def edge_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: 
     """(first stage per micro-batch in flight, last stage stored, last stage transient) bytes.
     First: int64 token ids (+ embedding dropout mask). Last: final norm input and output-layer
     input (2sbh each, /t with SP) and fp32 logits 4sbV/t (Korthikanti sec. 4.3); transient: the
-    16-bit logits before the fp32 cast."""
+    16-bit logits before the fp32 cast, and with `options.fused_ce_logits_copy` one more fp32 copy of the logits:
+    Megatron-Core's native fused cross entropy (cross_entropy_loss_fusion, cross_entropy_fusion_impl 'native') ran
+    calculate_predicted_logits as one torch.compile graph that subtracts the max in place, exponentiates in place and
+    sums the rows; megatron/core/fusions/fused_cross_entropy.py at 0cb4a9c notes that Inductor then "materializes the
+    new value in a fresh [s, b, v] buffer and copies it back into the input, i.e. a full logits-sized transient
+    allocation", and compiles the in-place steps on their own since (so the current code has no such copy)."""
     s, b, h, t = seq_len, micro_batch, model.hidden_size, tp
     e = BYTES_PER_ELEMENT[precision]
     sp_div = t if sequence_parallel else 1
@@ -503,7 +542,7 @@ def edge_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: 
     first = 8.0 * s * b + (s * b * h / sp_div if _dropout(model, options) else 0.0)
     logits = s * b * vp / t
     last = 2.0 * s * b * h * e / sp_div + (4.0 if options.logits_fp32 else e) * logits
-    transient = e * logits if options.logits_fp32 else 0.0
+    transient = (e * logits if options.logits_fp32 else 0.0) + (4.0 * logits if options.fused_ce_logits_copy else 0.0)
     return first, last, transient
 
 
@@ -614,15 +653,63 @@ class DeviceComm:
     gpus_per_node: int = 8
     nvls: bool = False
     gpu: bool = True
+    generation: str = ""   # the GPU's architecture (DeviceSpec.generation); '' = unknown: no library workspaces
 
     @classmethod
     def of(cls, device: Any) -> DeviceComm:
         """From a Platform (its node size and NVLS) or a bare DeviceSpec (a node of 8, no NVLS)."""
         dev = getattr(device, "device", device)
         gpu = getattr(dev, "vendor", "") != "cpu"
+        gen = str(getattr(dev, "generation", "") or "") if gpu else ""
         if hasattr(device, "gpus_per_node"):
-            return cls(int(device.gpus_per_node), bool(getattr(device, "has_nvls", False)), gpu)
-        return cls(8, False, gpu)
+            return cls(int(device.gpus_per_node), bool(getattr(device, "has_nvls", False)), gpu, gen)
+        return cls(8, False, gpu, gen)
+
+
+def cublas_workspace_mib_of(config: str) -> float:
+    """MiB of one PyTorch cuBLAS workspace under CUBLAS_WORKSPACE_CONFIG `config` (':SIZE_KiB:COUNT' pairs, summed
+    as PyTorch's parseChosenWorkspaceSize sums them: ':4096:8' = 32 MiB)."""
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    if not pairs:
+        raise InfeasibleConfig("CUBLAS_WORKSPACE_CONFIG", f"cannot read {config!r}.",
+                               "write ':SIZE_KiB:COUNT', e.g. ':4096:8'.")
+    return sum(int(k) * int(c) for k, c in pairs) / 1024
+
+
+def workspace_bytes(model: ModelSpec, comm: DeviceComm, options: MemoryOptions = MemoryOptions()) -> float:
+    """Bytes of the library workspaces torch allocates on a GPU once and keeps (in its allocated figure): PyTorch's
+    cuBLAS workspaces, two handles (TORCH_CUBLAS_HANDLES) x `options.cublas_workspace_mib` or PyTorch's default for
+    the architecture (32 MiB on Hopper, 8.125 MiB on other NVIDIA GPUs, hipBLAS 32 / 128 MiB on MI250 / MI300), and
+    with Transformer Engine its GEMM workspace (32 MiB from Hopper on, 4 MiB before) plus, for a MoE's grouped
+    expert GEMM, one per compute stream (4). 0 where the device is not known to be a GPU of a known architecture
+    (`comm.generation` '')."""
+    if not comm.gpu or not comm.generation:
+        return 0.0
+    torch_mib = (options.cublas_workspace_mib if options.cublas_workspace_mib is not None
+                 else TORCH_CUBLAS_DEFAULT_MIB.get(comm.generation, TORCH_CUBLAS_OTHER_MIB))
+    mib = TORCH_CUBLAS_HANDLES * torch_mib
+    if options.transformer_impl == "transformer_engine":
+        te = TE_WORKSPACE_MIB.get(comm.generation, TE_WORKSPACE_OTHER_MIB)
+        mib += te * (1 + (TE_GROUPED_GEMM_STREAMS if model.is_moe else 0))
+    return mib * 2.0 ** 20
+
+
+def global_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: np.ndarray, tp: np.ndarray,
+                        sequence_parallel: np.ndarray, precision: str, options: MemoryOptions = MemoryOptions()
+                        ) -> np.ndarray:
+    """Megatron-Core's global memory buffer under the local transformer implementation (0 with Transformer Engine):
+    `parallel_state.get_global_memory_buffer().get_tensor(shape, dtype, "mpu")` keeps the largest tensor asked of
+    it. Unfused attention (megatron/core/transformer/dot_product_attention.py) takes its [b * heads / tp, s, s]
+    baddbmm input from it, sequence parallelism (tensor_parallel/layers.py) the all-gathered [s, b, h] input."""
+    n = len(tp)
+    if options.transformer_impl != "local":
+        return np.zeros(n)
+    e = BYTES_PER_ELEMENT[precision]
+    mb, t = np.asarray(micro_batch, dtype=float), np.asarray(tp, dtype=float)
+    scores = (mb * model.num_heads / t * float(seq_len) ** 2 * e if model.attention_impl not in FLASH_IMPLS
+              else np.zeros(n))
+    gathered = np.where(np.asarray(sequence_parallel) > 0, seq_len * mb * model.hidden_size * e, 0.0)
+    return np.maximum(scores, gathered)
 
 
 def _local_ranks(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndarray:
@@ -877,6 +964,9 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     buffers += np.maximum(0.0, sel_buf)[:, None]
     if is_moe:
         buffers += a2a_buf[:, None]
+    # library workspaces and Megatron's global memory buffer: allocated once, held on every stage
+    buffers += workspace_bytes(model, comm, options)
+    buffers += global_buffer_bytes(model, seq_len, mb, tp, sp, precision, options)[:, None]
     unit = np.repeat(lp[:, None], pp, axis=1)
     if zb:
         unit = np.maximum(unit, np.where(onehot[0][None, :] > 0, edge_first[:, None], 0.0))
