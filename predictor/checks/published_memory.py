@@ -5,7 +5,9 @@
 README's 'mem' column read like nvidia-smi, torch's max reserved, a bound ...; `measures` names the quantity of ours
 it is compared with), the model (a preset or fields with their citation), the layout (with the gradient precision
 and FP8 primary weights where the document states them) and, where the document says which rank it measured, the
-pipeline stage (`stage`: 'first' / 'last'; default: the stage with the largest total). Entries whose stored text
+pipeline stage (`stage`: 'first' / 'last'; default: the stage with the largest total), and what the run sets that the
+memory model has an option for (`memory_options`: its CUBLAS_WORKSPACE_CONFIG, transformer implementation, fused
+cross entropy). Entries whose stored text
 lacks the layout, or that give only a bound, are kept as found and reported as not comparable. A model or layout the
 predictor refuses (or a MoE field it does not accept yet) is reported with its message, never dropped silently.
 """
