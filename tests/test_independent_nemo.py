@@ -134,3 +134,35 @@ def test_rows_carry_the_recipes_memory_settings_where_their_scripts_state_them()
     assert memory_settings(row("nemo-25.02", "fp8-mx", "fp8")) == (False, False)
     assert memory_settings(row("nemo-24.07-h100", "fp8", "fp8")) == (False, False)
     assert memory_settings(row("megatron-bridge-cards", "fp8-mx", "fp8")) == (None, False)
+
+
+def test_the_recipes_memory_options_follow_their_scripts_row_by_row():
+    """Megatron-Bridge 25.11's scripts compute the loss with Transformer Engine's cross entropy (no fp32 logits) and
+    its DeepSeek-V3 recipe keeps Adam's moments in bf16; other releases, sources and models keep the defaults, and
+    every row is predicted without NVLS buffers (the launchers' NCCL_NVLS_ENABLE=0)."""
+    from predictor.step.memory import MemoryOptions
+    opts = lambda src, rel, key: nemo.recipe_memory_options(  # noqa: E731
+        pd.Series({"source": src, "release": rel, "model_key": key}))
+    base = MemoryOptions(nccl_nvls_mib=nemo.NO_NVLS_MIB)
+    assert opts("megatron-bridge", "25.11", "qwen3-30b-a3b") == MemoryOptions(nccl_nvls_mib=0.0, logits_fp32=False)
+    assert opts("megatron-bridge", "25.11", "deepseek-v3") == MemoryOptions(
+        nccl_nvls_mib=0.0, logits_fp32=False, optimizer_bytes_per_param=4)
+    assert opts("megatron-bridge", "26.02", "deepseek-v3") == base
+    assert opts("nemo-25.07", "25.07", "llama3-70b") == base
+    assert opts("megatron-bridge-cards", "25.11", "qwen3-30b-a3b") == base
+
+
+def test_bf16_moments_and_16_bit_logits_lower_the_predicted_memory_of_a_deepseek_row():
+    from predictor.plan.batch import predict_records
+    pr = nemo.published_runs(DOC, ["megatron-bridge"])
+    r = next(r for _, r in pr.ok.iterrows() if r["release"] == "25.11" and r["system"] == "DGX-GB200"
+             and r["model_key"] == "deepseek-v3" and r["precision"] == "bf16")
+    rec, why = nemo.predictable_record(nemo.batch_row(r, DOC["models"][r["model_key"]]))
+    assert not why
+    from predictor.step.memory import MemoryOptions
+    (plain,) = predict_records([rec], allow_oom=True, memory_options=MemoryOptions(nccl_nvls_mib=nemo.NO_NVLS_MIB))
+    (recipe,) = predict_records([rec], allow_oom=True, memory_options=nemo.recipe_memory_options(r))
+    # the optimizer shard of a 671B model over the expert-data-parallel group shrinks by a third (12 -> 8 bytes per
+    # parameter): several GiB per GPU, the step time untouched
+    assert recipe["memory_allocated_gib"] < plain["memory_allocated_gib"] - 5.0
+    assert recipe["step_time_s"] == pytest.approx(plain["step_time_s"], rel=1e-9)

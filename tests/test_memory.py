@@ -40,6 +40,26 @@ def test_zero_stages_order_and_fsdp_shards():
     assert len({sum(mem.bytes_per_param("bf16", z, 1)) for z in range(4)}) == 1
 
 
+def test_fsdp_full_shard_keeps_the_fp32_shard_as_its_master_and_no_16_bit_shard():
+    """PyTorch FSDP's mixed precision keeps the sharded parameters in fp32 and casts only the gathered units
+    (MixedPrecisionPolicy: "FSDP does not require any extra memory to keep a high-precision copy of the parameters
+    for the optimizer step"): under FULL_SHARD 4 (fp32 shard) + 4 (fp32 gradient shard) + 8 (Adam) = 16 bytes per
+    parameter over the shard group, where Megatron / DeepSpeed keep a 16-bit shard beside the master (18)."""
+    m = get_preset("llama3-8b")
+    L = Layout(num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1, global_batch=8, seq_len=2048, zero_stage=3)
+    reps = {fw: mem.estimate_memory(m, replace(L, framework=fw), DGX).peak for fw in ("fsdp", "deepspeed")}
+    fs, ds = reps["fsdp"], reps["deepspeed"]
+    states = lambda st: st.weights_bytes + st.grads_bytes + st.optimizer_bytes  # noqa: E731
+    assert states(fs) == pytest.approx(states(ds) * 16 / 18, rel=1e-9)
+    # the weights are the fp32 shard (twice the 16-bit one), the optimizer the moments alone
+    assert fs.weights_bytes == pytest.approx(2 * ds.weights_bytes, rel=1e-9)
+    assert fs.optimizer_bytes == pytest.approx(ds.optimizer_bytes * 8 / 12, rel=1e-9)
+    assert fs.grads_bytes == ds.grads_bytes and fs.activations_bytes == ds.activations_bytes
+    # ZeRO-2 (SHARD_GRAD_OP) keeps the gathered 16-bit parameters through the step: unchanged
+    z2 = {fw: mem.estimate_memory(m, replace(L, framework=fw, zero_stage=2), DGX).peak for fw in ("fsdp", "deepspeed")}
+    assert states(z2["fsdp"]) == pytest.approx(states(z2["deepspeed"]), rel=1e-12)
+
+
 @pytest.mark.parametrize("t,sp,rc", [(1, False, "none"), (8, False, "none"), (8, True, "none"),
                                      (8, False, "selective"), (8, True, "selective"), (8, False, "full"),
                                      (8, True, "full"), (4, True, "selective")])

@@ -37,6 +37,21 @@ def test_data_parallel_alone_above_1_4b_parameters_runs_out_of_memory_on_a_32gb_
     assert row["parts"].split(",")[0].split()[0] in ("optimizer", "weights", "gradients")
 
 
+# OpenRLHF/OpenRLHF#698 ("OOM on Llama 8B"): Meta-Llama-3-8B SFT on one 80 GB A100 with DeepSpeed, "--zero_stage 2
+# --bf16 --flash_attn --gradient_checkpointing --max_len 128 --micro_train_batch_size 1 --train_batch_size 1",
+# "deepspeed --num_gpus 1"; "after backward pass happens it's at 61 GB and during the step function it goes out of
+# memory" (the maintainer's fix, --adam_offload, moves the Adam states to the host, which confirms the states decide)
+def test_llama3_8b_on_one_a100_with_deepspeed_zero2_runs_out_of_memory_in_the_optimizer_step():
+    rs = RunSet("OpenRLHF#698", [batch_row(platform="dgx-a100-80gb", model="llama3-8b", num_gpus=1, tp=1, pp=1, dp=1,
+                                           micro_batch=1, global_batch=1, seq_len=128, precision="bf16",
+                                           framework="deepspeed", zero_stage=2, recompute="full",
+                                           attention="flash")], ["zero2-1gpu"])
+    (row,) = judge_runs([rs]).to_dict(orient="records")
+    assert row["verdict"] == "does not fit"
+    assert row["over_gib"] > 0
+    assert row["parts"].split(",")[0].split()[0] == "optimizer"
+
+
 def test_a_layout_that_fits_is_judged_so_and_has_no_parts():
     (row,) = judge_runs([RunSet("small", [batch_row(**SMALL)], ["a"])]).to_dict(orient="records")
     assert row["verdict"] in ("fits", "tight")

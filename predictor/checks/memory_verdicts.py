@@ -66,15 +66,16 @@ def _independent_runs() -> list[RunSet]:
                           independent.memory_options_of(src)))
     doc = independent_nemo.load()
     pr = independent_nemo.published_runs(doc)
-    recs: list[dict[str, Any]] = []
-    labels: list[str] = []
+    # one run set per set of memory options the recipes state (independent_nemo.recipe_memory_options), one source
+    groups: dict[MemoryOptions, tuple[list[dict[str, Any]], list[str]]] = {}
     for _, r in pr.ok.iterrows():
         rec, why = independent_nemo.predictable_record(independent_nemo.batch_row(r, doc["models"][r["model_key"]]))
         if not why:
+            recs, labels = groups.setdefault(independent_nemo.recipe_memory_options(r), ([], []))
             recs.append(rec)
             labels.append(str(rec.get("case_id", len(labels))))
-    out.append(RunSet("independent: NeMo / Megatron-Bridge", recs, labels,
-                      MemoryOptions(nccl_nvls_mib=independent_nemo.NO_NVLS_MIB)))
+    out += [RunSet("independent: NeMo / Megatron-Bridge", recs, labels, opts)
+            for opts, (recs, labels) in groups.items()]
     return out
 
 

@@ -778,7 +778,9 @@ class Engine:
                                       recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
                                       recompute_modules=sub[:, I_RCM],
                                       comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P],
-                                      offload=sub[:, I_OFF])
+                                      offload=sub[:, I_OFF],
+                                      fp32_shard=np.isin(sub[:, I_FW], [FRAMEWORKS.index(f)
+                                                                        for f in mem.FSDP_FP32_SHARD]))
         fof, bof = self._offload_exposed(sub, arr, onehot, cn, unit, idx)
         fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "cp_comm": fcp, "ep_comm": fep, "pp_comm": ppc,
                "dp_comm": fdp, "offload_comm": fof}

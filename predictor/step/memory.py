@@ -40,8 +40,15 @@ tree on 24 channels with a SIMPLE (4 MiB) + LL128 (4.69 MiB) + LL (0.5 MiB) buff
 two or more GPUs in the node also gets NVLS buffers, 16 channels x 2 x (4 + 2 MiB) x 8 heads = 1.5 GiB
 (`nccl_nvls_mib`; NCCL 2.17-2.21 allocate them at init, 2.22+ connects lazily and smaller: set 256);
 point-to-point peers (pipeline neighbours, the context-parallel ring, the expert-parallel all-to-all)
-take ~447 MiB each when the peer is in the same node (`nccl_p2p_peer_mib`: NVIDIA/nccl#1685, 8 x H100, +3.3 GB after
-the first all-to-all over 7 peers), while peers on other nodes share one pool per communicator
+take ~447 MiB each when the peer is in the same node or NVLink domain (`nccl_p2p_peer_mib`: NVIDIA/nccl#1685, 8 x H100,
++3.3 GB after the first all-to-all over 7 peers; its allocation log shows what it is made of: per peer and channel a
+receive buffer of ncclRecvMem + LL + LL128 + SIMPLE rounded up to CUDA_IPC_MIN, 10 MiB, and a 2 MiB send structure,
+src/transport/p2p.cc p2pRecvSetup / p2pSendSetup, on 32 channels per peer: 384 MiB of buffers). The count is linear in
+the peers: the channels per peer are the fewest NVLink-derived channels over the communicator's peers, rounded to a
+power of 2 and capped by its p2p channels (src/graph/paths.cc ncclTopoComputeP2pChannelsPerPeer /
+ncclTopoComputeP2pChannels), and only a communicator spanning more than one node (NVLink domain) halves them to fit
+its peers in one round; lazy connection (NCCL_RUNTIME_CONNECT, 2.22+) does not help an all-to-all, which reaches
+every peer. Peers on other nodes share one pool per communicator
 (`nccl_net_pool_mib`, 512 MiB: NCCL_NET_SHARED_BUFFERS, "constant memory usage instead of increasing linearly with
 the number of remote peers", env.rst; nChannels x 16 x p2p chunk = 64 x 16 x 512 KiB in NVIDIA/nccl#2363).
 The communicators counted are the distinct rank sets Megatron-Core runs collectives on: tensor parallel, data
@@ -60,6 +67,8 @@ ZeRO paper (Rajbhandari et al. 2020, K = 12):
   fp16, fp16 grads (+copy) 20       4 + 16/d                         2 + 18/d        20/d
   fp16, ZeRO paper         16       4 + 12/d                         2 + 14/d        16/d
   fp32                     16       8 + 8/d                          4 + 12/d        16/d
+  bf16, PyTorch FSDP                                                                 16/d (the fp32 shard is the
+                                                                                      master: FSDP_FP32_SHARD)
 
 ZeRO stages as frameworks name them (the same convention as the step-time model in decompose.py):
   0  DDP / Megatron without the distributed optimizer
@@ -637,6 +646,15 @@ def stage_layer_counts(model: ModelSpec, layout: Layout) -> list[list[int]]:
     return out
 
 
+# Frameworks whose sharded parameter is the fp32 master itself: PyTorch FSDP's mixed precision keeps the sharded
+# parameters in their original (fp32) dtype and casts to `param_dtype` only for the all-gather and the compute
+# (torch/distributed/fsdp/_fully_shard/_fsdp_api.py MixedPrecisionPolicy: "FSDP ... keeps the high-precision sharded
+# parameters in memory anyway. In other words, FSDP does not require any extra memory to keep a high-precision copy
+# of the parameters for the optimizer step"; "The optimizer step uses the sharded parameter in the original dtype";
+# FSDP1's MixedPrecision the same). Megatron's distributed optimizer and DeepSpeed keep a 16-bit parameter beside
+# the fp32 master, which the bytes-per-parameter table above counts.
+FSDP_FP32_SHARD = ("fsdp",)
+
 MEMORY_PARTS = ("weights", "grads", "optimizer", "activations", "buffers", "framework", "nccl", "allocator")
 ALLOCATED_PARTS = MEMORY_PARTS[:5]
 #: how each part is named to a user (reasons, charts, search columns)
@@ -808,8 +826,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                         cp: np.ndarray | None = None, ep: np.ndarray | None = None,
                         comm: DeviceComm | None = None, grad_bytes: np.ndarray | None = None,
                         fp8_param: np.ndarray | None = None, offload: np.ndarray | None = None,
-                        etp: np.ndarray | None = None, recompute_modules: np.ndarray | None = None
-                        ) -> dict[str, np.ndarray]:
+                        etp: np.ndarray | None = None, recompute_modules: np.ndarray | None = None,
+                        fp32_shard: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
     'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER, `recompute_modules`
@@ -833,6 +851,11 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     `grad_bytes` (default: `options.grad_bytes` or the precision's) are the bytes per element of each row's
     gradient buffers (Layout.grad_bytes); `fp8_param` (default 0) marks rows with FP8 primary weights, whose GEMM
     weights are the FP8 weight and its transpose only (no BF16 copy).
+
+    `fp32_shard` (default 0) marks rows whose framework keeps the sharded parameter itself in fp32 as the optimizer's
+    master (PyTorch FSDP with a mixed-precision policy, `FSDP_FP32_SHARD`): under ZeRO-3 such a row has no 16-bit
+    shard beside the fp32 one, its weights are the fp32 shard (4 bytes per parameter over the shard group) and its
+    optimizer states the moments alone (the gathered 16-bit units stay in `buffers`).
 
     `comm` (default: a GPU in a node of 8 without NVLS) sizes the parts outside the allocated peak: the
     framework allowance, the NCCL buffers (`nccl_buffer_arrays`) and the allocator's reserve, all 0 on a CPU
@@ -932,6 +955,14 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     ze, zeinv = unique_rows(np.column_stack([zero, edp, g_row]))
     bpp_e = np.array([bpp_of(int(z), int(d), int(g)) for z, d, g in ze],
                      dtype=float).reshape(-1, 3)[zeinv]
+    w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
+    if fp32_shard is not None and resolved(options, precision)[1]:
+        # FSDP_FP32_SHARD: under ZeRO-3 the fp32 shard is the master; the 16-bit weight shard (e / d) is not kept
+        fs = (np.asarray(fp32_shard, dtype=float) * (zero == 3))[:, None]
+        for b in (bpp, bpp_e):
+            master = b[:, 0:1] * (4.0 / BYTES_PER_ELEMENT[precision])   # 4 / d
+            b[:, 2:3] -= fs * master
+            b[:, 0:1] += fs * (master - b[:, 0:1])
     k_in = in_flight_array(schedule, pp, vpp, num_micro_batches)
     acts = k_in * (mean_dense[None, :] * act_dense[:, None] + mean_moe[None, :] * act_moe[:, None])
     k_first = k_in[:, 0] if vpp == 1 else np.ceil(k_in[:, 0] / vpp)
@@ -984,7 +1015,6 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
         gemm = np.array([fp8.layer_gemm_params_per_gpu(model, int(t)) for t in tps], dtype=float)[tinv]
         gemm_moe = np.array([fp8.layer_gemm_params_per_gpu(model, int(t), True, int(x), int(y)) for t, x, y in te2],
                             dtype=float)[tinv]
-        w_share = bpp[:, 0] / BYTES_PER_ELEMENT[precision]   # 1, or 1/d under ZeRO-3
         # FP8 primary weights: the GEMM weights are the FP8 weight and its transpose only, no BF16 copy beside
         # them (2 bytes per GEMM parameter in all, as a BF16 weight): nothing is added
         # (mxfp8 / nvfp4: each copy at the format's value + scale bytes per parameter; fp8: 1)
@@ -1027,7 +1057,8 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
                               comm=DeviceComm.of(device) if device is not None else None,
                               grad_bytes=one(layout.grad_bytes), fp8_param=one(int(layout.fp8_param_gather)),
                               offload=one(layout.offload_activations),
-                              recompute_modules=one(recompute_mask(model, layout)))
+                              recompute_modules=one(recompute_mask(model, layout)),
+                              fp32_shard=one(int(layout.framework in FSDP_FP32_SHARD)))
     return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
 
 
