@@ -79,8 +79,8 @@ def test_allgather_gathers_map_probs_and_hidden_over_etp_x_ep_and_reduce_scatter
 
 def test_allgather_group_is_etp_x_ep_consecutive_ranks():
     """With etp 2 x ep 2 the gather spans the same 4 ranks (tp_ep_group: etp fastest, then ep); each rank's local
-    experts compute the rows the alltoall dispatcher gives them after its etp all-gather, etp x T x top_k / ep x
-    imbalance (1 here) over num_experts / ep experts."""
+    experts compute the rows the alltoall dispatcher gives them after its etp all-gather, etp x T x top_k x
+    imbalance (1 here) rows over its num_experts / ep experts."""
     u = _unit("allgather", ep=2, etp=2)
     hidden = [c for c in u.comms if c.group == "ep" and c.phase == "fwd" and c.message_bytes == 4 * T * H * 2]
     assert len(hidden) == 2 and {c.ranks for c in hidden} == {4}
