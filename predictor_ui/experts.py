@@ -12,7 +12,7 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import MOE_FIELDS, model_from_fields
 from predictor.model.model_summary import param_summary, routing_summary
 from predictor.model.presets import get_preset
-from predictor.model.specs import ModelSpec
+from predictor.model.specs import MOE_DISPATCHERS, ModelSpec
 
 BIND = "query-params"
 CUSTOM_MOE_DEFAULT: dict[str, Any] = {"num_experts": 8, "top_k": 2, "moe_ffn_hidden": None, "shared_experts": 0,
@@ -153,6 +153,19 @@ def moe_overlap_input(prefix: str, c, num_experts: int, ep: int) -> bool:
                   help="Megatron-Core overlap_moe_expert_parallel_comm: one micro-batch's all-to-all hidden under "
                        "another's compute (combined 1F1B); needs EP > 1, PP 1 or the interleaved schedule")
     return bool(on)
+
+
+def moe_dispatcher_input(prefix: str, c, num_experts: int) -> str:
+    """The MoE token dispatcher select (Layout.moe_dispatcher): alltoall (the default) or allgather; disabled for a
+    dense model unless it holds allgather (from the URL), which the page then names instead of dropping it."""
+    key = _k(prefix, "moe_dispatcher")
+    held = str(st.session_state.get(key, st.query_params.get(key, "alltoall")))
+    v = c.selectbox("Token dispatcher", list(MOE_DISPATCHERS), index=0, key=key, bind=BIND,
+                    disabled=not num_experts and held == "alltoall",
+                    help="Megatron-Core moe_token_dispatcher_type: alltoall (all-to-all of the routed rows over EP) "
+                         "or allgather (Megatron-Core's own default: every token all-gathered over ETP × EP, the "
+                         "expert output reduce-scattered back; not with the overlap or a capacity factor)")
+    return str(v)
 
 
 def _current(key: str) -> int | None:

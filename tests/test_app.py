@@ -277,6 +277,20 @@ def test_predict_custom_mla_model_from_an_mla_preset():
     assert any("qk_rope_head_dim" in x.value for x in at.warning)
 
 
+def test_predict_takes_the_moe_token_dispatcher():
+    """The Token dispatcher select (Layout.moe_dispatcher): allgather from the URL is predicted and kept in the
+    select; with the dispatch / combine overlap on it is a warning naming the field and the fix."""
+    q = {"model": "deepseek-v2-lite", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8,
+         "moe_dispatcher": "allgather"}
+    at = run(query=q)
+    assert not at.exception
+    assert at.selectbox(key="moe_dispatcher").value == "allgather"
+    assert STEP_RE.match(metric(at, "Step time"))
+    at = run(query={**q, "moe_overlap": "true"})
+    assert not at.exception
+    assert any("moe_dispatcher" in w.value and "alltoall" in w.value for w in at.warning)
+
+
 def test_a_custom_model_from_maverick_or_gpt_oss_keeps_its_layer_pattern():
     """Switching Llama 4 Maverick / GPT-OSS to 'custom' keeps the MoE interval and the sliding window (never a
     silent every-layer MoE or full attention)."""

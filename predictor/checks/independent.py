@@ -70,7 +70,8 @@ def memory_options_of(src: dict[str, Any]) -> MemoryOptions:
     """The memory options a source's cited `memory` facts set (e.g. `dropout` false: MPT trains without dropout),
     the defaults for the rest."""
     facts = src.get("memory") or {}
-    return MemoryOptions(**{name: bool(f["value"]) for name, f in facts.items() if name in MEMORY_FACTS})
+    opts: dict[str, Any] = {name: bool(f["value"]) for name, f in facts.items() if name in MEMORY_FACTS}
+    return MemoryOptions(**opts)
 
 
 def load_sources(path: Path = CATALOG) -> dict[str, dict[str, Any]]:

@@ -46,14 +46,16 @@ def model_spec(name: str, fields: dict[str, Any]) -> Any:
 
 def layout_fields(raw: dict[str, Any], recompute: str | None = None) -> dict[str, Any]:
     """The Layout fields of a catalog layout, by the catalog's rules: the interleaved schedule where vpp > 1,
-    sequence parallelism only with tp > 1, FP8 primary weights and the gradient precision where stated."""
+    sequence parallelism only with tp > 1, FP8 primary weights, the gradient precision and the MoE token dispatcher
+    (alltoall unless stated) where stated."""
     fields = {k: raw[k] for k in ("num_gpus", "tp", "pp", "dp", "cp", "micro_batch", "global_batch", "seq_len",
                                   "precision", "zero_stage", "vpp")}
     fields["recompute"] = recompute or raw["recompute"]
     fields["sequence_parallel"] = bool(raw["sequence_parallel"]) and raw["tp"] > 1
     fields["schedule"] = "interleaved" if raw.get("vpp", 1) > 1 else "1f1b"
     fields.update(ep=raw.get("ep", 1), grad_reduce_in_fp32=raw.get("grad_reduce_in_fp32"),
-                  fp8_param_gather=bool(raw.get("fp8_param_gather", False)), etp=raw.get("etp"))
+                  fp8_param_gather=bool(raw.get("fp8_param_gather", False)), etp=raw.get("etp"),
+                  moe_dispatcher=raw.get("moe_dispatcher", "alltoall"))
     return fields
 
 

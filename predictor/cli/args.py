@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from predictor.model.layout_io import MOE_FIELDS
-from predictor.model.specs import ATTENTION_KINDS, MLA_FIELDS
+from predictor.model.specs import ATTENTION_KINDS, MLA_FIELDS, MOE_DISPATCHERS
 from predictor.step.memory import MemoryOptions
 
 MOE_FLAGS: dict[str, str] = {
@@ -41,7 +41,8 @@ def add_ep_arg(sp: argparse.ArgumentParser) -> None:
 
 
 def add_moe_parallel_args(sp: argparse.ArgumentParser) -> None:
-    """--etp and --moe-overlap (Layout.etp, Layout.moe_overlap) for predict."""
+    """--etp, --moe-overlap and --moe-dispatcher (Layout.etp, Layout.moe_overlap, Layout.moe_dispatcher) for
+    predict."""
     sp.add_argument("--etp", type=int, help="expert tensor-parallel degree (MoE models; Megatron-Core "
                                             "expert_tensor_parallel_size): each expert's fc1 / fc2 split over etp "
                                             "ranks; etp x ep divides tp*cp*dp (default: the framework's, tp for "
@@ -49,6 +50,17 @@ def add_moe_parallel_args(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--moe-overlap", dest="moe_overlap", action="store_true", default=None,
                     help="overlap the expert-parallel dispatch / combine with another micro-batch's compute "
                          "(Megatron-Core overlap_moe_expert_parallel_comm); needs ep > 1, pp 1 or interleaved")
+    add_moe_dispatcher_arg(sp)
+
+
+def add_moe_dispatcher_arg(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:
+    """--moe-dispatcher (Layout.moe_dispatcher) for predict and search."""
+    sp.add_argument("--moe-dispatcher", dest="moe_dispatcher", choices=MOE_DISPATCHERS, default=None,
+                    help="MoE token dispatcher (Megatron-Core moe_token_dispatcher_type)"
+                         + (" of every layout" if every_layout else "")
+                         + ": alltoall (default) or allgather (Megatron-Core's own default: every token all-gathered "
+                           "over the etp x ep ranks, the expert output reduce-scattered back; not with moe_overlap "
+                           "or a capacity factor)")
 
 
 def add_recompute_modules_arg(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:

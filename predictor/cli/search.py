@@ -93,6 +93,7 @@ def cmd_search(a: argparse.Namespace) -> int:
                         cp_comm=(tuple(x.strip() for x in a.cp_comm.split(",")) if a.cp_comm else ("p2p",)),
                         offload_activations=_ints(a.offload_activations, "offload_activations") or (0,),
                         etp=_ints(a.etp, "etp"), moe_overlap=(False, True) if a.moe_overlap else (False,),
+                        moe_dispatcher=a.moe_dispatcher or "alltoall",
                         recompute_modules=parse_recompute_modules(a.recompute_modules))
     mopt = memory_options_from_args(a)
     try:
@@ -297,6 +298,7 @@ def add_search_parser(subparsers) -> None:
         add_memory_model_args,
         add_mla_args,
         add_moe_args,
+        add_moe_dispatcher_arg,
         add_precision_memory_args,
         add_recompute_modules_arg,
     )
@@ -340,6 +342,7 @@ def add_search_parser(subparsers) -> None:
                    help="also try the expert-parallel dispatch / combine overlapped with compute (Megatron-Core "
                         "overlap_moe_expert_parallel_comm) where it runs (ep > 1; pp 1 or interleaved; no full "
                         "recomputation)")
+    add_moe_dispatcher_arg(g, every_layout=True)
     g.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,2")
     g.add_argument("--max-micro-batch", type=int, default=16)
     g.add_argument("--vpp", help="virtual stages for the interleaved schedule, e.g. 2,4")

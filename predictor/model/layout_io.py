@@ -33,6 +33,8 @@ OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gat
                           "sliding_window", "full_attention_interval",
                           # MoE expert tensor parallelism and the dispatch / combine overlap (Layout.etp, moe_overlap)
                           "etp", "moe_overlap",
+                          # the MoE token dispatcher (Layout.moe_dispatcher; empty: alltoall)
+                          "moe_dispatcher",
                           # selective recomputation by module (Layout.recompute_modules; comma-separated)
                           "recompute_modules")
 
@@ -64,9 +66,10 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
   capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
   (expert parallel: divides num_experts and tp*cp*dp); etp = empty (expert tensor parallel: the framework's
-  default, tp for megatron, else 1); moe_overlap = false; recompute_modules = empty (with recompute selective:
-  Megatron-Core's default core_attn; a comma-separated subset of core_attn, moe_act, layernorm, mla_up_proj, mlp,
-  moe, shared_experts). num_experts = 0 on a MoE preset makes it dense (the
+  default, tp for megatron, else 1); moe_overlap = false; moe_dispatcher = alltoall (or allgather, Megatron-Core's
+  own default; a MoE model only, without moe_overlap or a capacity factor); recompute_modules = empty (with recompute
+  selective: Megatron-Core's default core_attn; a comma-separated subset of core_attn, moe_act, layernorm,
+  mla_up_proj, mlp, moe, shared_experts). num_experts = 0 on a MoE preset makes it dense (the
   preset's other MoE fields are dropped; ones you give are still checked); a dense row may write top_k (and the
   expert widths) as 0 beside num_experts 0. predict-batch: with a `model` column the columns a preset fills (arch,
   layers, hidden, heads, kv_heads, ffn_hidden, vocab) may be left out of the header.
@@ -295,6 +298,7 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   cp_comm=_str(row, "cp_comm", "p2p"), cp_a2a_size=_int(row, "cp_a2a_size"),
                   offload_activations=_int(row, "offload_activations", 0),
                   etp=_int(row, "etp"), moe_overlap=_bool(row, "moe_overlap", False),
+                  moe_dispatcher=_str(row, "moe_dispatcher", "alltoall"),
                   recompute_modules=parse_recompute_modules(row.get("recompute_modules")))
 
 

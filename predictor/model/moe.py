@@ -1,4 +1,5 @@
-"""Mixture-of-Experts layers as Megatron-Core runs them (alltoall token dispatcher, expert tensor parallelism etp).
+"""Mixture-of-Experts layers as Megatron-Core runs them (alltoall or allgather token dispatcher, expert tensor
+parallelism etp).
 
 One MoE layer of one micro-batch on one GPU replaces the dense MLP by:
 
@@ -24,6 +25,12 @@ with weak load-balancing losses; `moe_imbalance` states a measured figure. A cap
 capacity_factor x its mean load (tokens beyond it are dropped, Megatron-Core's token-drop mode), so it caps the
 imbalance too. Grouped GEMMs are timed as one GEMM per local expert on its rows: a grouped GEMM kernel does the
 same work in one launch (the per-expert GEMM time is an upper bound for it where experts get few rows).
+
+The allgather dispatcher (Layout.moe_dispatcher, Megatron-Core's MoEAllGatherTokenDispatcher) replaces permute,
+dispatch, (sort), (unsort), combine and unpermute by: all-gather of the T tokens' hidden states, routing
+probabilities and routing map over the etp x ep ranks (`tp_ep_group`), one permutation of the rows routed to the
+local experts out of the gathered etp x ep x T tokens, the experts, an un-permutation (scatter-add) into a zeroed
+[etp x ep x T, hidden] tensor, and its reduce-scatter back to the T tokens (predictor.step.decompose._moe_calls).
 """
 from __future__ import annotations
 
@@ -48,6 +55,15 @@ class Routing:
     etp: int = 1             # expert tensor-parallel degree: the rows received are all-gathered over etp ranks, each
     #                          computing every gathered row on 1/etp of each expert's width
     received_rows: int = 0   # rows the busiest rank receives from the all-to-all (before the etp all-gather)
+    # --- the token dispatcher (Layout.moe_dispatcher) ---
+    dispatcher: str = "alltoall"
+    gathered_rows: int = 0   # allgather with etp x ep > 1: the tokens all-gathered over the etp x ep ranks,
+    #                          etp x ep x T (0 otherwise: no gather)
+
+    @property
+    def local_rows(self) -> int:
+        """Rows the busiest rank's local experts compute (rows_per_expert x local_experts)."""
+        return self.rows_per_expert * self.local_experts
 
 
 def tokens_per_gpu(micro_batch: int, seq_len: int, cp: int, tp: int, sequence_parallel: bool) -> int:
@@ -67,12 +83,18 @@ def modelled_imbalance(rows_per_rank: float, ep: int) -> float:
 
 
 def routing(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, ep: int,
-            sequence_parallel: bool, etp: int = 1) -> Routing:
+            sequence_parallel: bool, etp: int = 1, dispatcher: str = "alltoall") -> Routing:
     """The routing of one MoE layer (see the module docstring). Expert tensor parallelism (`etp` > 1, Megatron-Core's
     alltoall dispatcher with expert_tensor_parallel_size > 1, megatron/core/transformer/moe/token_dispatcher.py):
     after the all-to-all over the ep ranks the received rows are all-gathered over the etp ranks, so each rank's
     local experts compute etp x the rows it received, each on 1/etp of the expert's width (the same FLOPs); the
-    busiest expert set's load is binomial over the etp x T x top_k rows the etp group routes to it."""
+    busiest expert set's load is binomial over the etp x T x top_k rows the etp group routes to it.
+
+    `dispatcher` allgather (MoEAllGatherTokenDispatcher): every rank all-gathers the T tokens of each of the etp x ep
+    ranks of its tp_ep group (`gathered_rows` = etp x ep x T) and permutes out, in one pass, the rows routed to its
+    local experts: the same rows as the alltoall dispatcher's (etp x T x top_k on average, the busiest rank
+    `imbalance` times that), so the expert work and the imbalance are the same; one permutation (no sort by local
+    expert, `permutes` 1). With etp x ep = 1 it gathers nothing and runs as the alltoall dispatcher does."""
     k = model.top_k or 1
     t = tokens_per_gpu(micro_batch, seq_len, cp, tp, sequence_parallel)
     rows = t * k
@@ -82,15 +104,16 @@ def routing(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, 
     if model.capacity_factor is not None:
         imb = min(imb, float(model.capacity_factor))
     per_expert = max(1, math.ceil(e * rows * imb / local))
-    return Routing(t, rows, local, imb, per_expert, 2 if ep > 1 and local > 1 else 1, e,
-                   int(math.ceil(rows * imb)))
+    gathered = e * max(ep, 1) * t if dispatcher == "allgather" and e * max(ep, 1) > 1 else 0
+    return Routing(t, rows, local, imb, per_expert, 1 if gathered else (2 if ep > 1 and local > 1 else 1), e,
+                   int(math.ceil(rows * imb)), dispatcher, gathered)
 
 
 def routing_note(model: ModelSpec, layout: Any) -> str:
     """What a MoE prediction rests on, said with it: the routed rows, the imbalance and where it comes from."""
     etp = layout.expert_tp
     r = routing(model, layout.micro_batch, layout.seq_len, layout.tp, layout.cp, layout.ep, layout.sequence_parallel,
-                etp)
+                etp, layout.moe_dispatcher)
     basis = "as given" if layout.etp is not None else f"unset: the {layout.framework} default"
     return (f"MoE: {r.tokens:,} tokens x top-{model.top_k} per GPU and micro-batch, {r.local_experts} of "
             f"{model.num_experts} experts per GPU (ep {layout.ep}), the busiest rank computing {r.imbalance:.3f}x the "
@@ -101,7 +124,12 @@ def routing_note(model: ModelSpec, layout: Any) -> str:
                (f" Experts whole on each rank (expert tensor parallelism 1, {basis}), not split over the tp "
                 f"{layout.tp} ranks." if layout.tp > 1 else ""))
             + (" Dispatch / combine overlapped with the other micro-batch's compute (combined 1F1B)."
-               if getattr(layout, "moe_overlap", False) else ""))
+               if getattr(layout, "moe_overlap", False) else "")
+            + (f" allgather token dispatcher: the {r.tokens:,} tokens of each of the {r.gathered_rows // r.tokens} "
+               "etp x ep ranks all-gathered (hidden states, routing probabilities and map), the expert output "
+               "reduce-scattered back." if r.gathered_rows else
+               " allgather token dispatcher (etp x ep = 1: nothing gathered)."
+               if r.dispatcher == "allgather" else ""))
 
 
 def imbalance_basis(model: ModelSpec) -> str:

@@ -39,6 +39,10 @@ DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "mxfp8", "nvfp4")
 # Context-parallel communication kinds (Layout.cp_comm; Megatron-Core cp_comm_type)
 CP_COMMS = ("p2p", "a2a", "a2a+p2p")
+# MoE token dispatchers (Layout.moe_dispatcher; Megatron-Core moe_token_dispatcher_type): "alltoall" = all-to-all of
+# the permuted rows over the ep ranks (the predictor's default); "allgather" = all-gather of every token over the
+# etp x ep ranks, each rank keeping the rows routed to its experts, reduce-scatter back (Megatron-Core's own default)
+MOE_DISPATCHERS = ("alltoall", "allgather")
 # fp8: Transformer-Engine-style FP8 training (predictor.step.fp8): FP8 GEMMs in the transformer layers' linear layers,
 # BF16 master weights and BF16 everything else, so a tensor outside those GEMMs is 2 bytes as in bf16.
 # mxfp8 (MX FP8 on Blackwell, blockwise FP8 on Hopper) and nvfp4 (Blackwell): the same GEMMs block-scaled, the rest
@@ -446,6 +450,37 @@ def recomputed_modules(model: ModelSpec, framework: str, modules: tuple[str, ...
     return modules
 
 
+def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: bool = False) -> None:
+    """The MoE token dispatcher is one of MOE_DISPATCHERS and can run with the rest: Megatron-Core refuses the
+    dispatch / combine overlap with the allgather dispatcher ('overlap_moe_expert_parallel_comm is supported with
+    alltoall/flex token dispatcher') and a capacity factor with it ('moe_expert_capacity_factor only works with alltoall
+    token dispatcher'), both in megatron/core/transformer/transformer_config.py __post_init__; allgather on a dense
+    model is a MoE field on a dense model."""
+    if dispatcher == "flex":
+        raise InfeasibleConfig("moe_dispatcher", "the flex dispatcher (DeepEP / HybridEP fused dispatch and combine "
+                                                 "kernels) is not modelled: its kernels' speed is not sampled.",
+                               "use alltoall (the flex kernels move the same rows as its all-to-alls) or allgather.")
+    if dispatcher not in MOE_DISPATCHERS:
+        raise InfeasibleConfig("moe_dispatcher", f"unknown MoE token dispatcher {dispatcher!r}.",
+                               f"use one of {', '.join(MOE_DISPATCHERS)} (alltoall is the default).")
+    if model is None or dispatcher == "alltoall":
+        return
+    if not model.is_moe:
+        raise InfeasibleConfig("moe_dispatcher", f"moe_dispatcher {dispatcher} but the model is dense (num_experts 0).",
+                               "leave moe_dispatcher at alltoall (the default), or give the model's num_experts and "
+                               "top_k.")
+    if moe_overlap:
+        raise InfeasibleConfig("moe_dispatcher", "the dispatch / combine overlap (moe_overlap) runs with the alltoall "
+                                                 "dispatcher only (Megatron-Core: 'overlap_moe_expert_parallel_comm is "
+                                                 "supported with alltoall/flex token dispatcher').",
+                               "use moe_dispatcher alltoall, or turn moe_overlap off.")
+    if model.capacity_factor is not None:
+        raise InfeasibleConfig("moe_dispatcher", f"a capacity factor ({model.capacity_factor:g}) drops tokens in the "
+                                                 "alltoall dispatcher only (Megatron-Core: 'moe_expert_capacity_factor "
+                                                 "only works with alltoall token dispatcher').",
+                               "use moe_dispatcher alltoall, or leave capacity_factor empty (dropless).")
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one training step is laid out over the GPUs.
@@ -523,6 +558,11 @@ class Layout:
     # combined_1f1b.py): one micro-batch's forward runs merged with another's backward, the all-to-all dispatch /
     # combine of each hidden under the other's compute (predictor.step.engine, `moe_overlap_hidden`). Off by default.
     moe_overlap: bool = False
+    # Megatron-Core's moe_token_dispatcher_type (MOE_DISPATCHERS; megatron/core/transformer/moe/token_dispatcher.py):
+    # "alltoall" (MoEAlltoAllTokenDispatcher, the default here, as before) or "allgather" (MoEAllGatherTokenDispatcher,
+    # Megatron-Core's own default when the run does not set it: the hidden states, routing probabilities and routing
+    # map all-gathered over the etp x ep ranks, the expert output reduce-scattered back; predictor.model.moe).
+    moe_dispatcher: str = "alltoall"
     # --- selective recomputation by module (recompute "selective" only) ---
     # The submodules recomputed in the backward (Megatron-Core recompute_modules, a subset of RECOMPUTE_MODULES);
     # None = Megatron-Core's default ("core_attn",). An empty tuple recomputes nothing (a recipe's
@@ -803,6 +843,7 @@ class Layout:
                                               "is not modelled (Megatron-Core shards MoE optimizer states with its "
                                               "distributed optimizer, ZeRO-1).",
                                        "set etp 1, or use zero_stage 1 (or 0).")
+        check_moe_dispatcher(model, self.moe_dispatcher, self.moe_overlap)
         if self.moe_overlap:
             if not model.is_moe or self.ep <= 1:
                 raise InfeasibleConfig("moe_overlap", "the dispatch / combine overlap hides the expert-parallel "
@@ -899,6 +940,8 @@ class Layout:
             raise InfeasibleConfig("grad_reduce_in_fp32", "fp32 training has fp32 gradients; they cannot be reduced "
                                                           "in a 16-bit precision.",
                                    "leave grad_reduce_in_fp32 unset (or true) with precision fp32.")
+        if model is None:
+            check_moe_dispatcher(None, self.moe_dispatcher)
         if model is not None:
             model.validate()
             if model.num_heads % self.tp:

@@ -40,10 +40,12 @@ from predictor.model.specs import (
     CP_COMMS,
     DEFAULT_RECOMPUTE_MODULES,
     FLASH_IMPLS,
+    MOE_DISPATCHERS,
     RECOMPUTES,
     SCHEDULES,
     Layout,
     ModelSpec,
+    check_moe_dispatcher,
     grad_comm_bytes,
     grad_reduce_in_fp32_of,
     recomputed_modules,
@@ -110,6 +112,10 @@ class SearchSpace:
     # the dispatch / combine overlap (Layout.moe_overlap) values to try; True only where it runs (ep > 1; pp = 1 or
     # interleaved; no full recomputation)
     moe_overlap: tuple[bool, ...] = (False,)
+    # the MoE token dispatcher of every layout (Layout.moe_dispatcher): a fixed input, not enumerated (a run's
+    # framework setting, not a layout choice); a dense model ignores it. allgather never runs with moe_overlap (those
+    # layouts are skipped) nor with a capacity factor (refused, naming the field)
+    moe_dispatcher: str = "alltoall"
     # --- selective recomputation by module ---
     # the modules every selective layout recomputes (Layout.recompute_modules); None = Megatron-Core's default
     # ("core_attn",)
@@ -218,7 +224,8 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
                                     "vpp",
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
                                     "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
-                                    "grad_reduce_in_fp32", "fp8_param_gather", "etp", "moe_overlap")}
+                                    "grad_reduce_in_fp32", "fp8_param_gather", "etp", "moe_overlap",
+                                    "moe_dispatcher")}
     d["recompute_modules"] = list(L.selective_modules) if L.recompute == "selective" else None
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
     d["num_micro_batches"] = L.num_micro_batches
@@ -258,6 +265,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
     probe = Layout(num_gpus=1, precision=space.precision, grad_reduce_in_fp32=space.grad_reduce_in_fp32,
                    fp8_param_gather=space.fp8_param_gather)
     probe.validate()   # fp8_param_gather without fp8, grad_reduce_in_fp32 False with fp32: named, not searched
+    check_moe_dispatcher(model if model.is_moe else None, space.moe_dispatcher)
     for z in space.zero_stage:
         if z not in fw.zero_stages:
             excl.append({"option": f"zero_stage={z}", "values": {"zero_stage": z},
@@ -364,6 +372,8 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
     """The rows of one (tp, cp): every pp, micro-batch, pipeline structure, recompute, SP and ZeRO stage."""
     gbytes = grad_comm_bytes(space.precision, space.grad_reduce_in_fp32)
     f8p = int(space.fp8_param_gather)
+    md = space.moe_dispatcher if model.is_moe else "alltoall"   # (a dense model has no dispatcher)
+    md_i = MOE_DISPATCHERS.index(md)
     sel_mask = mem.modules_mask(recomputed_modules(model, fw.name, DEFAULT_RECOMPUTE_MODULES
                                                    if space.recompute_modules is None
                                                    else tuple(space.recompute_modules)))
@@ -457,12 +467,13 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                                 continue
                                             for mo in space.moe_overlap:
                                                 if mo and not (model.is_moe and ep > 1 and (pp == 1 or _v >= 2)
-                                                               and rc != "full"):
+                                                               and rc != "full" and md == "alltoall"):
                                                     continue
                                                 rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z,
                                                              fw_i, ogr, opg, cp, ep,
                                                              int(space.overlap_tp_comm and tp > 1 and bool(sp)),
-                                                             gbytes, f8p, cpc, 0, off, etp, int(mo), rcm))
+                                                             gbytes, f8p, cpc, 0, off, etp, int(mo), rcm,
+                                                             md_i))
 
 
 def _cp_comm_choices(model: ModelSpec, space: SearchSpace, tp: int, cp: int, gpus_per_node: int) -> list[int]:
@@ -632,6 +643,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "etp": arr[:, 21], "moe_overlap": arr[:, 22].astype(bool),
         # selective recomputation's modules (empty unless recompute is selective)
         "recompute_modules": pd.Series([",".join(mem.modules_of_mask(int(v))) for v in arr[:, 23]], dtype=object),
+        "moe_dispatcher": pd.Series(np.array(MOE_DISPATCHERS, dtype=object)[arr[:, 24]], dtype=object),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -770,6 +782,8 @@ def _moe_fields(row: pd.Series | dict) -> dict[str, Any]:
         out["etp"] = None if int(row["etp"]) == default else int(row["etp"])
     if "moe_overlap" in row and row["moe_overlap"] == row["moe_overlap"]:
         out["moe_overlap"] = bool(row["moe_overlap"])
+    if isinstance(row.get("moe_dispatcher"), str) and row["moe_dispatcher"]:
+        out["moe_dispatcher"] = str(row["moe_dispatcher"])
     if (str(row.get("recompute", "")) == "selective" and isinstance(row.get("recompute_modules"), str)
             and str(row.get("framework") or DEFAULT_FRAMEWORK) == "megatron"):
         mods = tuple(m for m in str(row["recompute_modules"]).split(",") if m)

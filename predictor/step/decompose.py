@@ -141,6 +141,12 @@ def ep_topology(gpus_per_node: int, ep: int, etp: int = 1) -> Topology:
     return topology(gpus_per_node, etp, ep, 1, "dp")
 
 
+def tp_ep_topology(gpus_per_node: int, ep: int, etp: int = 1) -> Topology:
+    """The allgather dispatcher's group (Megatron-Core `tp_ep_group`, expert tensor x expert model parallel): the
+    etp x ep consecutive ranks of the expert rank order (etp fastest, then ep)."""
+    return topology(gpus_per_node, 1, max(etp, 1) * max(ep, 1), 1, "ep")
+
+
 def etp_topology(gpus_per_node: int, etp: int) -> Topology:
     """The expert-tensor-parallel group: etp consecutive ranks (expert rank order etp fastest)."""
     return topology(gpus_per_node, etp, 1, 1, "tp")
@@ -326,9 +332,11 @@ def mla_tp_comms(model: ModelSpec, b: int, s: int, e: int, sp: bool, tp_topo: To
 
 def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
                    phase: str, cp: int = 1, moe: tuple[moe_.Routing, Topology] | None = None,
-                   etp_topo: Topology = (1, 1, 1)) -> tuple[list[OpCall], list[CommCall]]:
+                   etp_topo: Topology = (1, 1, 1), dispatch_topo: Topology = (1, 1, 1)
+                   ) -> tuple[list[OpCall], list[CommCall]]:
     """The forward calls of one layer: attention, then the dense MLP or (`moe` = its routing and the
-    expert-parallel group's topology) the MoE block (predictor.model.moe)."""
+    expert-parallel group's topology) the MoE block (predictor.model.moe; `dispatch_topo`: the allgather
+    dispatcher's etp x ep group)."""
     h = model.hidden_size
     s_sp = s // tp if sp else s
     shp_norm = make_shape(batch=b, seq=s_sp, hidden=h)
@@ -356,7 +364,8 @@ def _layer_forward(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_byte
         exchanges = 2   # around attention and around the MLP
         comms: list[CommCall] = []
     else:
-        m_ops, comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, phase, *moe, etp_topo=etp_topo)
+        m_ops, comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, phase, *moe, etp_topo=etp_topo,
+                                  dispatch_topo=dispatch_topo)
         ops += m_ops
         exchanges = 1   # around attention; the routed experts run on the sequence-parallel shard
     attn: list[CommCall] = []
@@ -386,35 +395,80 @@ def _mlp_ops(model: ModelSpec, tp: int, b: int, s: int, width: int, phase: str, 
 
 
 def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_topo: Topology, phase: str,
-               r: moe_.Routing, ep_topo: Topology, etp_topo: Topology = (1, 1, 1)
-               ) -> tuple[list[OpCall], list[CommCall]]:
+               r: moe_.Routing, ep_topo: Topology, etp_topo: Topology = (1, 1, 1),
+               dispatch_topo: Topology = (1, 1, 1)) -> tuple[list[OpCall], list[CommCall]]:
     """The MoE block of one layer (predictor.model.moe): router, permutation, all-to-all dispatch and combine over the
     expert-parallel group, each local expert's MLP on its rows, shared experts. Expert tensor parallelism
     (r.etp > 1, Megatron-Core's alltoall dispatcher): the received rows are all-gathered over the etp group before
     the experts and the expert output reduce-scattered back after them (group "ep": part of dispatch / combine,
-    category ep_comm), each expert's GEMMs on 1/etp of its width (column-parallel fc1, row-parallel fc2)."""
+    category ep_comm), each expert's GEMMs on 1/etp of its width (column-parallel fc1, row-parallel fc2).
+    The allgather dispatcher (r.gathered_rows > 0): `allgather_dispatch_calls` in place of the permutations and the
+    all-to-alls, over the etp x ep ranks of `dispatch_topo`."""
     h = model.hidden_size
     e = act_bytes // max(b * s * h, 1)   # bytes per element of the activations
     rows = make_shape(batch=1, seq=r.routed_rows, hidden=h)
     ops = [OpCall("moe_router", "fwd", make_shape(batch=1, seq=r.tokens, hidden=h, params=h * model.num_experts),
-                  1, phase, "moe"),
-           OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe")]
-    ops += _mlp_ops(model, r.etp, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
-    ops.append(OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe"))
+                  1, phase, "moe")]
     comms: list[CommCall] = []
-    if ep_topo[0] > 1:   # dispatch and combine: the busiest rank receives imbalance x its mean rows
-        a2a = int(math.ceil(r.routed_rows * r.imbalance)) * h * e
-        comms.append(CommCall("alltoall", a2a, "ep", phase, 2, *ep_topo))
-    if r.etp > 1 and etp_topo[0] > 1:   # the received rows gathered over etp ranks, the output reduce-scattered back
-        gathered = r.etp * r.received_rows * h * e
-        comms += [CommCall("allgather", gathered, "ep", phase, 1, *etp_topo),
-                  CommCall("reducescatter", gathered, "ep", phase, 1, *etp_topo)]
+    if r.gathered_rows:
+        d_ops, comms = allgather_dispatch_calls(model, r, e, dispatch_topo, phase)
+        ops += d_ops[:1]
+        ops += _mlp_ops(model, r.etp, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
+        ops += d_ops[1:]
+    else:
+        ops.append(OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe"))
+        ops += _mlp_ops(model, r.etp, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
+        ops.append(OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe"))
+        if ep_topo[0] > 1:   # dispatch and combine: the busiest rank receives imbalance x its mean rows
+            a2a = int(math.ceil(r.routed_rows * r.imbalance)) * h * e
+            comms.append(CommCall("alltoall", a2a, "ep", phase, 2, *ep_topo))
+        if r.etp > 1 and etp_topo[0] > 1:   # the received rows gathered over etp ranks, the output reduce-scattered
+            gathered = r.etp * r.received_rows * h * e
+            comms += [CommCall("allgather", gathered, "ep", phase, 1, *etp_topo),
+                      CommCall("reducescatter", gathered, "ep", phase, 1, *etp_topo)]
     if model.shared_experts:
         ops += _mlp_ops(model, tp, b, s, model.shared_experts * model.shared_ffn, phase, "shared_experts")
         if tp_topo[0] > 1:   # the shared experts gather the sequence-parallel shards and reduce-scatter back
             comms += (_tp_comms("allgather", phase, 1, act_bytes, tp_topo)
                       + _tp_comms("reducescatter", phase, 1, act_bytes, tp_topo))
     return ops, comms
+
+
+def allgather_dispatch_calls(model: ModelSpec, r: moe_.Routing, e: int, topo: Topology, phase: str
+                             ) -> tuple[list[OpCall], list[CommCall]]:
+    """The allgather token dispatcher of one MoE layer's forward (Megatron-Core MoEAllGatherTokenDispatcher,
+    megatron/core/transformer/moe/token_dispatcher.py), G = etp x ep ranks of the `tp_ep_group` (`topo`), T tokens
+    per rank, E experts, `e` bytes per activation element, R = r.local_rows:
+      token_permutation    all-gather (gather_from_sequence_parallel_region over tp_ep_group) of the routing map
+                           [T, E] bool (G T E bytes), the routing probabilities [T, E] (G T E e: the router's dtype,
+                           the activations' unless moe_router_dtype fp32) and the hidden states [T, h] (G T h e);
+                           permute (moe_utils.permute: index_select) of the R rows routed to the local experts
+                           (`moe_permute` on R rows, once);
+      token_unpermutation  unpermute (scatter-add of the R expert-output rows into a zeroed [G T, h] tensor:
+                           `moe_unpermute` on R rows and the zero fill, one write of G T h elements, timed as half a
+                           `moe_permute` pass over G T rows, moe_permute streaming two elements per element), then
+                           reduce_scatter_to_sequence_parallel_region over tp_ep_group (G T h e).
+    Calls are (ops: the permutation first, the rest after the experts; comms); the backward mirrors them
+    (layer_unit): the hidden states' and probabilities' all-gathers become reduce-scatters of their gradients and the
+    output's reduce-scatter an all-gather of the same sizes, the map's gather (no gradient) is not repeated
+    (`routing_map_gather`), and the permutation's backward fills a zeroed [G T, h] gradient likewise."""
+    h, T, E = model.hidden_size, r.tokens, model.num_experts
+    G = r.gathered_rows // max(T, 1)
+    local = make_shape(batch=1, seq=r.local_rows, hidden=h)
+    ops = [OpCall("moe_permute", "fwd", local, 1, phase, "moe"),
+           OpCall("moe_unpermute", "fwd", local, 1, phase, "moe"),
+           OpCall("moe_permute", "fwd", make_shape(batch=1, seq=r.gathered_rows, hidden=h), 0.5, phase, "moe")]
+    comms = [routing_map_gather(model, r, topo, phase),
+             CommCall("allgather", G * T * E * e, "ep", phase, 1, *topo),
+             CommCall("allgather", G * T * h * e, "ep", phase, 1, *topo),
+             CommCall("reducescatter", G * T * h * e, "ep", phase, 1, *topo)]
+    return ops, comms
+
+
+def routing_map_gather(model: ModelSpec, r: moe_.Routing, topo: Topology, phase: str) -> CommCall:
+    """The allgather dispatcher's all-gather of the boolean routing map, [etp x ep x T, E] (under torch.no_grad:
+    forward only)."""
+    return CommCall("allgather", r.gathered_rows * model.num_experts, "ep", phase, 1, *topo)
 
 
 # Memory-bound operators a framework with fused kernels (predictor.model.frameworks) runs as one fused pass
@@ -524,13 +578,15 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
                cp_topo: Topology = (1, 1, 1), ep: int = 1, ep_topo: Topology = (1, 1, 1), moe: bool = True,
                fused: bool = False, tp_overlap: bool = False, cp_a2a: int = 1,
                a2a_topo: Topology = (1, 1, 1), etp: int = 1, etp_topo: Topology = (1, 1, 1),
-               recompute_modules: tuple[str, ...] | None = None) -> Unit:
+               recompute_modules: tuple[str, ...] | None = None, dispatcher: str = "alltoall",
+               dispatch_topo: Topology = (1, 1, 1)) -> Unit:
     """One transformer layer, one micro-batch: forward, backward (mirroring the forward's calls and
     tensor-parallel exchanges) and what recomputation re-runs. With context parallelism every operator
     sees seq_len / cp tokens, attention runs cp blocks (`_attention_core`) and the CP ring is added.
     A MoE model's layer is a MoE layer (`moe` False: one of its leading dense layers), its experts spread over
-    the `ep` ranks of `ep_topo`, each split over the `etp` ranks of `etp_topo`. `fused`: the framework's fused
-    kernels (`fuse`).
+    the `ep` ranks of `ep_topo`, each split over the `etp` ranks of `etp_topo`, its tokens dispatched by
+    `dispatcher` (alltoall; allgather over the etp x ep ranks of `dispatch_topo`: `allgather_dispatch_calls`).
+    `fused`: the framework's fused kernels (`fuse`).
     All-to-all context parallelism (`cp_a2a` > 1 ranks per all-to-all group of `a2a_topo`, `cp_topo` then the ring
     across the cp / cp_a2a groups): the attention of a rank runs on seq_len / (cp / cp_a2a) tokens with the heads
     of tp x cp_a2a ranks' share (the ring's blocks over the rest), with `cp_a2a_comms` around it.
@@ -540,12 +596,14 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
     act_bytes = micro_batch * s * model.hidden_size * BYTES_PER_ELEMENT[precision]
     routed = None
     if moe and model.is_moe:
-        routed = (moe_.routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel, etp), ep_topo)
+        routed = (moe_.routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel, etp, dispatcher), ep_topo)
     f_ops, f_comms = _layer_forward(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo, "fwd", cp,
-                                    routed, etp_topo)
+                                    routed, etp_topo, dispatch_topo)
     f_ops = fuse(f_ops, fused)
     b_ops = _as_phase(f_ops, "bwd", "bwd")
     b_comms = _as_phase(f_comms, "bwd")
+    if routed is not None and routed[0].gathered_rows:   # the routing map's all-gather has no backward
+        b_comms.remove(routing_map_gather(model, routed[0], dispatch_topo, "bwd"))
     if model.is_mla:   # MLA's attention exchanges differ between forward and backward (mla_tp_comms)
         e = BYTES_PER_ELEMENT[precision]
         n_attn = len(mla_tp_comms(model, micro_batch, s, e, sequence_parallel, tp_topo, "fwd"))
@@ -556,7 +614,7 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
     elif recompute == "selective":
         mods = DEFAULT_RECOMPUTE_MODULES if recompute_modules is None else tuple(recompute_modules)
         r_ops, r_comms = recompute_module_calls(model, tp, micro_batch, s, sequence_parallel, act_bytes, tp_topo,
-                                                mods, cp, routed, etp_topo)
+                                                mods, cp, routed, etp_topo, dispatch_topo)
         r_ops = fuse(r_ops, fused)
     else:
         r_ops, r_comms = [], []
@@ -574,8 +632,8 @@ def layer_unit(model: ModelSpec, tp: int, micro_batch: int, seq_len: int, sequen
 
 def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, act_bytes: int, tp_topo: Topology,
                            modules: tuple[str, ...], cp: int = 1,
-                           moe: tuple[moe_.Routing, Topology] | None = None, etp_topo: Topology = (1, 1, 1)
-                           ) -> tuple[list[OpCall], list[CommCall]]:
+                           moe: tuple[moe_.Routing, Topology] | None = None, etp_topo: Topology = (1, 1, 1),
+                           dispatch_topo: Topology = (1, 1, 1)) -> tuple[list[OpCall], list[CommCall]]:
     """The forward calls selective recomputation of `modules` re-runs in one layer's backward (phase 'recompute';
     Megatron-Core TransformerConfig.recompute_modules; `moe` set for a MoE layer, as in `_layer_forward`):
       core_attn       the attention core (flash attention's forward, or the unfused scores / softmax / context;
@@ -617,7 +675,8 @@ def recompute_module_calls(model: ModelSpec, tp: int, b: int, s: int, sp: bool, 
         return ops, comms
     r, ep_topo = moe
     if "moe" in modules:
-        m_ops, m_comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, ph, r, ep_topo, etp_topo=etp_topo)
+        m_ops, m_comms = _moe_calls(model, tp, b, s, act_bytes, tp_topo, ph, r, ep_topo, etp_topo=etp_topo,
+                                    dispatch_topo=dispatch_topo)
         return ops + m_ops, comms + m_comms
     if "moe_act" in modules:
         act = "swiglu" if model.arch == "llama" else "gelu"
@@ -889,7 +948,8 @@ def decompose(model: ModelSpec, layout: Layout, platform: Platform) -> list[Stag
     rmods = layout.recomputed_modules(model)
     lay = layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, ep, ep_topo, fused=fused,
                      tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, etp=etp, etp_topo=etp_topology(g, etp),
-                     recompute_modules=rmods)
+                     recompute_modules=rmods, dispatcher=layout.moe_dispatcher,
+                     dispatch_topo=tp_ep_topology(g, ep, etp))
     dense_lay = (layer_unit(model, tp, b, s, sp, layout.recompute, prec, tp_topo, cp, cp_topo, moe=False,
                             fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, recompute_modules=rmods)
                  if model.is_moe else lay)

@@ -33,7 +33,7 @@ from predictor.model.frameworks import (
     get_framework,
     separate_grad_accumulation,
 )
-from predictor.model.specs import CP_COMMS, Layout, ModelSpec, grad_reduce_in_fp32_of
+from predictor.model.specs import CP_COMMS, MOE_DISPATCHERS, Layout, ModelSpec, grad_reduce_in_fp32_of
 from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, chunk_rank
 from predictor.regress.features import GEMM_OPS, TENSOR_CORE_GEMM_OPS
 from predictor.step import decompose as D
@@ -56,9 +56,11 @@ COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "st
            "etp", "moe_overlap",
            # --- selective recomputation by module: memory.modules_mask of Layout.selective_modules (0 unless
            # recompute is selective) ---
-           "recompute_modules")
+           "recompute_modules",
+           # --- the MoE token dispatcher: index into MOE_DISPATCHERS (Layout.moe_dispatcher) ---
+           "moe_dispatcher")
 (I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
- I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO, I_RCM) = range(len(COLUMNS))
+ I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO, I_RCM, I_MD) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload_comm")
@@ -101,7 +103,8 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
                      RECOMPUTE.index(L.recompute), int(L.sequence_parallel), L.zero_stage,
                      FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm),
                      L.grad_bytes, int(L.fp8_param_gather), CP_COMMS.index(L.cp_comm), L.cp_a2a_size or 0,
-                     L.offload_activations, L.expert_tp, int(L.moe_overlap), mem.recompute_mask(model, L)))
+                     L.offload_activations, L.expert_tp, int(L.moe_overlap), mem.recompute_mask(model, L),
+                     MOE_DISPATCHERS.index(L.moe_dispatcher)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -120,7 +123,8 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   cp_a2a_size=int(row[I_CPA]) or None, offload_activations=int(row[I_OFF]),
                   etp=(None if int(row[I_ETP]) == (int(row[I_TP]) if fw.expert_tp_follows_tp else 1)
                        else int(row[I_ETP])),
-                  moe_overlap=bool(row[I_MO]), recompute_modules=_modules_field(row))
+                  moe_overlap=bool(row[I_MO]), recompute_modules=_modules_field(row),
+                  moe_dispatcher=MOE_DISPATCHERS[int(row[I_MD])])
 
 
 def _recompute_names(rows: np.ndarray) -> list[str]:
@@ -330,7 +334,8 @@ class Engine:
             rcm = int(k[10]) if len(k) > 10 else mem.modules_mask(mem.DEFAULT_RECOMPUTE_MODULES)
             rcm = rcm if RECOMPUTE[rc] == "selective" else 0
             mods = mem.modules_of_mask(rcm)
-            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp), a2a, etp, rcm)
+            md = int(k[11]) if len(k) > 11 else 0   # the MoE token dispatcher (index into MOE_DISPATCHERS)
+            key = (model, seq, prec, tp, mb, sp, rc, cp, ep, int(fused), int(otp), a2a, etp, rcm, md)
             if key in self._parts or key in todo:
                 continue
             topo = D.topology(g, tp, 1, 1, "tp")
@@ -339,7 +344,8 @@ class Engine:
             units: tuple[D.Unit, ...] = (
                 D.layer_unit(model, tp, mb, seq, bool(sp), RECOMPUTE[rc], prec, topo, cp, cp_topo, ep, ep_topo,
                              fused=fused, tp_overlap=otp, cp_a2a=a2a, a2a_topo=a2a_topo, etp=etp,
-                             etp_topo=D.etp_topology(g, etp), recompute_modules=mods),
+                             etp_topo=D.etp_topology(g, etp), recompute_modules=mods,
+                             dispatcher=MOE_DISPATCHERS[md], dispatch_topo=D.tp_ep_topology(g, ep, etp)),
                 D.first_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused),
                 D.last_unit(model, tp, mb, seq, bool(sp), prec, topo, cp, fused))
             if model.has_dense_layers:
@@ -776,7 +782,7 @@ class Engine:
                                       ep=sub[:, I_EP], etp=sub[:, I_ETP],
                                       micro_batch=sub[:, I_MB], num_micro_batches=sub[:, I_M],
                                       recompute=sub[:, I_RC], sequence_parallel=sub[:, I_SP], options=self.mopt,
-                                      recompute_modules=sub[:, I_RCM],
+                                      recompute_modules=sub[:, I_RCM], moe_dispatcher=sub[:, I_MD],
                                       comm=self.comm, grad_bytes=sub[:, I_GB], fp8_param=sub[:, I_F8P],
                                       offload=sub[:, I_OFF],
                                       fp32_shard=np.isin(sub[:, I_FW], [FRAMEWORKS.index(f)
@@ -1033,19 +1039,20 @@ def a2a_ranks(model: ModelSpec, rows: np.ndarray, platform: Platform) -> np.ndar
 
 def unit_key(layout: Layout, platform: Platform, model: ModelSpec) -> tuple[int, ...]:
     """The unit key (tp, micro_batch, sp, recompute, cp, ep, fused kernels, TP overlap, CP all-to-all ranks, expert
-    TP) of one layout of `model` on `platform`."""
+    TP, recomputed modules, MoE token dispatcher) of one layout of `model` on `platform`."""
     fused = fused_kernels_on(layout.framework, platform)
     a2a = D.cp_a2a_ranks(model, layout.tp, layout.cp, layout.cp_comm, layout.cp_a2a_size, platform.gpus_per_node)
     return (layout.tp, layout.micro_batch, int(layout.sequence_parallel), RECOMPUTE.index(layout.recompute),
             layout.cp, layout.ep, int(fused), int(layout.overlap_tp_comm), a2a, layout.expert_tp,
-            mem.recompute_mask(model, layout))
+            mem.recompute_mask(model, layout), MOE_DISPATCHERS.index(layout.moe_dispatcher))
 
 
 def unit_key_columns(rows: np.ndarray, platform: Platform, model: ModelSpec) -> np.ndarray:
     """Per row, the columns of its unit key (`unit_key`'s order: tp, micro_batch, sp, recompute, cp, ep, fused
-    kernels, TP overlap, CP all-to-all ranks, expert TP)."""
+    kernels, TP overlap, CP all-to-all ranks, expert TP, recomputed modules, MoE token dispatcher)."""
     return np.column_stack([rows[:, [I_TP, I_MB, I_SP, I_RC, I_CP, I_EP]], fused_kernels(rows, platform),
-                            rows[:, I_OTP], a2a_ranks(model, rows, platform), rows[:, I_ETP], rows[:, I_RCM]])
+                            rows[:, I_OTP], a2a_ranks(model, rows, platform), rows[:, I_ETP], rows[:, I_RCM],
+                            rows[:, I_MD]])
 
 
 def unit_keys(rows: np.ndarray, platform: Platform, model: ModelSpec) -> set[tuple[int, ...]]:

@@ -118,6 +118,7 @@ from predictor.model.specs import (  # noqa: F401
     DEFAULT_RECOMPUTE_MODULES,
     FLASH_IMPLS,
     GRAD_BYTES,
+    MOE_DISPATCHERS,
     RECOMPUTE_MODULES,
     Layout,
     ModelSpec,
@@ -338,15 +339,16 @@ def _dropout(model: ModelSpec, options: MemoryOptions) -> bool:
 
 def activation_terms(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str = "bf16",
                      options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
-                     sequence_parallel: bool = False, etp: int = 1) -> dict[str, float]:
+                     sequence_parallel: bool = False, etp: int = 1, dispatcher: str = "alltoall"
+                     ) -> dict[str, float]:
     """`activation_breakdown`'s terms (see there)."""
     return activation_breakdown(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel,
-                                etp)[0]
+                                etp, dispatcher)[0]
 
 
 def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, precision: str = "bf16",
                          options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
-                         sequence_parallel: bool = False, etp: int = 1
+                         sequence_parallel: bool = False, etp: int = 1, dispatcher: str = "alltoall"
                          ) -> tuple[dict[str, float], dict[str, float]]:
     """(terms, parts). Terms: Bytes kept for backward by one layer and micro-batch, per GPU, split by how they shard:
     `replicated` (whole on every TP rank unless SP splits it), `sharded` (split over tp),
@@ -361,6 +363,12 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
     router probabilities; the shared experts keep what a dense MLP of their width keeps. Expert tensor parallelism
     (`etp` > 1): the rows are the etp-gathered ones (routing), the fc1 output and activation 1/etp of the expert's
     width, the expert output the rank's own rows after the reduce-scatter (h / etp per gathered row).
+    The permutation keeps its int64 row indices (index_select's backward), 8 bytes per permuted row: the T x top_k
+    rows with the alltoall dispatcher; with the allgather `dispatcher` (etp x ep > 1) the local rows R it permutes
+    out of the G = etp x ep x T gathered tokens, plus what the masked_select of the local experts' probabilities
+    keeps for its backward, the [local experts, G] probabilities (e) and mask (1 byte) (MoEAllGatherTokenDispatcher
+    .token_permutation); the gathered hidden states are not kept (index_select's backward needs the indices only,
+    and they live in Megatron's global memory buffer: `global_buffer_bytes`).
 
     Parts: the pieces of those terms that selective recomputation by module can free (`recompute_freed_bytes`):
     `norm_out` (replicated: the outputs of the norms that are modules of their own, `ModelSpec.separate_norms`),
@@ -406,13 +414,17 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
             return s * b * (width / t) * (2 * e + g)   # fc1 output (gate and up, 2*ffn) + SwiGLU output (fc2 input)
         return s * b * (width / t) * (e + g)           # GeLU input + GeLU output (fc2 input)
     if moe and model.is_moe:
-        r = routing(model, b, s, t, 1, ep, sequence_parallel, etp)
+        r = routing(model, b, s, t, 1, ep, sequence_parallel, etp, dispatcher)
         rows = r.rows_per_expert * r.local_experts
         fe = model.expert_ffn / max(etp, 1)
         # fc1's input is a GEMM input like the dense ones: its FP8 cast under fp8 (Transformer Engine's GroupedLinear
         # saves the quantized `inputmats`, as Linear does); the expert output stays 16-bit (the un-permutation keeps it)
         per_row = h * g + h * e / max(etp, 1) + (2 * fe * e + fe * g if model.arch == "llama" else fe * e + fe * g)
-        mlp = rows * per_row + 4.0 * r.tokens * model.num_experts + 8.0 * r.routed_rows
+        if r.gathered_rows:   # allgather: the local rows' indices, the local probabilities' masked_select
+            routed = 8.0 * rows + r.gathered_rows * r.local_experts * (e + 1.0)
+        else:
+            routed = 8.0 * r.routed_rows
+        mlp = rows * per_row + 4.0 * r.tokens * model.num_experts + routed
         parts["moe_act"] = rows * fe * g
         if model.shared_experts:
             parts["shared"] = mlp_terms(model.shared_experts * model.shared_ffn)
@@ -435,14 +447,15 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
 def activation_bytes_per_layer(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                                recompute: str, precision: str = "bf16",
                                options: MemoryOptions = MemoryOptions(), moe: bool = False, ep: int = 1,
-                               etp: int = 1, modules: tuple[str, ...] | None = None) -> float:
+                               etp: int = 1, modules: tuple[str, ...] | None = None, dispatcher: str = "alltoall"
+                               ) -> float:
     """Bytes one layer keeps for backward per micro-batch on one GPU (`moe`: a MoE layer, experts over `ep`, each
     split over `etp`). `modules`: what selective recomputation recomputes (None: Megatron-Core's default
     ("core_attn",)); the layer stores everything else, all its activations less `recompute_freed_bytes`."""
     t = tp
     sp_div = t if sequence_parallel else 1
     T, parts = activation_breakdown(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel,
-                                    etp)
+                                    etp, dispatcher)
     if recompute == "full":
         return T["input"] / sp_div
     stored = T["replicated"] / sp_div + T["sharded"] + T["flash"] + T["quadratic"]
@@ -476,7 +489,7 @@ def _freed(model: ModelSpec, T: dict[str, float], parts: dict[str, float], modul
 
 def recompute_freed_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                           modules: tuple[str, ...], precision: str = "bf16", options: MemoryOptions = MemoryOptions(),
-                          moe: bool = False, ep: int = 1, etp: int = 1) -> float:
+                          moe: bool = False, ep: int = 1, etp: int = 1, dispatcher: str = "alltoall") -> float:
     """Bytes of one layer's saved activations per micro-batch that selective recomputation of `modules` does not
     store (Megatron-Core TransformerConfig.recompute_modules: "moe_act", "layernorm" and "mla_up_proj" use
     output-discarding checkpointing, "core_attn", "mlp", "moe" and "shared_experts" normal checkpointing, which keeps
@@ -496,26 +509,33 @@ def recompute_freed_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: 
     A module that is not in the layer (moe_act in a dense layer, mlp in a MoE layer) frees nothing there."""
     sp_div = tp if sequence_parallel else 1
     T, parts = activation_breakdown(model, seq_len, micro_batch, tp, precision, options, moe, ep, sequence_parallel,
-                                    etp)
+                                    etp, dispatcher)
     return _freed(model, T, parts, tuple(modules), moe, sp_div)
 
 
 def full_layer_activation_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
                                 precision: str = "bf16", options: MemoryOptions = MemoryOptions(), moe: bool = False,
-                                ep: int = 1, etp: int = 1) -> float:
+                                ep: int = 1, etp: int = 1, dispatcher: str = "alltoall") -> float:
     """One layer's activations without any recomputation (what full recomputation rematerialises)."""
     return activation_bytes_per_layer(model, seq_len, micro_batch, tp, sequence_parallel, "none", precision, options,
-                                      moe, ep, etp)
+                                      moe, ep, etp, dispatcher=dispatcher)
 
 
 def moe_dispatch_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, tp: int, sequence_parallel: bool,
-                              precision: str, cp: int, ep: int, etp: int = 1) -> float:
-    """A MoE layer's transient all-to-all buffers: the permuted rows sent and the rows received on the busiest rank
-    (etp > 1: all-gathered over the etp ranks; 0 for a dense model or ep = 1, where the permuted rows are the
-    experts' input, counted as activations)."""
-    if not model.is_moe or ep <= 1:
+                              precision: str, cp: int, ep: int, etp: int = 1, dispatcher: str = "alltoall") -> float:
+    """A MoE layer's transient dispatch buffers. alltoall: the permuted rows sent and the rows received on the busiest
+    rank (etp > 1: all-gathered over the etp ranks; 0 for a dense model or ep = 1, where the permuted rows are the
+    experts' input, counted as activations). allgather (etp x ep > 1; MoEAllGatherTokenDispatcher): the zeroed
+    [G = etp x ep x T, hidden] tensor the un-permutation scatters the expert output into before its reduce-scatter,
+    in the backward the all-gathered output gradient and the permutation's zeroed input gradient of the same size,
+    beside the R local rows' gradient: (G + R) x hidden x e (0 with etp x ep = 1, as alltoall)."""
+    if not model.is_moe:
         return 0.0
-    r = routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel, etp)
+    r = routing(model, micro_batch, seq_len, tp, cp, ep, sequence_parallel, etp, dispatcher)
+    if r.gathered_rows:
+        return (r.gathered_rows + r.local_rows) * model.hidden_size * BYTES_PER_ELEMENT[precision]
+    if ep <= 1:
+        return 0.0
     return (r.routed_rows + r.rows_per_expert * r.local_experts) * model.hidden_size * BYTES_PER_ELEMENT[precision]
 
 
@@ -713,21 +733,25 @@ def workspace_bytes(model: ModelSpec, comm: DeviceComm, options: MemoryOptions =
 
 
 def global_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: np.ndarray, tp: np.ndarray,
-                        sequence_parallel: np.ndarray, precision: str, options: MemoryOptions = MemoryOptions()
-                        ) -> np.ndarray:
-    """Megatron-Core's global memory buffer under the local transformer implementation (0 with Transformer Engine):
-    `parallel_state.get_global_memory_buffer().get_tensor(shape, dtype, "mpu")` keeps the largest tensor asked of
-    it. Unfused attention (megatron/core/transformer/dot_product_attention.py) takes its [b * heads / tp, s, s]
-    baddbmm input from it, sequence parallelism (tensor_parallel/layers.py) the all-gathered [s, b, h] input."""
+                        sequence_parallel: np.ndarray, precision: str, options: MemoryOptions = MemoryOptions(),
+                        dispatch_gathered: np.ndarray | None = None) -> np.ndarray:
+    """Megatron-Core's global memory buffer: `parallel_state.get_global_memory_buffer().get_tensor(shape, dtype,
+    "mpu")` keeps the largest tensor asked of it. Under the local transformer implementation unfused attention
+    (megatron/core/transformer/dot_product_attention.py) takes its [b * heads / tp, s, s] baddbmm input from it,
+    sequence parallelism (tensor_parallel/layers.py) the all-gathered [s, b, h] input; under either implementation
+    the allgather MoE dispatcher gathers the hidden states into it (`gather_from_sequence_parallel_region(...,
+    use_global_buffer=True)`, token_dispatcher.py): `dispatch_gathered` rows of [h] per layout (0: none)."""
     n = len(tp)
-    if options.transformer_impl != "local":
-        return np.zeros(n)
     e = BYTES_PER_ELEMENT[precision]
+    moe = (np.zeros(n) if dispatch_gathered is None
+           else np.asarray(dispatch_gathered, dtype=float) * model.hidden_size * e)
+    if options.transformer_impl != "local":
+        return moe
     mb, t = np.asarray(micro_batch, dtype=float), np.asarray(tp, dtype=float)
     scores = (mb * model.num_heads / t * float(seq_len) ** 2 * e if model.attention_impl not in FLASH_IMPLS
               else np.zeros(n))
     gathered = np.where(np.asarray(sequence_parallel) > 0, seq_len * mb * model.hidden_size * e, 0.0)
-    return np.maximum(scores, gathered)
+    return np.maximum(np.maximum(scores, gathered), moe)
 
 
 def _local_ranks(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndarray:
@@ -827,7 +851,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
                         comm: DeviceComm | None = None, grad_bytes: np.ndarray | None = None,
                         fp8_param: np.ndarray | None = None, offload: np.ndarray | None = None,
                         etp: np.ndarray | None = None, recompute_modules: np.ndarray | None = None,
-                        fp32_shard: np.ndarray | None = None) -> dict[str, np.ndarray]:
+                        fp32_shard: np.ndarray | None = None, moe_dispatcher: np.ndarray | None = None
+                        ) -> dict[str, np.ndarray]:
     """Per-stage memory of R layouts that share one pipeline structure (`chunk_layers` in pipeline
     order, pp, vpp, schedule): {part: [R, pp] bytes for part in MEMORY_PARTS, 'params': [R, pp],
     'in_flight': [R, pp]}. `recompute` holds indices into RECOMPUTE_ORDER, `recompute_modules`
@@ -847,6 +872,9 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     activations (`activation_terms`), the leading dense layers a dense MLP's, and the all-to-all buffers of one
     layer are transient (`buffers`). Expert tensor parallelism (`etp`, default 1): each routed expert's weights,
     gradients and optimizer states split over etp ranks (the expert-data-parallel group tp * dp / (ep * etp)).
+    `moe_dispatcher` (indices into MOE_DISPATCHERS, default alltoall): the allgather dispatcher's saved tensors and
+    transients (`activation_breakdown`, `moe_dispatch_buffer_bytes`) and its gathered hidden states in Megatron's
+    global memory buffer (`global_buffer_bytes`).
 
     `grad_bytes` (default: `options.grad_bytes` or the precision's) are the bytes per element of each row's
     gradient buffers (Layout.grad_bytes); `fp8_param` (default 0) marks rows with FP8 primary weights, whose GEMM
@@ -896,19 +924,23 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     sel = rc == RECOMPUTE_ORDER.index("selective")
     rcm = (np.where(sel, modules_mask(DEFAULT_RECOMPUTE_MODULES), 0) if recompute_modules is None
            else np.where(sel, np.asarray(recompute_modules, dtype=np.int64), 0))
-    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa, eta, rcm]))
+    mda = (np.zeros(n, dtype=np.int64) if moe_dispatcher is None or not model.is_moe
+           else np.asarray(moe_dispatcher, dtype=np.int64))
+    keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa, eta, rcm, mda]))
     is_moe = model.is_moe
 
-    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int, y: int = 1, mm: int = 0) -> tuple[float, ...]:
+    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int, y: int = 1, mm: int = 0,
+                md: int = 0) -> tuple[float, ...]:
         sc = seq_len // c
         mods = modules_of_mask(mm)
+        dsp = MOE_DISPATCHERS[md]
         dense_l = activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options,
                                              modules=mods)
         dense_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options)
         moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x, y,
-                                            modules=mods)
+                                            modules=mods, dispatcher=dsp)
                  if is_moe else dense_l)
-        moe_f = (full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x, y) if is_moe
+        moe_f = (full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x, y, dsp) if is_moe
                  else dense_f)
         # what full recomputation rematerialises: the larger of the layer kinds the model has
         full_f = (max(dense_f, moe_f) if model.has_dense_layers else moe_f) if is_moe else dense_f
@@ -918,14 +950,15 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
         return (dense_l, full_f,
                 *edge_activation_bytes(model, sc, b, t, s, precision, options),
                 cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
-                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x, y),
-                sel_f if r == RECOMPUTE_ORDER.index("selective") else 0.0)
+                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x, y, dsp),
+                sel_f if r == RECOMPUTE_ORDER.index("selective") else 0.0,
+                float(routing(model, b, seq_len, t, c, x, s, y, dsp).gathered_rows) if is_moe else 0.0)
     acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]),
-                               int(k[7]))
+                               int(k[7]), int(k[8]))
                        for k in keys],
-                      dtype=np.float64).reshape(-1, 9)[kinv]
+                      dtype=np.float64).reshape(-1, 10)[kinv]
     (act_dense, act_full, act_first, act_last, act_last_tr, ring, act_moe, a2a_buf,
-     sel_buf) = (acts_k[:, j] for j in range(9))
+     sel_buf, gathered_rows) = (acts_k[:, j] for j in range(10))
     # parameters per (tp, ep): every chunk (the routed experts apart), the largest ZeRO unit of the edge stages
     te2, tinv = unique_rows(np.column_stack([tp, epa, eta]))
     tps = te2[:, 0]
@@ -997,7 +1030,7 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
         buffers += a2a_buf[:, None]
     # library workspaces and Megatron's global memory buffer: allocated once, held on every stage
     buffers += workspace_bytes(model, comm, options)
-    buffers += global_buffer_bytes(model, seq_len, mb, tp, sp, precision, options)[:, None]
+    buffers += global_buffer_bytes(model, seq_len, mb, tp, sp, precision, options, gathered_rows)[:, None]
     unit = np.repeat(lp[:, None], pp, axis=1)
     if zb:
         unit = np.maximum(unit, np.where(onehot[0][None, :] > 0, edge_first[:, None], 0.0))
@@ -1058,7 +1091,8 @@ def estimate_memory(model: ModelSpec, layout: Layout, device: Any = None,
                               grad_bytes=one(layout.grad_bytes), fp8_param=one(int(layout.fp8_param_gather)),
                               offload=one(layout.offload_activations),
                               recompute_modules=one(recompute_mask(model, layout)),
-                              fp32_shard=one(int(layout.framework in FSDP_FP32_SHARD)))
+                              fp32_shard=one(int(layout.framework in FSDP_FP32_SHARD)),
+                              moe_dispatcher=one(MOE_DISPATCHERS.index(layout.moe_dispatcher)))
     return report_from_arrays(arr, 0, stage_layer_counts(model, layout), capacity, options)
 
 
