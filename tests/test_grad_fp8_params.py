@@ -59,6 +59,29 @@ def test_fp8_primary_weights_drop_the_bf16_copy_of_the_gemm_weights():
     assert primary.activations_bytes == pytest.approx(fp8_copies.activations_bytes)
 
 
+def test_mxfp8_primary_weights_keep_the_two_mxfp8_copies_with_their_scales():
+    """MXFP8 primary weights (Megatron --fp8-param-gather with the mxfp8 recipe; Megatron-Bridge's fp8_mx preset): the
+    GEMM weights are the rowwise and columnwise MXFP8 copies (1 + 1/32 bytes each) in place of the BF16 weight, and the
+    distributed optimizer all-gathers them at 1 + 1/32 bytes per GEMM parameter."""
+    m, plat = get_preset("llama3-8b"), get_platform("dgx-b200")
+    kw = {**BASE, "precision": "mxfp8"}
+    bf16 = estimate_memory(m, Layout(**BASE), plat).peak
+    copies = estimate_memory(m, Layout(**kw), plat).peak
+    primary = estimate_memory(m, Layout(**kw, fp8_param_gather=True), plat).peak
+    gemm = fp8.layer_gemm_params_per_gpu(m, 2) * primary.layers
+    assert copies.weights_bytes == pytest.approx(bf16.weights_bytes + 2 * 1.03125 * gemm)
+    assert primary.weights_bytes == pytest.approx(bf16.weights_bytes + (2 * 1.03125 - 2) * gemm)
+    w = dict(tp=2, pp=1, dp=4, zero_stage=1, seq_len=4096, layers=32, first=True, last=True, dp_topo=(4, 1, 8))
+    prim = D.step_work(m, precision="mxfp8", fp8_param=True, **w)
+    n = params.chunk_params(m, 2, 1, 32, True, True, 4096)
+    g = 32 * fp8.layer_gemm_params_per_gpu(m, 2)
+    ag = sum(x.message_bytes for x in prim.step_comms if x.collective == "allgather")
+    assert ag == pytest.approx(2 * n - (2 - 1.03125) * g, rel=1e-6)
+    with pytest.raises(InfeasibleConfig) as e:
+        Layout(**BASE, precision="nvfp4", fp8_param_gather=True).validate(m)
+    assert e.value.field == "fp8_param_gather"
+
+
 def test_data_parallel_traffic_follows_the_gradient_and_weight_bytes():
     m = get_preset("llama3-8b")
     kw = dict(tp=2, pp=1, dp=4, zero_stage=1, seq_len=4096, layers=32, first=True, last=True,

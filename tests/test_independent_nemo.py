@@ -48,7 +48,7 @@ def test_every_kept_row_closes_and_the_drops_are_the_known_ones():
     assert sorted(bad["model"]) == ["GPT OSS 120B", "Mixtral-8x22B", "Mixtral-8x22B", "Qwen3_235B_a22B"]
     assert counts[nemo.NO_STEP] == 9  # the long-sequence (CP) table prints no batch sizes
     assert set(ok["platform"]) <= {"dgx-h100", "dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72"}
-    assert set(ok["pred_precision"]) <= {"bf16", "fp8"}
+    assert set(ok["pred_precision"]) <= {"bf16", "fp8", "mxfp8"}
 
 
 @pytest.mark.parametrize("column,change,reason", [("tokens_per_s_per_gpu", lambda v: v * 1.3, nemo.BAD_FLOPS),
@@ -128,12 +128,12 @@ def test_rows_carry_the_recipes_memory_settings_where_their_scripts_state_them()
 
     from predictor.checks.independent_nemo import memory_settings
     row = lambda src, prec, pred: pd.Series({"source": src, "precision": prec, "pred_precision": pred})  # noqa: E731
-    assert memory_settings(row("megatron-bridge", "fp8-mx", "fp8")) == (False, True)
+    assert memory_settings(row("megatron-bridge", "fp8-mx", "mxfp8")) == (False, True)
     assert memory_settings(row("megatron-bridge", "bf16", "bf16")) == (False, False)
     assert memory_settings(row("nemo-25.04", "fp8-cs", "fp8")) == (False, True)
-    assert memory_settings(row("nemo-25.02", "fp8-mx", "fp8")) == (False, False)
+    assert memory_settings(row("nemo-25.02", "fp8-mx", "mxfp8")) == (False, False)
     assert memory_settings(row("nemo-24.07-h100", "fp8", "fp8")) == (False, False)
-    assert memory_settings(row("megatron-bridge-cards", "fp8-mx", "fp8")) == (None, False)
+    assert memory_settings(row("megatron-bridge-cards", "fp8-mx", "mxfp8")) == (None, False)
 
 
 def test_the_recipes_memory_options_follow_their_scripts_row_by_row():
@@ -166,3 +166,18 @@ def test_bf16_moments_and_16_bit_logits_lower_the_predicted_memory_of_a_deepseek
     # parameter): several GiB per GPU, the step time untouched
     assert recipe["memory_allocated_gib"] < plain["memory_allocated_gib"] - 5.0
     assert recipe["step_time_s"] == pytest.approx(plain["step_time_s"], rel=1e-9)
+
+
+def test_fp8_mx_rows_are_predicted_as_mxfp8_on_every_blackwell_platform_they_run_on():
+    """The printed FP8-MX recipe is MXFP8 block scaling: predicted as mxfp8 (not per-tensor fp8), on B200, GB200, B300
+    and GB300 alike (Blackwell Ultra runs MXFP8), none refused for the format."""
+    from predictor.checks.independent_nemo import load, published_runs, run_check
+    doc = load()
+    assert doc["precisions"]["fp8-mx"] == "mxfp8" and doc["precisions"]["fp8-cs"] == "fp8"
+    ok = published_runs(doc).ok
+    mx = ok[ok["precision"] == "fp8-mx"]
+    assert {"dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72"} <= set(mx["platform"])
+    runs = run_check().runs
+    mx_runs = runs[runs["precision"] == "fp8-mx"]
+    assert not mx_runs["error"].str.contains("cannot run mxfp8").any()
+    assert not mx_runs["error"].str.contains("fp8_param_gather").any()

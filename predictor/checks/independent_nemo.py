@@ -210,7 +210,7 @@ def memory_settings(r: pd.Series) -> tuple[bool | None, bool]:
     src, prec = str(r["source"]), str(r["precision"])
     if src not in RECIPE_SOURCES:
         return None, False
-    fp8 = str(r["pred_precision"]) == "fp8"
+    fp8 = str(r["pred_precision"]) in ("fp8", "mxfp8")
     if src == "megatron-bridge":
         return False, fp8
     if src.startswith("nemo-25"):

@@ -31,7 +31,7 @@ from predictor.hardware.network import NETWORK_FILE, analytic_choice, bus_bandwi
 from predictor.hardware.network_fit import SHARED, clean_paper, describe_datasets, evaluate, measured_sweeps
 from predictor.hardware.platforms import Platform, get_platform
 
-GRID_PER_DECADE = 20      # curve points per decade of message size (a protocol switch between two stays within 1 %)
+GRID_PER_DECADE = 40      # curve points per decade of message size (a protocol switch between two stays within 1 %)
 MIN_SPAN = 4.0            # a group measured at one size (or a narrow range) gets a curve over at least 4x
 POINT_COLUMNS = ["platform", "group", "dataset", "collective", "nodes", "gpus_per_node", "algorithm",
                  "message_bytes", "duration_s", "predicted_s", "chosen", "ape", "signed_error",

@@ -21,7 +21,9 @@ and, like NCCL's tuner (src/graph/tuning.cc), the fastest (a, p) is taken:
           NVLink SHARP: every GPU sends S to the switch and receives the reduced S:
           wire S at the NVLS algorithm bandwidth.
   p2p     latency + S / p2p bandwidth (the link inside a node, the NIC across nodes).
-  alltoall  (n-1) steps; max((k-1)/n * S / intra, (n-k)/n * S / inter).
+  alltoall  (n-1) steps; max((k-1)/n * S / intra, (n-k)/n * S / inter). Where the platform's all-to-all was
+          measured (`NetworkModel.alltoall`, fitted on its own all-to-all rows), inside one switch domain:
+          base + (n-1) * peer latency + max((n-1)/n * S / bus, S / alg), see `AlltoallParams`.
 
 Protocols: "simple" (full bandwidth, higher latency) and "ll" (low-latency: a fraction of the
 bandwidth, lower latency), which is what bends measured bus-bandwidth curves at small sizes.
@@ -121,6 +123,33 @@ class TierParams:
 
 
 @dataclass(frozen=True)
+class AlltoallParams:
+    """All-to-all inside one non-blocking switch domain (NVSwitch), fitted on measured all-to-all sweeps.
+
+    Rule (docs/accuracy.md, "All-to-all inside an NVLink switch domain"): each GPU sends (n-1)/n of its buffer S to
+    its peers through its own switch ports, and a non-blocking switch gives every GPU its full port bandwidth
+    whatever the group size, so the link-bound part, (n-1)/n * S / bus_bandwidth, has a bus bandwidth that does not
+    depend on n. NCCL's all-to-all is a grouped send / receive to every rank, itself included, so each GPU's copy
+    engine also handles all of S: a second bound, S / alg_bandwidth, also independent of n. The time is
+    base + (n-1) * peer latency + the larger of the two. Measured (aiconfigurator's nccl-tests tables, 1 MiB -
+    1 GiB): H100 / H200 are link-bound (bus ~280-290 GB/s), B200 / B300 bound by S / alg (~630-650 GB/s) at 2-4
+    GPUs and near the link bound at 8. A platform whose sweeps span fewer than ALLTOALL_MIN_GROUP_SIZES group sizes
+    (GB200 / GB300: 2 and 4 GPUs of one tray) cannot pin the link bound; it takes the bus bandwidth of the platform
+    whose calibration it borrows (same NVLink generation; `bus_source` says which)."""
+    bus_bandwidth_gbps: float      # link-bound bus bandwidth ((n-1)/n * S / t), GB/s
+    alg_bandwidth_gbps: float      # per-GPU bound on S / t, GB/s
+    base_latency_us: float         # fixed cost of one all-to-all
+    peer_latency_us: float         # added per peer
+    source: str                    # the samples it was fitted on
+    bus_source: str = ""           # where the bus bandwidth comes from when the samples do not pin it ('' = fitted)
+    n_samples: int = 0
+    fit_mape: float | None = None  # median relative error on its samples
+
+
+ALLTOALL_MIN_GROUP_SIZES = 3       # group sizes a sweep needs to pin the link-bound all-to-all bus bandwidth
+
+
+@dataclass(frozen=True)
 class NetworkModel:
     intra: TierParams
     inter: TierParams
@@ -134,6 +163,7 @@ class NetworkModel:
     # bandwidth efficiency of a collective relative to all-reduce (1.0 unless samples say otherwise;
     # e.g. the paper's all-gather, timed through torch's list API, reaches ~0.7 of all-reduce's bus bandwidth)
     collective_efficiency: dict[str, float] = field(default_factory=dict)
+    alltoall: AlltoallParams | None = None   # measured all-to-all inside the switch domain (None: the ring tiers)
 
     @property
     def calibrated(self) -> bool:
@@ -161,7 +191,8 @@ class NetworkModel:
             nvls_min_gpus=int(d.get("nvls_min_gpus", 0)), algorithms=tuple(d.get("algorithms", ("ring", "tree"))),
             intra_topology=d.get("intra_topology", "switch"), node_gpus=int(d.get("node_gpus", 8)),
             platform_id=d.get("platform_id", ""), validation=dict(d.get("validation", {})),
-            collective_efficiency={k: float(v) for k, v in (d.get("collective_efficiency") or {}).items()})
+            collective_efficiency={k: float(v) for k, v in (d.get("collective_efficiency") or {}).items()},
+            alltoall=AlltoallParams(**d["alltoall"]) if d.get("alltoall") is not None else None)
 
     @staticmethod
     def from_json(text: str, source: str | Path = NETWORK_FILE) -> NetworkModel:
@@ -218,6 +249,26 @@ def check_network_dict(d: Any, path: str | Path = NETWORK_FILE) -> dict[str, Any
         check_number(path, f"collective_efficiency.{k}", v, gt=0, le=MAX_EFFICIENCY)
     if not isinstance(d.get("platform_id", ""), str):
         raise ArtifactError(path, "platform_id", "must be a string")
+    a2a = d.get("alltoall")
+    if a2a is not None:
+        if not isinstance(a2a, dict):
+            raise ArtifactError(path, "alltoall", f"must be an object or null, not {type(a2a).__name__}")
+        known = {f.name for f in fields(AlltoallParams)}
+        for k in a2a:
+            if k not in known:
+                raise ArtifactError(path, f"alltoall.{k}", "is not a field of the all-to-all model")
+        for k in ("bus_bandwidth_gbps", "alg_bandwidth_gbps", "base_latency_us", "peer_latency_us", "source"):
+            if k not in a2a:
+                raise ArtifactError(path, f"alltoall.{k}", "is missing")
+        for k in ("bus_bandwidth_gbps", "alg_bandwidth_gbps"):
+            check_number(path, f"alltoall.{k}", a2a[k], gt=0)
+        for k in ("base_latency_us", "peer_latency_us"):
+            check_number(path, f"alltoall.{k}", a2a[k], ge=0)
+        check_number(path, "alltoall.fit_mape", a2a.get("fit_mape"), ge=0, optional=True)
+        check_number(path, "alltoall.n_samples", a2a.get("n_samples", 0), ge=0, integer=True)
+        for k in ("source", "bus_source"):
+            if not isinstance(a2a.get(k, ""), str):
+                raise ArtifactError(path, f"alltoall.{k}", "must be a string")
     val = d.get("validation", {})
     if not isinstance(val, dict):
         raise ArtifactError(path, "validation", "must be an object")
@@ -305,9 +356,18 @@ def algorithm_times(net: NetworkModel, collective: str, message_bytes, nodes, gp
         wire, steps, xsteps = (n - 1.0) / n * S, n - 1.0, N - 1.0
         wire = wire / max(net.collective_efficiency.get(collective, 1.0), 1e-3)
     elif collective == "alltoall":
+        t_x = np.where(multi, (n - k) / n * S / (max(X.bandwidth_gbps, MIN_BW_GBPS) * 1e9), 0.0)
+        A = net.alltoall
+        if A is not None and net.intra_topology == "switch":
+            # measured all-to-all (AlltoallParams): the intra-domain share at the link-bound bus bandwidth, the whole
+            # buffer at the per-GPU bound; across nodes the inter-node share and latency as below
+            t_in = np.maximum((k - 1.0) / n * S / (A.bus_bandwidth_gbps * 1e9), S / (A.alg_bandwidth_gbps * 1e9))
+            lat = np.where(multi, base(True) + (n - 1.0) * X.latency_us * 1e-6,
+                           (A.base_latency_us + (n - 1.0) * A.peer_latency_us) * 1e-6)
+            out["alltoall/simple"] = lat + np.maximum(t_in, t_x)
+            return out
         ib = _intra_bw(net, k, I.bandwidth_gbps) * 1e9
-        t_bw = np.maximum((k - 1.0) / n * S / np.maximum(ib, 1.0),
-                          np.where(multi, (n - k) / n * S / (max(X.bandwidth_gbps, MIN_BW_GBPS) * 1e9), 0.0))
+        t_bw = np.maximum((k - 1.0) / n * S / np.maximum(ib, 1.0), t_x)
         lat = base(True) + (n - 1.0) * np.where(multi, X.latency_us, I.latency_us) * 1e-6
         out["alltoall/simple"] = lat + t_bw
         return out
@@ -618,7 +678,12 @@ def borrowed_network(platform: Platform, other: NetworkModel, other_id: str, oth
     intra = tier(other.intra, ri) if other.intra.source != "link spec" else spec.intra
     inter = tier(other.inter, rx) if other.inter.source != "link spec" else spec.inter
     nvls = (tier(other.nvls, ri) if other.nvls is not None else spec.nvls) if spec.nvls is not None else None
-    return replace(spec, intra=intra, inter=inter, nvls=nvls,
+    # the measured all-to-all of a switch fabric: the link-bound bus bandwidth scaled like the links, the per-GPU
+    # bound as measured
+    a2a = (replace(other.alltoall, bus_bandwidth_gbps=other.alltoall.bus_bandwidth_gbps * ri,
+                   source=f"{other.alltoall.source} (borrowed from {other_id}, bus bandwidth x{ri:.2g})")
+           if other.alltoall is not None and spec.intra_topology == "switch" else None)
+    return replace(spec, intra=intra, inter=inter, nvls=nvls, alltoall=a2a,
                    validation={"borrowed_from": other_id, **other.validation})
 
 

@@ -36,7 +36,9 @@ import pandas as pd
 
 from predictor import paths
 from predictor.hardware.network import (
+    ALLTOALL_MIN_GROUP_SIZES,
     DEFAULTS,
+    AlltoallParams,
     NetworkModel,
     analytic_choice,
     borrowed_network,
@@ -274,6 +276,78 @@ def clean_paper(df: pd.DataFrame, platform=None) -> pd.DataFrame:
     return pd.concat(out) if out else df
 
 
+# --------------------------------------------------------------------------- all-to-all (network.AlltoallParams)
+def aiconfigurator_alltoall(shared: Path = SHARED) -> pd.DataFrame:
+    """The collector's one-node all-to-all rows of every Hopper / Blackwell platform (also those whose other
+    collectives are calibrated on other sweeps: no other sweep here measures an all-to-all)."""
+    d = load_aiconfigurator_nccl(shared)
+    return d[d["collective"] == "alltoall"].reset_index(drop=True)
+
+
+def alltoall_times(a: AlltoallParams, message_bytes, ranks) -> np.ndarray:
+    """Seconds of one all-to-all of `ranks` GPUs inside one switch domain under `a` (network.AlltoallParams)."""
+    S = np.asarray(message_bytes, float)
+    n = np.asarray(ranks, float)
+    return ((a.base_latency_us + (n - 1.0) * a.peer_latency_us) * 1e-6
+            + np.maximum((n - 1.0) / n * S / (a.bus_bandwidth_gbps * 1e9), S / (a.alg_bandwidth_gbps * 1e9)))
+
+
+def fit_alltoall(rows: pd.DataFrame, source: str, bus_gbps: float | None = None, bus_source: str = "",
+                 min_group_sizes: int = ALLTOALL_MIN_GROUP_SIZES) -> AlltoallParams | None:
+    """Fit network.AlltoallParams on one-node all-to-all rows (full-buffer convention, >= 2 GPUs): least squares on
+    log(time), soft-L1 like `network.fit_network`. The link-bound bus bandwidth is fitted only where the rows span
+    ALLTOALL_MIN_GROUP_SIZES group sizes (2, 4, 8 GPUs); with fewer it must be given (`bus_gbps`, from the platform
+    whose calibration this one borrows: `bus_source`), else None (no all-to-all model: the ring tiers time it)."""
+    from scipy.optimize import least_squares
+    r = rows[(rows["collective"] == "alltoall") & (rows["nodes"] == 1) & (rows["gpus_per_node"] > 1)
+             & (rows["duration_s"] > 0)]
+    if r.empty:
+        return None
+    free_bus = r["gpus_per_node"].nunique() >= min_group_sizes
+    if not free_bus and bus_gbps is None:
+        return None
+    S = r["message_bytes"].to_numpy(float)
+    n = r["gpus_per_node"].to_numpy(float)
+    y = np.log(r["duration_s"].to_numpy(float))
+    w = 1.0 / np.sqrt(pd.Series(n).map(pd.Series(n).value_counts()).to_numpy(float))  # each group size equally
+
+    fixed_bus = float(bus_gbps) if bus_gbps is not None else 0.0
+
+    def params(x: np.ndarray) -> AlltoallParams:
+        v = np.exp(x)
+        return AlltoallParams(float(v[2]) if free_bus else fixed_bus, float(v[-1]), float(v[0]), float(v[1]), source)
+    lo = np.log([0.5, 1e-3] + ([1.0] if free_bus else []) + [1.0])
+    hi = np.log([500.0, 50.0] + ([5000.0] if free_bus else []) + [5000.0])
+    # the larger of two bounds has two basins (link-bound or per-GPU-bound at the measured sizes): start from both
+    # and keep the better fit
+    best = None
+    for bus0, alg0 in ((300.0, 3000.0), (3000.0, 300.0), (400.0, 500.0)):
+        x0 = np.log([15.0, 0.5] + ([bus0] if free_bus else []) + [alg0])
+        res = least_squares(lambda x: (np.log(alltoall_times(params(x), S, n)) - y) * w, x0, bounds=(lo, hi),
+                            loss="soft_l1", f_scale=0.3, max_nfev=400)
+        if best is None or res.cost < best.cost:
+            best = res
+    assert best is not None
+    a = params(best.x)
+    ape = np.abs(alltoall_times(a, S, n) / r["duration_s"].to_numpy(float) - 1.0)
+    return replace(a, bus_source="" if free_bus else bus_source, n_samples=int(len(r)),
+                   fit_mape=float(np.median(ape)))
+
+
+def alltoall_holdout(rows: pd.DataFrame, held_out_gpus: int = 8) -> pd.DataFrame:
+    """The group-size extrapolation checked where it can be: fit (`fit_alltoall`, bus bandwidth free) on the rows
+    below `held_out_gpus` GPUs, predict the `held_out_gpus` rows. One row per message size."""
+    train = rows[rows["gpus_per_node"] < held_out_gpus]
+    test = rows[rows["gpus_per_node"] == held_out_gpus]
+    a = fit_alltoall(train, "held-out fit", min_group_sizes=2) if not test.empty else None
+    if a is None:
+        return pd.DataFrame(columns=["message_bytes", "measured_s", "predicted_s", "signed_error"])
+    pred = alltoall_times(a, test["message_bytes"].to_numpy(float), test["gpus_per_node"].to_numpy(float))
+    meas = test["duration_s"].to_numpy(float)
+    return pd.DataFrame({"message_bytes": test["message_bytes"].to_numpy(float), "measured_s": meas,
+                         "predicted_s": pred, "signed_error": pred / meas - 1.0})
+
+
 # --------------------------------------------------------------------------- calibration
 def calibrate_platform(platform_id: str, data: pd.DataFrame, exclude: tuple[str, ...] = (),
                        start: NetworkModel | None = None) -> NetworkModel:
@@ -283,6 +357,8 @@ def calibrate_platform(platform_id: str, data: pd.DataFrame, exclude: tuple[str,
     d = data[(data["platform"] == platform_id) & ~data["dataset"].isin(exclude)]
     d = clean_paper(d, plat)
     net = start or spec_network(plat)
+    if net.alltoall is not None and net.intra_topology == "switch":
+        d = d[d["collective"] != "alltoall"]   # timed by its own measured model (network.AlltoallParams)
     if d.empty:
         return net
     return fit_network(net, d, describe_datasets(d["dataset"]))
@@ -356,6 +432,52 @@ def evaluate(net: NetworkModel, data: pd.DataFrame) -> pd.DataFrame:
     return d
 
 
+def platform_alltoall(platform_id: str, rows: pd.DataFrame, fits: dict[str, NetworkModel]) -> AlltoallParams | None:
+    """`platform_id`'s all-to-all model (network.AlltoallParams) from its rows of `rows` (aiconfigurator_alltoall);
+    where they span too few group sizes, the bus bandwidth of the platform its calibration borrows (in `fits`), scaled
+    by the two link specs; None without rows or without such a bus bandwidth."""
+    plat = get_platform(platform_id)
+    if spec_network(plat).intra_topology != "switch":
+        return None
+    r = rows[rows["platform"] == platform_id]
+    if r.empty:
+        return None
+    borrow = plat.collective_calibration
+    other = fits.get(borrow) if borrow and borrow != platform_id else None
+    bus, bus_source = None, ""
+    if borrow and other is not None and other.alltoall is not None:
+        op = get_platform(borrow)
+        ratio = (plat.intra_node.bandwidth_gbps / op.intra_node.bandwidth_gbps
+                 if plat.intra_node.bandwidth_gbps and op.intra_node.bandwidth_gbps else 1.0)
+        bus = other.alltoall.bus_bandwidth_gbps * ratio
+        bus_source = (f"{borrow}'s all-to-all bus bandwidth ({other.alltoall.bus_bandwidth_gbps:.0f} GB/s, 2-8 GPUs)"
+                      + (f" x{ratio:.2g} (link specs)" if ratio != 1.0 else "")
+                      + ": this platform's sweeps do not pin the link bound")
+    return fit_alltoall(r, describe_datasets(r["dataset"]) + " all-to-all", bus, bus_source)
+
+
+def calibrate_platforms(data: pd.DataFrame, alltoall_rows: pd.DataFrame) -> dict[str, NetworkModel]:
+    """Every CALIBRATED_PLATFORMS model with rows in `data`, in that order: its all-to-all model first
+    (`platform_alltoall` on `alltoall_rows`), then the other collectives (`calibrate_platform`; its all-to-all rows
+    are then left to the all-to-all model), with the per-dataset median errors in `validation`."""
+    fits: dict[str, NetworkModel] = {}
+    for pid in CALIBRATED_PLATFORMS:
+        if not (data["platform"] == pid).any():
+            continue
+        # a platform that borrows another's calibration (same fabric family) takes its inter-node tier from it
+        # (one-node tables do not reach that tier, which would otherwise fall back to the link spec)
+        plat = get_platform(pid)
+        borrow = plat.collective_calibration
+        start = (replace(spec_network(plat), inter=borrowed_network(plat, fits[borrow], borrow).inter)
+                 if borrow is not None and borrow in fits and borrow != pid else None)
+        start = replace(start or spec_network(plat), alltoall=platform_alltoall(pid, alltoall_rows, fits))
+        net = calibrate_platform(pid, data, start=start)
+        ev = evaluate(net, clean_paper(data[data["platform"] == pid]))
+        fits[pid] = replace(net, validation={**net.validation, "median_ape_by_dataset":
+                                             {k: float(v) for k, v in ev.groupby("dataset")["ape"].median().items()}})
+    return fits
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m predictor.hardware.network_fit", description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=str(SHARED))
@@ -366,30 +488,18 @@ def main(argv: list[str] | None = None) -> int:
     if data.empty:
         print(f"no measured sweeps under {a.shared}")
         return 1
-    fits: dict[str, NetworkModel] = {}
+    fits = calibrate_platforms(data, aiconfigurator_alltoall(Path(a.shared)))
     rc = 0
-    for pid in CALIBRATED_PLATFORMS:
-        if (data["platform"] == pid).any():
-            # a platform that borrows another's calibration (same fabric family) takes its inter-node tier from it
-            # (one-node tables do not reach that tier, which would otherwise fall back to the link spec)
-            plat = get_platform(pid)
-            borrow = plat.collective_calibration
-            start = (replace(spec_network(plat), inter=borrowed_network(plat, fits[borrow], borrow).inter)
-                     if borrow is not None and borrow in fits and borrow != pid else None)
-            net = calibrate_platform(pid, data, start=start)
-            ev = evaluate(net, clean_paper(data[data["platform"] == pid]))
-            net = replace(net, validation={**net.validation, "median_ape_by_dataset":
-                                           {k: float(v) for k, v in ev.groupby("dataset")["ape"].median().items()}})
-            fits[pid] = net
-            print(f"{pid}: intra {net.intra.bandwidth_gbps:.1f} GB/s ({net.intra.source}), "
-                  f"inter {net.inter.bandwidth_gbps:.2f} GB/s, nvls {net.nvls.bandwidth_gbps if net.nvls else '-'}; "
-                  f"fit median error {net.validation['fit']['median_ape']:.1%}")
-            if not a.dry_run:
-                try:  # atomic; refuses a model with a value network.json may not hold (ArtifactError)
-                    save_network(net, Path(a.models_dir) / pid / "network.json")
-                except ValueError as e:
-                    print(f"{pid}: not saved: {e}")
-                    rc = 1
+    for pid, net in fits.items():
+        print(f"{pid}: intra {net.intra.bandwidth_gbps:.1f} GB/s ({net.intra.source}), "
+              f"inter {net.inter.bandwidth_gbps:.2f} GB/s, nvls {net.nvls.bandwidth_gbps if net.nvls else '-'}; "
+              f"fit median error {net.validation['fit']['median_ape']:.1%}")
+        if not a.dry_run:
+            try:  # atomic; refuses a model with a value network.json may not hold (ArtifactError)
+                save_network(net, Path(a.models_dir) / pid / "network.json")
+            except ValueError as e:
+                print(f"{pid}: not saved: {e}")
+                rc = 1
     pooled = pooled_defaults(fits)
     print("pooled efficiencies (compare network.DEFAULTS):", json.dumps({k: round(v, 3) for k, v in pooled.items()}))
     print("network.DEFAULTS:", json.dumps(DEFAULTS))

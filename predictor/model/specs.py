@@ -37,6 +37,10 @@ RECOMPUTES = ("none", "selective", "full")
 RECOMPUTE_MODULES = ("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts")
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 PRECISIONS = ("fp16", "bf16", "fp32", "fp8", "mxfp8", "nvfp4")
+# FP8 primary weights (fp8_param_gather): Transformer Engine keeps a GEMM weight as its per-tensor FP8 or MXFP8
+# tensor only (Megatron --fp8-param-gather with --fp8-recipe tensorwise / delayed / mxfp8; Megatron-Bridge's fp8_cs
+# and fp8_mx mixed-precision presets set fp8_param_gather True)
+FP8_PARAM_PRECISIONS = ("fp8", "mxfp8")
 # Context-parallel communication kinds (Layout.cp_comm; Megatron-Core cp_comm_type)
 CP_COMMS = ("p2p", "a2a", "a2a+p2p")
 # MoE token dispatchers (Layout.moe_dispatcher; Megatron-Core moe_token_dispatcher_type): "alltoall" = all-to-all of
@@ -531,7 +535,7 @@ class Layout:
     grad_reduce_in_fp32: bool | None = None
     # FP8 primary weights (Megatron --fp8-param-gather, NeMo / Megatron-Bridge fp8_param_gather): the GEMM weights
     # are kept in FP8 only (no BF16 copy beside the FP8 ones) and the distributed optimizer all-gathers them in FP8;
-    # precision fp8 only.
+    # precision fp8 or mxfp8 (FP8_PARAM_PRECISIONS).
     fp8_param_gather: bool = False
     # --- all-to-all context parallelism and activation offloading (docs/context_parallelism.md, docs/offload.md) ---
     # How the cp ranks exchange the sequence (Megatron-Core cp_comm_type): "p2p" = the K/V ring (the default, as
@@ -932,10 +936,10 @@ class Layout:
         if self.sequence_parallel and self.tp == 1:
             raise InfeasibleConfig("sequence_parallel", "sequence parallelism needs tp > 1.",
                                    "set tp >= 2 or turn it off.")
-        if self.fp8_param_gather and self.precision != "fp8":
-            raise InfeasibleConfig("fp8_param_gather", f"FP8 primary weights need precision fp8, not "
+        if self.fp8_param_gather and self.precision not in FP8_PARAM_PRECISIONS:
+            raise InfeasibleConfig("fp8_param_gather", f"FP8 primary weights need precision fp8 or mxfp8, not "
                                                        f"{self.precision}.",
-                                   "set precision fp8, or turn fp8_param_gather off.")
+                                   "set precision fp8 or mxfp8, or turn fp8_param_gather off.")
         if self.grad_reduce_in_fp32 is False and self.precision == "fp32":
             raise InfeasibleConfig("grad_reduce_in_fp32", "fp32 training has fp32 gradients; they cannot be reduced "
                                                           "in a 16-bit precision.",

@@ -765,14 +765,15 @@ def gather_bytes(model: ModelSpec, n_params: float, precision: str, *, tp: int, 
                  ep: int = 1, fp8_param: bool = False, etp: int = 1) -> int:
     """Bytes of `n_params` parameters of a chunk of `layers` transformer layers (`dense` of them dense in a MoE
     model) as the data-parallel all-gathers move them: the compute precision, except the GEMM weights under FP8
-    primary weights (`fp8_param`: Megatron's --fp8-param-gather), which travel in FP8 (1 byte)."""
+    primary weights (`fp8_param`: Megatron's --fp8-param-gather), which travel in FP8 (1 byte; MXFP8 1 + 1/32 with its
+    scales)."""
     elem = BYTES_PER_ELEMENT[precision]
     if not fp8_param:
         return int(n_params * elem)
     moe_layers = layers - dense if model.is_moe else 0
     gemm = ((layers - moe_layers) * fp8_.layer_gemm_params_per_gpu(model, tp)
             + moe_layers * fp8_.layer_gemm_params_per_gpu(model, tp, True, ep, etp))
-    return int(n_params * elem - min(gemm, n_params) * (elem - 1))
+    return int(n_params * elem - min(gemm, n_params) * (elem - fp8_.weight_copy_bytes(precision)))
 
 
 def grad_accumulation_calls(model: ModelSpec, n_params: int, layers: int, shard: int, grad_bytes: int,

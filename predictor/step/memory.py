@@ -1049,9 +1049,11 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
         gemm_moe = np.array([fp8.layer_gemm_params_per_gpu(model, int(t), True, int(x), int(y)) for t, x, y in te2],
                             dtype=float)[tinv]
         # FP8 primary weights: the GEMM weights are the FP8 weight and its transpose only, no BF16 copy beside
-        # them (2 bytes per GEMM parameter in all, as a BF16 weight): nothing is added
+        # them: the two copies in place of the BF16 weight (fp8: 2 bytes per GEMM parameter, as a BF16 weight, nothing
+        # added; mxfp8: 2 x (1 + 1/32), 0.0625 added)
         # (mxfp8 / nvfp4: each copy at the format's value + scale bytes per parameter; fp8: 1)
-        copies = FP8_WEIGHT_COPIES * fp8.weight_copy_bytes(precision) * (1.0 - f8p) * w_share
+        both = FP8_WEIGHT_COPIES * fp8.weight_copy_bytes(precision)
+        copies = (both * (1.0 - f8p) + (both - BYTES_PER_ELEMENT[precision]) * f8p) * w_share
         weights = (weights + (copies * gemm)[:, None] * (dense_c @ onehot)[None, :]
                    + (copies * gemm_moe)[:, None] * (moe_c @ onehot)[None, :])
     out = {"weights": weights, "grads": stage_rest * bpp[:, 1:2] + stage_experts * bpp_e[:, 1:2],

@@ -53,17 +53,55 @@ def per_dataset(ev: pd.DataFrame) -> pd.DataFrame:
                  algorithms=("chosen", lambda x: ",".join(sorted(set(map(str, x)))))).reset_index()
 
 
+def alltoall_report(fits: dict, a2a: pd.DataFrame) -> None:
+    """The all-to-all model (network.AlltoallParams): its fit per platform, the group-size extrapolation held out
+    (fit on 2 and 4 GPUs, predict 8) and the B200 model (2-8 GPUs) on the GB200 / GB300 trays' own rows."""
+    rows = []
+    for pid, net in fits.items():
+        a = net.alltoall
+        r = a2a[a2a["platform"] == pid]
+        if a is None or r.empty:
+            continue
+        e = C.alltoall_times(a, r["message_bytes"], r["gpus_per_node"]) / r["duration_s"].to_numpy() - 1.0
+        by_n = {f"n={n}": _pct(float(np.median(np.abs(e[(r["gpus_per_node"] == n).to_numpy()]))))
+                for n in sorted(r["gpus_per_node"].unique())}
+        rows.append({"platform": pid, "bus_GBps": round(a.bus_bandwidth_gbps), "alg_GBps": round(a.alg_bandwidth_gbps),
+                     "base_us": round(a.base_latency_us, 1), "peer_us": round(a.peer_latency_us, 2),
+                     "bus from": "fitted" if not a.bus_source else a.bus_source.split("'")[0], **by_n})
+    print("\n== 3. all-to-all inside one NVSwitch domain (aiconfigurator nccl-tests alltoall, >= 1 MiB): fit, "
+          "median |time error| per group size ==")
+    print(pd.DataFrame(rows).fillna("-").to_string(index=False))
+    print("\n-- held out: fitted on 2 and 4 GPUs (bus bandwidth free), 8 GPUs predicted --")
+    held = []
+    for pid in ("dgx-h100", "dgx-h200", "dgx-b200", "dgx-b300"):
+        h = C.alltoall_holdout(a2a[a2a["platform"] == pid])
+        if h.empty:
+            continue
+        big = h["message_bytes"] >= 2**27
+        held.append({"platform": pid, "rows": len(h), "median_ape": _pct(h["signed_error"].abs().median()),
+                     "mean_signed": f"{100 * h['signed_error'].mean():+.1f}%",
+                     ">=128MiB_mean_signed": f"{100 * h.loc[big, 'signed_error'].mean():+.1f}%"})
+    print(pd.DataFrame(held).to_string(index=False))
+    b200 = fits.get("dgx-b200")
+    if b200 is not None and b200.alltoall is not None:
+        print("\n-- transferred: dgx-b200's all-to-all model (2-8 GPUs) on the GB200 / GB300 trays' rows "
+              "(2, 4 GPUs) --")
+        for pid in ("gb200-nvl72", "gb300-nvl72"):
+            r = a2a[a2a["platform"] == pid]
+            if r.empty:
+                continue
+            e = C.alltoall_times(b200.alltoall, r["message_bytes"], r["gpus_per_node"]) / r["duration_s"].to_numpy() - 1
+            print(f"  {pid:12s} median |error| {_pct(float(np.median(np.abs(e))))}, mean signed {100 * e.mean():+.1f}%")
+
+
 def run(args) -> dict:
     data = C.measured_sweeps()
     if data.empty:
         print("no measured sweeps found; nothing to do")
         return {}
-    fits, evs = {}, []
-    for pid in C.CALIBRATED_PLATFORMS:
-        if not (data["platform"] == pid).any():
-            continue
-        fits[pid] = C.calibrate_platform(pid, data)
-        evs.append(C.evaluate(fits[pid], C.clean_paper(data[data["platform"] == pid])))
+    a2a = C.aiconfigurator_alltoall()
+    fits = C.calibrate_platforms(data, a2a)   # what `python -m predictor.hardware.network_fit` ships
+    evs = [C.evaluate(net, C.clean_paper(data[data["platform"] == pid])) for pid, net in fits.items()]
     cal = pd.concat(evs, ignore_index=True)
     t1 = per_dataset(cal)
     print("== 1. calibrated on each platform's own sweeps (in-sample fit) ==")
@@ -117,6 +155,8 @@ def run(args) -> dict:
     for k, v in head.items():
         print(f"  {k:48s} {_pct(v) if v is not None else '-'}")
     print("  target: median error <= 15 %")
+
+    alltoall_report(fits, a2a)
 
     if args.curves:
         for ds in CURVES:
