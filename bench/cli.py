@@ -295,6 +295,8 @@ def cmd_host_floor(a) -> int:
     if a.moe:
         moe = measure_moe_host_passes(rounds=a.rounds, iters=a.iters, log=_log)
         print(json.dumps({k: moe[k] for k in ("moe_layer_host_passes", "moe_layer_host_passes_iqr",
+                                              "moe_host_passes_per_local_expert",
+                                              "moe_host_passes_per_local_expert_iqr",
                                               "dense_kernels_per_layer_pass", "moe_kernels_per_layer_pass",
                                               "measured_at")}, indent=2))
         if a.save:

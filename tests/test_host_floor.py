@@ -211,6 +211,70 @@ def test_bench_measures_a_moe_layer_as_more_host_passes_than_a_dense_one():
     assert passes == pytest.approx(rec["moe_layer_host_passes"]) and applies == ["megatron"]
 
 
+def test_the_per_expert_record_is_checked_and_reaches_the_terms(tmp_path):
+    from predictor.step.host_floor import save_moe_passes
+    from predictor.step.terms import load_terms_checked, save_terms
+    per = {**MOE, "moe_host_passes_per_local_expert": 0.1, "layer": {"experts": 8}}
+    for bad in (-0.1, 2.0, "x"):
+        with pytest.raises(ArtifactError, match=r"moe\.moe_host_passes_per_local_expert"):
+            host_floor_from_dict({**GOOD, "moe": {**per, "moe_host_passes_per_local_expert": bad}})
+    with pytest.raises(ArtifactError, match=r"moe\.layer\.experts"):     # how many experts the measured layer had
+        host_floor_from_dict({**GOOD, "moe": {**per, "layer": {}}})
+    # a record measured before the per-expert GEMMs were: nothing per expert
+    assert host_floor_from_dict({**GOOD, "moe": MOE}).moe_passes_per_expert_for("megatron") == 0.0
+    save_host_floor(GOOD, tmp_path)
+    save_moe_passes(per, tmp_path)
+    floor, _ = load_host_floor(tmp_path)
+    assert floor.moe_passes_per_expert_for("megatron") == pytest.approx(0.1)
+    assert floor.moe_passes_per_expert_for("fsdp") == 0.0
+    save_terms(EndToEndTerms(), tmp_path)
+    terms, warn = load_terms_checked(tmp_path)
+    assert warn is None
+    # the measured layer (8 experts) is 1.9 passes: 1.1 without its experts' GEMMs, 0.1 more per local expert
+    assert terms.moe_passes_for("megatron", 8) == pytest.approx(1.9)
+    assert terms.moe_passes_for("megatron", 16) == pytest.approx(1.1 + 1.6)
+    assert terms.moe_passes_for("megatron") == pytest.approx(1.1)
+    assert terms.moe_passes_for("deepspeed", 16) == 1.0
+    # a terms file's own value is kept, and checked
+    save_terms(EndToEndTerms(moe_host_passes={"megatron": 1.2}, moe_host_passes_per_expert={"megatron": 0.05}),
+               tmp_path)
+    terms, _ = load_terms_checked(tmp_path)
+    assert terms.moe_passes_for("megatron", 4) == pytest.approx(1.4)
+    (tmp_path / "framework_terms.json").write_text(json.dumps({"moe_host_passes_per_expert": {"megatron": 5}}))
+    terms, warn = load_terms_checked(tmp_path)
+    assert terms is None and "moe_host_passes_per_expert.megatron" in warn
+
+
+def test_bench_measures_what_one_gemm_per_expert_adds():
+    pytest.importorskip("torch")
+    import torch
+
+    from bench.sampling.host_floor import _moe_layer_class, _time_step
+    torch.manual_seed(0)
+    x = torch.randn(4, 1, 16, requires_grad=True)
+    moe = _moe_layer_class()
+    grouped, looped = moe(16, 2, 0.0, experts=8), moe(16, 2, 0.0, experts=8, per_expert_gemms=True)
+    looped.load_state_dict(grouped.state_dict())
+    torch.manual_seed(1)
+    a = grouped(x)
+    torch.manual_seed(1)
+    b = looped(x)
+    # the same arithmetic (bf16 GEMMs either way), issued as one grouped call or as one GEMM per expert
+    assert torch.allclose(a, b, atol=1e-2)
+    # a forward GEMM per expert and a data- and a weight-gradient GEMM per expert in the backward, for fc1 and fc2
+    # (torch's grouped GEMM on a CPU loops the same GEMMs inside one call: the operators agree, the host calls not)
+    mm = _mm_calls(looped, x)
+    assert mm >= 3 * 2 * 8 and mm == _mm_calls(grouped, x)
+    assert _time_step(looped, x, 3) > 0
+
+
+def _mm_calls(model, x):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(x).sum().backward()
+    return sum(e.name == "aten::mm" for e in prof.events())
+
+
 def _host_of(model, layouts, terms):
     from predictor.plan.predict import Predictor
     from predictor.step.engine import rows_for
@@ -246,16 +310,36 @@ def test_moe_layers_carry_the_measured_host_passes_and_nothing_else_moves():
     assert _host_of(mixed, lays[:1], moe)[0] == pytest.approx(_host_of(mixed, lays[:1], one_and_half)[0], rel=1e-9)
 
 
+def test_each_local_expert_adds_its_measured_passes():
+    from dataclasses import replace as dc_replace
+
+    from predictor.model.presets import get_preset
+    from predictor.model.specs import Layout
+    h = 5e-3
+    base = EndToEndTerms(host={"default": HostTerm(h, 2.0, 0.0)}, moe_host_passes={"megatron": 2.0})
+    per_expert = dc_replace(base, moe_host_passes_per_expert={"megatron": 0.125})
+    qwen = get_preset("qwen3-30b-a3b")      # 128 experts
+    lay = {ep: Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=ep, micro_batch=1, global_batch=8, seq_len=256)
+           for ep in (8, 2)}
+    # ep 8: 16 local experts x 0.125 = 2 more passes: the host time of 4 passes per MoE layer
+    four = EndToEndTerms(host={"default": HostTerm(4 * h, 2.0, 0.0)})
+    assert _host_of(qwen, [lay[8]], per_expert)[0] == pytest.approx(_host_of(qwen, [lay[8]], four)[0], rel=1e-9)
+    # fewer ranks hold more experts each: ep 2 carries 64 local experts, more host time than ep 8
+    assert _host_of(qwen, [lay[2]], per_expert)[0] > _host_of(qwen, [lay[8]], per_expert)[0]
+    # without the per-expert record nothing depends on the experts per rank beyond the GPU work
+    assert _host_of(qwen, [lay[8]], base)[0] < _host_of(qwen, [lay[8]], per_expert)[0]
+
+
 def test_a_moe_prediction_says_its_host_passes_and_a_dense_one_does_not():
     from predictor.model.presets import get_preset
     from predictor.model.specs import Layout
     from predictor.plan.predict import Predictor
     pr = Predictor("dgx-h100")
     lay = Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, seq_len=1024)
-    passes = pr.terms.moe_passes_for("megatron")
-    assert passes > 1.0      # the shipped host floor carries the measured MoE record
+    passes = pr.terms.moe_passes_for("megatron", 128 / 8)     # Qwen3-30B-A3B at ep 8: 16 local experts
+    assert passes > pr.terms.moe_passes_for("megatron") > 1.0   # the shipped floor carries the measured MoE record
     said = [w for w in pr.predict(get_preset("qwen3-30b-a3b"), lay).warnings if "dense layer passes" in w]
-    assert len(said) == 1 and f"{passes:.2f} dense layer passes" in said[0]
+    assert len(said) == 1 and f"{passes:.2f} dense layer passes" in said[0] and "16 local experts" in said[0]
     # a framework the measurement does not apply to says nothing
     fsdp = Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=8, micro_batch=1, global_batch=8, seq_len=1024, framework="ddp")
     assert not [w for w in pr.predict(get_preset("qwen3-30b-a3b"), fsdp).warnings if "dense layer passes" in w]

@@ -250,9 +250,16 @@ def _moe_layer_class() -> Any:
                 floor leaves out the tensor-parallel collectives)
     sort        sort_chunks_by_idxs: split by the host-side counts and concatenated in local-expert order (and
                 back after the experts)
-    experts     fc1 and fc2 each one grouped GEMM call (TE GroupedLinear / torch._grouped_mm: one host call
-                for every local expert; per-expert launches inside it are not counted), SwiGLU in fp32 with the
-                router probabilities applied
+    experts     fc1 and fc2 each one grouped GEMM call (torch._grouped_mm), SwiGLU in fp32 with the router
+                probabilities applied; with `per_expert_gemms` (what the measurement uses) instead one GEMM per
+                local expert (the inputs split by the host-side counts, the outputs concatenated), as Transformer
+                Engine's GroupedLinear issues them: general_grouped_gemm runs one cuBLAS GEMM per expert in its
+                forward and one data-gradient and one weight-gradient GEMM per expert in its backward, with
+                per-expert Python loops around them (weight casts / FP8 workspaces forward, the weight-gradient
+                list backward) (NVIDIA/TransformerEngine@0069563f606859d4fb5d663e1c92509a30e99f35
+                transformer_engine/pytorch/module/grouped_linear.py _GroupedLinear.forward / backward), which
+                Megatron-Core's TEGroupedMLP calls for fc1 and fc2. (torch's grouped GEMM on a CPU loops the same
+                per-group GEMMs inside one call; on a GPU it is one kernel)
     unpermute   rows scatter-added back to token order
     """
     import torch
@@ -276,9 +283,32 @@ def _moe_layer_class() -> Any:
             (aux_loss,) = ctx.saved_tensors
             return g, torch.ones_like(aux_loss)
 
+    class _GroupedLinear(torch.autograd.Function):
+        """Transformer Engine's _GroupedLinear as the host sees it: one autograd function whose forward splits the
+        rows by the host-side counts and issues one GEMM per local expert, and whose backward issues a data-gradient
+        and a weight-gradient GEMM per expert (general_grouped_gemm's per-expert cuBLAS calls; here torch.mm calls
+        from a Python loop, with no autograd node per expert)."""
+
+        @staticmethod
+        def forward(ctx: Any, x: Any, w: Any, counts: list[int]) -> Any:
+            xs = torch.split(x, counts)
+            ctx.save_for_backward(x, w)
+            ctx.counts = counts
+            return torch.cat([torch.mm(xs[i], w[i].t()) for i in range(len(counts))])
+
+        @staticmethod
+        def backward(ctx: Any, g: Any) -> Any:
+            x, w = ctx.saved_tensors
+            counts = ctx.counts
+            xs, gs = torch.split(x, counts), torch.split(g, counts)
+            dx = torch.cat([torch.mm(gs[i], w[i]) for i in range(len(counts))])
+            dw = torch.stack([torch.mm(gs[i].t(), xs[i]) for i in range(len(counts))])
+            return dx, dw, None
+
     class MoEBlock(nn.Module):
-        def __init__(self, hidden: int, experts: int, top_k: int, ffn: int) -> None:
+        def __init__(self, hidden: int, experts: int, top_k: int, ffn: int, per_expert_gemms: bool = False) -> None:
             super().__init__()
+            self.per_expert_gemms = per_expert_gemms
             self.router = nn.Parameter(torch.randn(experts, hidden) * 0.02)
             self.fc1 = nn.Parameter(torch.randn(experts, 2 * ffn, hidden).to(torch.bfloat16) * 0.02)
             self.fc2 = nn.Parameter(torch.randn(experts, hidden, ffn).to(torch.bfloat16) * 0.02)
@@ -312,11 +342,17 @@ def _moe_layer_class() -> Any:
             rows, pprobs = _Identity.apply(rows), _Identity.apply(pprobs)        # dispatch all-to-alls
             chunks = torch.split(rows, counts)                                     # sort by local expert
             rows = torch.cat([chunks[i] for i in range(e)])
-            offs = torch.tensor(counts).cumsum(0).to(torch.int32)
-            h = torch._grouped_mm(rows.to(torch.bfloat16), self.fc1.transpose(-2, -1), offs=offs)
+            if self.per_expert_gemms:   # one GEMM per local expert (TE GroupedLinear's general_grouped_gemm)
+                h = _GroupedLinear.apply(rows.to(torch.bfloat16), self.fc1, counts)
+            else:
+                offs = torch.tensor(counts).cumsum(0).to(torch.int32)
+                h = torch._grouped_mm(rows.to(torch.bfloat16), self.fc1.transpose(-2, -1), offs=offs)
             g1, g2 = h.float().chunk(2, dim=-1)
             act = (F.silu(g1) * g2 * pprobs.unsqueeze(-1)).to(torch.bfloat16)
-            out = torch._grouped_mm(act, self.fc2.transpose(-2, -1), offs=offs).to(tokens.dtype)
+            if self.per_expert_gemms:
+                out = _GroupedLinear.apply(act, self.fc2, counts).to(tokens.dtype)
+            else:
+                out = torch._grouped_mm(act, self.fc2.transpose(-2, -1), offs=offs).to(tokens.dtype)
             chunks = torch.split(out, counts)                                      # unsort
             out = _Identity.apply(torch.cat([chunks[i] for i in range(e)]))       # combine all-to-all
             y = torch.zeros_like(tokens).scatter_add_(0, sorted_idx.unsqueeze(1).expand(-1, shape[-1]), out)
@@ -325,10 +361,11 @@ def _moe_layer_class() -> Any:
     class MoELayer(dense):   # type: ignore[misc, valid-type]
         """The dense Megatron-style layer with the MoE block in place of its MLP (layer norm and residual kept)."""
 
-        def __init__(self, hidden: int, heads: int, dropout: float, experts: int = 8, top_k: int = 2) -> None:
+        def __init__(self, hidden: int, heads: int, dropout: float, experts: int = 8, top_k: int = 2,
+                     per_expert_gemms: bool = False) -> None:
             super().__init__(hidden, heads, dropout)
             del self.fc1, self.fc2
-            self.moe = MoEBlock(hidden, experts, top_k, hidden)
+            self.moe = MoEBlock(hidden, experts, top_k, hidden, per_expert_gemms)
 
         def forward(self, x: Any) -> Any:
             s, b, h = x.shape
@@ -350,13 +387,16 @@ def _moe_layer_class() -> Any:
 
 def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, experts: int = 8, top_k: int = 2,
                             short: int = 2, long: int = 10, rounds: int = DEFAULT_ROUNDS, iters: int = 40,
-                            warmup: int = 20, dropout: float = 0.1,
+                            warmup: int = 20, dropout: float = 0.1, expert_counts: tuple[int, int] = (4, 16),
                             log: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """How many dense layer passes of host time a Megatron-Core MoE layer pass issues (`_moe_layer_class`): the
-    slope of MoE-layer stacks over the slope of dense-layer stacks at the same tiny shapes (fp32; the MoE block's
-    grouped GEMMs in bf16, as torch's grouped GEMM needs, the casts around them a few of its operators), interleaved
-    round by round on this CPU (a ratio, so the CPU's speed and its load at the time cancel); the median over
-    rounds. The record `host_floor.json` keeps under "moe" (predictor.step.host_floor)."""
+    """How many dense layer passes of host time a Megatron-Core MoE layer pass issues (`_moe_layer_class` with
+    `experts` local experts, its grouped GEMMs issued as one GEMM per expert as Transformer Engine's GroupedLinear
+    does): the slope of MoE-layer stacks over the slope of dense-layer stacks at the same tiny shapes (fp32; the
+    expert GEMMs in bf16, the casts around them a few of its operators), interleaved round by round on this CPU (a
+    ratio, so the CPU's speed and its load at the time cancel); the median over rounds. And what each further local
+    expert adds: the slope of the same MoE layers between `expert_counts` local experts, per expert, in dense layer
+    passes (`moe_host_passes_per_local_expert`). The record `host_floor.json` keeps under "moe"
+    (predictor.step.host_floor)."""
     import torch
     from torch import nn
     say = log or (lambda _m: None)
@@ -370,10 +410,14 @@ def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, e
             return nn.Sequential(*[cls(hidden, heads, dropout, **kw) for _ in range(n)])
         x = torch.randn(seq, 1, hidden, requires_grad=True)
         a, b = stack(dense, short), stack(dense, long)
-        ma, mb = stack(moe, short, experts=experts, top_k=top_k), stack(moe, long, experts=experts, top_k=top_k)
-        for m in (a, b, ma, mb):
+        # the MoE layer as Megatron-Core's TEGroupedMLP issues it: one GEMM per local expert (TE GroupedLinear)
+        ma, mb = (stack(moe, n, experts=experts, top_k=top_k, per_expert_gemms=True) for n in (short, long))
+        e_lo, e_hi = expert_counts
+        pe = {n: (stack(moe, short, experts=n, top_k=top_k, per_expert_gemms=True),
+                  stack(moe, long, experts=n, top_k=top_k, per_expert_gemms=True)) for n in (e_lo, e_hi)}
+        for m in (a, b, ma, mb, *pe[e_lo], *pe[e_hi]):
             _time_step(m, x, warmup)
-        ratios, dense_s, moe_s = [], [], []
+        ratios, dense_s, moe_s, per_expert = [], [], [], []
         for r in range(rounds):
             ta, tb = _time_step(a, x, iters), _time_step(b, x, iters)
             d = (tb - ta) / (long - short)
@@ -382,18 +426,28 @@ def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, e
             dense_s.append(d)
             moe_s.append(m_)
             ratios.append(m_ / d)
+            s_lo, s_hi = ((_time_step(pe[n][1], x, iters) - _time_step(pe[n][0], x, iters)) / (long - short)
+                          for n in (e_lo, e_hi))
+            per_expert.append((s_hi - s_lo) / (e_hi - e_lo) / d)
             say(f"round {r + 1}/{rounds}: dense {d * 1e6:.0f} us, MoE {m_ * 1e6:.0f} us per layer forward + "
-                f"backward ({ratios[-1]:.2f}x)")
+                f"backward ({ratios[-1]:.2f}x); one GEMM per expert: {e_lo} experts {s_lo * 1e6:.0f} us, {e_hi} "
+                f"{s_hi * 1e6:.0f} us ({per_expert[-1]:.3f} dense passes per expert)")
         k_dense = (count_kernels(b, x) - count_kernels(a, x)) / (long - short)
         k_moe = (count_kernels(mb, x) - count_kernels(ma, x)) / (long - short)
     finally:
         torch.set_num_threads(threads)
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else [min(ratios), max(ratios)]
+    qe = statistics.quantiles(per_expert, n=4) if len(per_expert) >= 4 else [min(per_expert), max(per_expert)]
     from predictor.hardware.machine import current
     mach = current()
     return {
         "moe_layer_host_passes": statistics.median(ratios),
         "moe_layer_host_passes_iqr": [q[0], q[-1]],
+        # what each local expert adds to a MoE layer pass where its grouped GEMMs issue one GEMM per expert
+        # (Transformer Engine's GroupedLinear), in dense layer passes; never below 0 (a slope lost in the noise)
+        "moe_host_passes_per_local_expert": max(0.0, statistics.median(per_expert)),
+        "moe_host_passes_per_local_expert_iqr": [qe[0], qe[-1]],
+        "per_expert_gemm_expert_counts": [e_lo, e_hi],
         "dense_fwd_bwd_s_per_layer": statistics.median(dense_s),
         "moe_fwd_bwd_s_per_layer": statistics.median(moe_s),
         "dense_kernels_per_layer_pass": k_dense / 2.0,
@@ -401,13 +455,18 @@ def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, e
         "applies_to": ["megatron"],
         "layer": {"style": "the Megatron-style dense layer with a Megatron-Core MoE block in place of its MLP "
                            "(TopKRouter with aux loss, alltoall dispatcher with its host read of the token counts, "
-                           "unfused permute / sort / unpermute, grouped GEMMs), bf16, TP 1, EP 1",
+                           "unfused permute / sort / unpermute, grouped GEMMs issued as one GEMM per local expert "
+                           "as TE GroupedLinear does), bf16, TP 1, EP 1",
                   "hidden": hidden, "heads": heads, "seq_len": seq, "experts": experts, "top_k": top_k,
                   "stacks": [short, long], "rounds": rounds, "iters_per_round": iters, "torch_threads": 1},
         "machine": {**mach.to_dict(), "short": mach.short()},
         "torch": torch.__version__,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "source": ("python -m bench host-floor --moe: slope of eager forward + backward time over MoE layers at tiny "
-                   "shapes over the same slope of dense layers, on this CPU; per-expert GEMM launches inside a "
-                   "grouped GEMM and the collectives' launches are not counted (a lower bound)"),
+                   f"shapes ({experts} local experts, one GEMM per expert as Transformer Engine's GroupedLinear "
+                   "issues them) over the same slope of dense layers, on this CPU; per local expert: the slope of "
+                   f"the same MoE layers between {e_lo} and {e_hi} experts over the dense slope; the collectives' "
+                   "launches and FP8's per-expert weight quantization are not counted; each expert GEMM is a "
+                   "torch.mm called from a Python loop inside one autograd function (as TE's _GroupedLinear is "
+                   "one), a stand-in for the cuBLAS launches TE issues per expert from C++ (not a strict bound)"),
     }

@@ -653,11 +653,15 @@ class Predictor:
         if model.is_moe:
             from predictor.model.moe import routing_note
             note = routing_note(model, layout)
-            passes = (self.terms.moe_passes_for(layout.framework)
-                      if self.terms is not None and self.host is None and self.options.host_overhead else 1.0)
+            local = model.num_experts / max(1, layout.ep)
+            on = self.terms is not None and self.host is None and self.options.host_overhead
+            passes = self.terms.moe_passes_for(layout.framework, local) if on and self.terms is not None else 1.0
             if passes != 1.0:
-                note += (f" Host time: each MoE layer counted as {passes:.2f} dense layer passes (measured on a CPU, "
-                         "`bench host-floor --moe`).")
+                per_expert = self.terms.moe_host_passes_per_expert.get(layout.framework, 0.0) if self.terms else 0.0
+                how = (f", of which {per_expert * local:.2f} for the one GEMM per expert its {local:g} local "
+                       "experts' grouped GEMMs issue" if per_expert else "")
+                note += (f" Host time: each MoE layer counted as {passes:.2f} dense layer passes{how} (measured on a "
+                         "CPU, `bench host-floor --moe`).")
             warnings.append(note)
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:

@@ -772,7 +772,8 @@ class Engine:
             bh = host.extra_for_passes_s(bc + bt + bep, cn[None, :], bpasses)
         elif e2e is not None and e2e.host:
             fh, bh = self._framework_host(e2e, sub, cn, vpp, fc + ft + fep, bc + bt + bep,
-                                          (cn - dn) if model.is_moe else None)
+                                          (cn - dn) if model.is_moe else None,
+                                          model.num_experts / np.maximum(sub[:, I_EP], 1) if model.is_moe else None)
         else:
             fh = bh = np.zeros_like(fc)
         onehot = (chunk_rank_matrix(S.schedule, pp, vpp) if zb
@@ -866,23 +867,27 @@ class Engine:
 
     @staticmethod
     def _framework_host(e2e: EndToEndTerms, sub: np.ndarray, cn: np.ndarray, vpp: int, g_fwd: np.ndarray,
-                        g_bwd: np.ndarray, moe_layers: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                        g_bwd: np.ndarray, moe_layers: np.ndarray | None = None,
+                        local_experts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Host seconds each chunk's forward / backward adds per micro-batch, by each row's framework: the
         per-layer host time blended with the GPU time (the backward's passes include what recomputation adds,
         e2e.recompute_host_passes per recomputed layer), plus the per-micro-batch time of its stage split over
         the stage's chunk passes. `moe_layers` (a MoE model's MoE layers per chunk): each issues
-        e2e.moe_passes_for(framework) dense layer passes of host time (measured, predictor.step.host_floor)."""
+        e2e.moe_passes_for(framework, local experts) dense layer passes of host time (measured,
+        predictor.step.host_floor), `local_experts` per row (num_experts / ep) adding what their per-expert GEMMs
+        issue."""
         R = len(sub)
         h = np.zeros(R)
         p = np.full(R, 2.0)
         u = np.zeros(R)
         moe_r = np.ones(R)
+        loc = np.zeros(R) if local_experts is None else np.asarray(local_experts, float)
         for fi in np.unique(sub[:, I_FW]):
             t = e2e.host_for(FRAMEWORKS[int(fi)])
             if t is not None:
                 sel = sub[:, I_FW] == fi
                 h[sel], p[sel], u[sel] = t.host_s_per_layer_pass, t.blend_p, t.host_s_per_micro_batch
-                moe_r[sel] = e2e.moe_passes_for(FRAMEWORKS[int(fi)])
+                moe_r[sel] = [e2e.moe_passes_for(FRAMEWORKS[int(fi)], float(n)) for n in loc[sel]]
         rp = e2e.recompute_host_passes
         bpasses = np.array([1.0 + rp * RECOMPUTE_PASSES.get(rc, 0.0) for rc in _recompute_names(sub)])[:, None]
         # layer passes of host time per chunk: a MoE layer counts moe_r dense ones

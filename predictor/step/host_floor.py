@@ -39,6 +39,9 @@ MIN_RECOMPUTE_PASSES, MAX_RECOMPUTE_PASSES = 0.5, 4.0
 # a MoE layer issues what a dense layer does and more (router, aux loss, permutations, grouped GEMMs): below 1 or
 # above 10 dense layer passes is not that
 MIN_MOE_PASSES, MAX_MOE_PASSES = 1.0, 10.0
+# what one local expert adds to a MoE layer pass where its grouped GEMMs issue one GEMM per expert (Transformer
+# Engine's GroupedLinear): a handful of GEMM calls forward and backward, never a whole dense layer pass
+MAX_MOE_PASSES_PER_EXPERT = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,31 @@ class HostFloor:
     # and the frameworks it applies to; None: not measured
     moe_layer_host_passes: float | None = None
     moe_applies_to: tuple[str, ...] = ()
+    # what each local expert adds to a MoE layer pass, in dense layer passes, where the grouped GEMMs issue one GEMM
+    # per expert (Transformer Engine's GroupedLinear; `bench host-floor --moe`); None: not measured. The measured
+    # layer had moe_reference_experts local experts (the record's layer.experts)
+    moe_passes_per_local_expert: float | None = None
+    moe_reference_experts: int = 8
 
     def moe_passes_for(self, framework: str) -> float:
-        """Dense layer passes of host time one MoE layer pass of `framework` takes (1 where not measured)."""
+        """Dense layer passes of host time one MoE layer pass of `framework` takes as measured, with
+        moe_reference_experts local experts (1 where not measured); `moe_passes_per_expert_for` gives what each further
+        local expert adds."""
         if self.moe_layer_host_passes is None or framework not in self.moe_applies_to:
             return 1.0
         return self.moe_layer_host_passes
+
+    def moe_passes_per_expert_for(self, framework: str) -> float:
+        """Dense layer passes each local expert adds to a MoE layer pass of `framework` (0 where not measured)."""
+        if self.moe_passes_per_local_expert is None or framework not in self.moe_applies_to:
+            return 0.0
+        return self.moe_passes_per_local_expert
+
+    def moe_passes_without_experts(self, passes: float) -> float:
+        """`passes` of the measured MoE layer (moe_layer_host_passes) less what its local experts' GEMMs add (the
+        intercept of passes over local experts), never below one dense pass."""
+        per = self.moe_passes_per_local_expert or 0.0
+        return max(MIN_MOE_PASSES, passes - per * self.moe_reference_experts)
 
     def for_framework(self, framework: str) -> float:
         """The floor of this framework (0 for one the measurement does not apply to)."""
@@ -93,9 +115,10 @@ def host_floor_from_dict(d: Any, path: str | Path = HOST_FLOOR_FILE) -> HostFloo
     short = str(machine.get("short", "")) if isinstance(machine, dict) else str(machine)
     mid = str(machine.get("id", "")) if isinstance(machine, dict) else ""
     moe_passes, moe_applies = moe_from_dict(d.get("moe"), path)
+    per_expert, ref = moe_per_expert_from_dict(d.get("moe"), path)
     return HostFloor(floor, tuple(str(f) for f in applies), None if kernels is None else float(kernels),
                      None if rp is None else float(rp), short, str(d.get("measured_at", "")), str(d.get("source", "")),
-                     mid, moe_passes, moe_applies)
+                     mid, moe_passes, moe_applies, per_expert, ref)
 
 
 def moe_from_dict(m: Any, path: str | Path = HOST_FLOOR_FILE) -> tuple[float | None, tuple[str, ...]]:
@@ -111,6 +134,19 @@ def moe_from_dict(m: Any, path: str | Path = HOST_FLOOR_FILE) -> tuple[float | N
     if not isinstance(applies, list) or not applies or any(f not in FRAMEWORKS for f in applies):
         raise ArtifactError(path, "moe.applies_to", f"must be a non-empty list of frameworks ({', '.join(FRAMEWORKS)})")
     return passes, tuple(str(f) for f in applies)
+
+
+def moe_per_expert_from_dict(m: Any, path: str | Path = HOST_FLOOR_FILE) -> tuple[float | None, int]:
+    """(moe_host_passes_per_local_expert, the measured layer's local experts) of the "moe" record: (None, 8) without
+    it (a record measured before the per-expert GEMMs were); ArtifactError naming the field on a bad value."""
+    if not isinstance(m, dict) or m.get("moe_host_passes_per_local_expert") is None:
+        return None, 8
+    per = float(check_number(path, "moe.moe_host_passes_per_local_expert", m.get("moe_host_passes_per_local_expert"),
+                             ge=0.0, le=MAX_MOE_PASSES_PER_EXPERT))
+    layer = m.get("layer")
+    ref = check_number(path, "moe.layer.experts", layer.get("experts") if isinstance(layer, dict) else None, ge=1,
+                       integer=True)
+    return per, int(ref)
 
 
 def save_moe_passes(record: dict[str, Any], models_dir: str | Path | None = None) -> Path:

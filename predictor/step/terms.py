@@ -31,7 +31,12 @@ leave-one-source-out (each source predicted by terms fitted without it):
                    a quarter of it), measured with the host floor (bench host-floor), 1 without it.
   moe_host_passes[framework]  host time of one MoE layer pass in dense layer passes: measured with the host
                    floor (`bench host-floor --moe`: a Megatron-Core MoE layer against the dense layer on one CPU),
-                   never fitted; the terms file's own value where it states one, else the saved floor's.
+                   never fitted; the terms file's own value where it states one, else the saved floor's (less what
+                   the measured layer's local experts add, where the record measured that: the intercept below).
+  moe_host_passes_per_expert[framework]  what each local expert (num_experts / ep) adds to a MoE layer pass, in
+                   dense layer passes, where the grouped GEMMs issue one GEMM per expert (Transformer Engine's
+                   GroupedLinear, Megatron-Core's TEGroupedMLP): measured with the same record, never fitted. A MoE
+                   layer pass is moe_host_passes + moe_host_passes_per_expert x local experts.
 
 The file `models_store/framework_terms.json` holds the terms with their provenance: the runs and
 sources they were fitted on, and the in-sample and source-held-out errors per source. GPU platforms
@@ -50,6 +55,7 @@ from predictor.model.frameworks import FRAMEWORKS
 from predictor.paths import ArtifactError, check_number
 from predictor.step.host_floor import (
     MAX_MOE_PASSES,
+    MAX_MOE_PASSES_PER_EXPERT,
     MAX_RECOMPUTE_PASSES,
     MIN_MOE_PASSES,
     MIN_RECOMPUTE_PASSES,
@@ -160,6 +166,9 @@ class EndToEndTerms:
     # framework -> host time of one MoE layer pass in dense layer passes: measured, never fitted (the host floor's
     # "moe" record, `bench host-floor --moe`, predictor.step.host_floor); a framework not named: 1
     moe_host_passes: dict[str, float] = field(default_factory=dict)
+    # framework -> dense layer passes each local expert adds to a MoE layer pass (one GEMM per expert in the grouped
+    # GEMMs: the same "moe" record's moe_host_passes_per_local_expert), measured, never fitted; not named: 0
+    moe_host_passes_per_expert: dict[str, float] = field(default_factory=dict)
     # a platform calibrated on its own runs (predictor.calibrate.runs): sustained speed per kind of work, GPU time x
     # factor (tensor-core GEMMs, attention kernels, memory-bound operators), and inter-node collectives' time x
     # network_factor (1 / network efficiency) where a job spans nodes, a MoE model's expert-parallel dispatch /
@@ -181,9 +190,12 @@ class EndToEndTerms:
         """(GEMM, attention, memory-bound) time factors of a platform calibrated on its own runs."""
         return self.gemm_factor, self.attention_factor, self.memory_factor
 
-    def moe_passes_for(self, framework: str) -> float:
-        """Dense layer passes of host time one MoE layer pass of `framework` takes (1 where not measured)."""
-        return float(self.moe_host_passes.get(framework, 1.0))
+    def moe_passes_for(self, framework: str, local_experts: float = 0.0) -> float:
+        """Dense layer passes of host time one MoE layer pass of `framework` takes with `local_experts` experts per
+        expert-parallel rank (1 where not measured): the measured MoE layer plus what each local expert's GEMMs
+        add."""
+        return (float(self.moe_host_passes.get(framework, 1.0))
+                + float(self.moe_host_passes_per_expert.get(framework, 0.0)) * local_experts)
 
     @property
     def own_factors(self) -> bool:
@@ -243,6 +255,17 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
         if fw not in FRAMEWORKS:
             raise ArtifactError(path, f"moe_host_passes.{fw}", f"unknown framework (use {', '.join(FRAMEWORKS)})")
         moe_passes[fw] = float(check_number(path, f"moe_host_passes.{fw}", v, ge=MIN_MOE_PASSES, le=MAX_MOE_PASSES))
+    pe_raw = d.get("moe_host_passes_per_expert") or {}
+    if not isinstance(pe_raw, dict):
+        raise ArtifactError(path, "moe_host_passes_per_expert", "must be a mapping of framework -> dense layer passes "
+                                                                "per local expert")
+    per_expert: dict[str, float] = {}
+    for fw, v in pe_raw.items():
+        if fw not in FRAMEWORKS:
+            raise ArtifactError(path, f"moe_host_passes_per_expert.{fw}",
+                                f"unknown framework (use {', '.join(FRAMEWORKS)})")
+        per_expert[fw] = float(check_number(path, f"moe_host_passes_per_expert.{fw}", v, ge=0.0,
+                                            le=MAX_MOE_PASSES_PER_EXPERT))
     fws = d.get("frameworks") or []
     if not isinstance(fws, list) or any(f not in FRAMEWORKS for f in fws):
         raise ArtifactError(path, "frameworks", f"must be a list of frameworks ({', '.join(FRAMEWORKS)}), not "
@@ -257,7 +280,8 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     _check_finite(path, "validation", validation)  # errors and signed gaps: any sign, never NaN / inf
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
                          power_form=str(form), recompute_host_passes=rpass, speed_spread=spread,
-                         moe_host_passes=moe_passes, source=str(d.get("source", "")), fitted_on=fitted_on,
+                         moe_host_passes=moe_passes, moe_host_passes_per_expert=per_expert,
+                         source=str(d.get("source", "")), fitted_on=fitted_on,
                          validation=dict(validation), fitted_at=str(d.get("fitted_at", "")),
                          frameworks=tuple(str(f) for f in fws), **kinds)
 
@@ -292,7 +316,12 @@ def with_moe_host_passes(terms: EndToEndTerms, models_dir: str | Path | None = N
     floor, _warning = load_host_floor(models_dir)
     if floor is None or floor.moe_layer_host_passes is None:
         return terms
-    return replace(terms, moe_host_passes=dict.fromkeys(floor.moe_applies_to, floor.moe_layer_host_passes))
+    passes = floor.moe_layer_host_passes
+    if floor.moe_passes_per_local_expert is None:
+        return replace(terms, moe_host_passes=dict.fromkeys(floor.moe_applies_to, passes))
+    # passes = intercept + per expert x local experts, the intercept the measured layer's passes less its experts'
+    return replace(terms, moe_host_passes=dict.fromkeys(floor.moe_applies_to, floor.moe_passes_without_experts(passes)),
+                   moe_host_passes_per_expert=dict.fromkeys(floor.moe_applies_to, floor.moe_passes_per_local_expert))
 
 
 def save_terms(terms: EndToEndTerms, models_dir: str | Path | None = None) -> Path:
