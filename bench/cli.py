@@ -288,10 +288,17 @@ def cmd_sampled_on(a) -> int:
 def cmd_host_floor(a) -> int:
     """Measure the host floor per layer pass on this CPU; print it; with --save write models_store/host_floor.json
     unless the saved floor of another machine is the tighter (higher) lower bound (--replace: write anyway)."""
-    from bench.sampling.host_floor import measure_host_floor, measure_moe_host_passes
-    from predictor.step.host_floor import save_moe_passes, save_tighter_floor
+    from bench.sampling.host_floor import measure_cuda_graph_shares, measure_host_floor, measure_moe_host_passes
+    from predictor.step.host_floor import save_cuda_graph_shares, save_moe_passes, save_tighter_floor
     if not a.no_wait:
         quiet_check(a)
+    if a.cuda_graphs:
+        cg = measure_cuda_graph_shares(rounds=a.rounds, iters=a.iters, log=_log)
+        print(json.dumps({k: cg[k] for k in ("scope_host_passes", "scope_host_passes_iqr", "replay_host_passes",
+                                             "replay_host_passes_iqr", "measured_at")}, indent=2))
+        if a.save:
+            print(f"saved under 'cuda_graphs' in {save_cuda_graph_shares(cg, a.models_dir)}")
+        return 0
     if a.moe:
         moe = measure_moe_host_passes(rounds=a.rounds, iters=a.iters, log=_log)
         print(json.dumps({k: moe[k] for k in ("moe_layer_host_passes", "moe_layer_host_passes_iqr",
@@ -512,6 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--moe", action="store_true", help="measure instead how many dense layer passes of host time a "
                                                        "Megatron-Core MoE layer pass takes (with --save: kept under "
                                                        "'moe' in host_floor.json, the dense floor untouched)")
+    sp.add_argument("--cuda-graphs", dest="cuda_graphs", action="store_true",
+                    help="measure instead the host time of the parts Megatron-Core's per-layer CUDA graphs capture "
+                         "(attn, mlp, moe_router, moe_preprocess) and of one replay, in dense layer passes (with "
+                         "--save: kept under 'cuda_graphs' in host_floor.json)")
     sp.add_argument("--models-dir")
     _common(sp)
     sp.set_defaults(fn=cmd_host_floor)

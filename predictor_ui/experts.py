@@ -168,6 +168,24 @@ def moe_dispatcher_input(prefix: str, c, num_experts: int) -> str:
     return str(v)
 
 
+# the CUDA graph settings the dashboard offers (Layout.cuda_graphs): none, what recipes capture, full_iteration
+CUDA_GRAPH_CHOICES = ("none", "attn", "attn+mlp", "moe_router+moe_preprocess", "attn+moe_router+moe_preprocess",
+                      "full_iteration")
+
+
+def cuda_graphs_input(prefix: str, c) -> str:
+    """The CUDA graphs select (Layout.cuda_graphs): the common settings, plus the value held now when it is another
+    (from the URL), so that it is kept and checked (a bad one named by the page) rather than silently replaced."""
+    key = _k(prefix, "cuda_graphs")
+    held = str(st.session_state.get(key, st.query_params.get(key, "none")))
+    opts = list(CUDA_GRAPH_CHOICES) + ([held] if held not in CUDA_GRAPH_CHOICES else [])
+    v = c.selectbox("CUDA graphs", opts, index=0, key=key, bind=BIND,
+                    help="Megatron-Core cuda_graph_impl / cuda_graph_scope: none (eager), per-layer parts captured "
+                         "with Transformer Engine (attn, mlp, moe_router, moe_preprocess) or full_iteration; a "
+                         "captured part's host time is replaced by a graph replay (GPU time and memory unchanged)")
+    return str(v)
+
+
 def _current(key: str) -> int | None:
     v = st.session_state.get(key)
     if v is None:

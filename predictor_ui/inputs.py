@@ -284,6 +284,7 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
     out["moe_overlap"] = experts.moe_overlap_input(prefix, b, experts.num_experts_of(model) if model else 0,
                                                    int(out["ep"]))
     out["moe_dispatcher"] = experts.moe_dispatcher_input(prefix, c, experts.num_experts_of(model) if model else 0)
+    out["cuda_graphs"] = experts.cuda_graphs_input(prefix, c)
     a, b = c.columns(2)
     out["micro_batch"] = a.number_input("Micro-batch", 1, 4096, d["micro_batch"], key=_k(prefix, "micro_batch"),
                                         bind=BIND, help="Sequences per micro-batch per GPU")

@@ -61,6 +61,8 @@ def predict_query(row: pd.Series | dict[str, Any]) -> dict[str, str]:
         out["moe_overlap"] = query_value("moe_overlap", True)
     if L.moe_dispatcher != "alltoall":   # the MoE token dispatcher, where not the default
         out["moe_dispatcher"] = L.moe_dispatcher
+    if L.cuda_graphs != "none":   # CUDA graphs, where used
+        out["cuda_graphs"] = L.cuda_graphs
     if L.recompute == "selective" and L.recompute_modules is not None:   # selective recomputation's modules
         out["recompute_modules"] = ",".join(L.recompute_modules) or "none"
     return out

@@ -291,6 +291,21 @@ def test_predict_takes_the_moe_token_dispatcher():
     assert any("moe_dispatcher" in w.value and "alltoall" in w.value for w in at.warning)
 
 
+def test_predict_takes_cuda_graphs():
+    """The CUDA graphs select (Layout.cuda_graphs): a value from the URL is predicted and kept in the select, and the
+    prediction says what it removed; full_iteration on a dropless MoE model is a warning naming the field."""
+    q = {"model": "deepseek-v2-lite", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8,
+         "cuda_graphs": "attn+moe_router+moe_preprocess"}
+    at = run(query=q)
+    assert not at.exception
+    assert at.selectbox(key="cuda_graphs").value == "attn+moe_router+moe_preprocess"
+    assert STEP_RE.match(metric(at, "Step time"))
+    at = run(query={**q, "cuda_graphs": "full_iteration"})
+    assert not at.exception
+    said = [w.value.replace("\\", "") for w in at.warning]   # the page escapes markdown
+    assert any("cuda_graphs" in w and "capacity_factor" in w for w in said)
+
+
 def test_a_custom_model_from_maverick_or_gpt_oss_keeps_its_layer_pattern():
     """Switching Llama 4 Maverick / GPT-OSS to 'custom' keeps the MoE interval and the sliding window (never a
     silent every-layer MoE or full attention)."""

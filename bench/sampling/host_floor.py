@@ -57,6 +57,49 @@ def _identity_function() -> Any:
     return _Identity
 
 
+class _StaticBuffers:
+    """The host side of a captured part's replay as Transformer Engine's make_graphed_callables issues it
+    (NVIDIA/TransformerEngine transformer_engine/pytorch/graph.py, Graphed.forward / backward: the inputs copied into
+    the graph's static input buffers, the forward graph replayed, the static outputs returned detached; in the
+    backward the incoming gradients copied into static buffers, the backward graph replayed, the static input
+    gradients returned): one autograd function call per replay, forward and backward. The replay itself
+    (cudaGraphLaunch, one driver call) has no CPU stand-in and is not counted, as the eager floor leaves out each
+    kernel's launch call."""
+
+    def __init__(self, inputs: tuple[Any, ...], outputs: tuple[Any, ...] | None = None) -> None:
+        import torch
+        self.static_in = tuple(torch.zeros_like(t) for t in inputs)
+        self.static_out = (tuple(torch.zeros_like(t) for t in inputs) if outputs is None
+                           else tuple(o.detach().clone() for o in outputs))
+        self.static_grad_out = tuple(torch.zeros_like(o) if o.is_floating_point() else None for o in self.static_out)
+        self.static_grad_in = tuple(torch.zeros_like(t) for t in inputs)
+        buffers = self
+
+        class _Graphed(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, *xs: Any) -> Any:
+                for s_, x in zip(buffers.static_in, xs, strict=True):
+                    s_.copy_(x)
+                out = tuple(o.detach() for o in buffers.static_out)
+                for o in out:
+                    if not o.is_floating_point():
+                        ctx.mark_non_differentiable(o)
+                return out
+
+            @staticmethod
+            def backward(ctx: Any, *grads: Any) -> Any:
+                for s_, g in zip(buffers.static_grad_out, grads, strict=True):
+                    if s_ is not None and g is not None:
+                        s_.copy_(g)
+                return tuple(g.detach() for g in buffers.static_grad_in)
+
+        self._fn = _Graphed
+
+    def replay(self, *inputs: Any) -> Any:
+        out = self._fn.apply(*inputs)
+        return out[0] if len(out) == 1 else out
+
+
 def _layer_class() -> Any:
     import torch
     import torch.nn.functional as F
@@ -102,6 +145,15 @@ def _layer_class() -> Any:
             self.qkv, self.proj = ParallelLinear(hidden, 3 * hidden), ParallelLinear(hidden, hidden)
             self.fc1, self.fc2 = ParallelLinear(hidden, 4 * hidden), ParallelLinear(4 * hidden, hidden)
             self.heads, self.p = heads, dropout
+            # the parts replaced by a CUDA graph replay stand-in (`measure_cuda_graph_shares`): "attn", "mlp"
+            self.graphed: frozenset[str] = frozenset()
+            self._replays: dict[str, Any] = {}
+
+        def _replay(self, part: str, *inputs: Any) -> Any:
+            """The host side of replaying a captured part (`_graphed_replay`), its static buffers made once."""
+            if part not in self._replays:
+                self._replays[part] = _StaticBuffers(inputs)
+            return self._replays[part].replay(*inputs)
 
         def _bias_dropout_add(self, out: Any, bias: Any, residual: Any) -> Any:
             return residual + F.dropout(out + bias, self.p, self.training)
@@ -111,7 +163,10 @@ def _layer_class() -> Any:
             w, b = (self.ln1_w, self.ln1_b) if which == 1 else (self.ln2_w, self.ln2_b)
             return _LayerNorm.apply(x, w, b)
 
-        def forward(self, x: Any) -> Any:
+        def _attention(self, x: Any) -> Any:
+            """The attention half: layer norm through the bias-dropout-add (Megatron-Core's attn scope)."""
+            if "attn" in self.graphed:
+                return self._replay("attn", x)
             s, b, h = x.shape
             d = h // self.heads
             qkv, qkv_bias = self.qkv(_LayerNorm.apply(x, self.ln1_w, self.ln1_b))
@@ -123,7 +178,12 @@ def _layer_class() -> Any:
             probs = F.dropout(torch.softmax(scores.masked_fill(mask, -10000.0), dim=-1), self.p, self.training)
             ctx = torch.bmm(probs, v).transpose(0, 1).contiguous().view(s, b, h)
             out, bias = self.proj(ctx)
-            x = self._bias_dropout_add(out, bias, x)
+            return self._bias_dropout_add(out, bias, x)
+
+        def forward(self, x: Any) -> Any:
+            x = self._attention(x)
+            if "mlp" in self.graphed:   # the MLP half, its tensor-parallel region function inside (the mlp scope)
+                return self._replay("mlp", x)
             up, up_bias = self.fc1(_LayerNorm.apply(x, self.ln2_w, self.ln2_b))
             out, bias = self.fc2(F.gelu(up + up_bias))
             return _Identity.apply(self._bias_dropout_add(out, bias, x))
@@ -314,25 +374,46 @@ def _moe_layer_class() -> Any:
             self.fc2 = nn.Parameter(torch.randn(experts, hidden, ffn).to(torch.bfloat16) * 0.02)
             self.experts, self.k = experts, top_k
             self.aux_tracker = torch.zeros(())
+            self.graphed: frozenset[str] = frozenset()   # "moe_router", "moe_preprocess" (`measure_cuda_graph_shares`)
+            self._replays: dict[str, Any] = {}
 
-        def forward(self, x: Any) -> Any:
-            shape = x.shape
-            tokens = x.reshape(-1, shape[-1])
-            n, e = tokens.shape[0], self.experts
-            # router (fp32 gating, top-k of the logits then softmax, scattered probabilities and map)
+        def _router(self, tokens: Any, n: int, e: int) -> tuple[Any, Any]:
+            """TopKRouter: fp32 gating, top-k of the logits then softmax, scattered probabilities and map; the aux
+            loss (switch load balancing) and its tracker, attached to the probabilities by the auto-scaler."""
             logits = F.linear(tokens.float(), self.router.float())
             top, idx = torch.topk(logits, self.k, dim=1)
             probs = torch.softmax(top, dim=-1, dtype=torch.float32)
             gates = torch.zeros_like(logits).scatter(1, idx, probs)
             rmap = torch.zeros_like(logits).int().scatter(1, idx, 1).bool()
             per_expert = rmap.sum(dim=0)
-            # aux loss (switch load balancing) and its tracker; the auto-scaler attaches it to the probabilities
             scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
             aux = torch.sum(scores.sum(dim=0) * per_expert) * (e * 1e-3 / (self.k * n * n))
             self.aux_tracker = self.aux_tracker + aux.detach()
-            gates = _AuxLossAutoScaler.apply(gates, aux)
-            # dispatcher preprocess: counts to the host (the sync point)
-            counts = rmap.sum(dim=0).long().tolist()
+            return _AuxLossAutoScaler.apply(gates, aux), rmap
+
+        def _router_replay(self, tokens: Any) -> tuple[Any, Any, Any]:
+            """The router captured (Megatron-Core's moe_router scope; with moe_preprocess the tokens per expert too):
+            one replay, its outputs (probabilities, routing map, tokens per expert) read from static buffers."""
+            if "router" not in self._replays:
+                n, e = tokens.shape[0], self.experts
+                with torch.no_grad():
+                    gates, rmap = self._router(tokens.detach(), n, e)
+                self._replays["router"] = _StaticBuffers((tokens,), (gates.detach(), rmap, rmap.sum(dim=0).long()))
+            return self._replays["router"].replay(tokens)
+
+        def forward(self, x: Any) -> Any:
+            shape = x.shape
+            tokens = x.reshape(-1, shape[-1])
+            n, e = tokens.shape[0], self.experts
+            if "moe_router" in self.graphed:   # router (and preprocess) replayed: its outputs from static buffers
+                gates, rmap, per_expert = self._router_replay(tokens)
+            else:
+                gates, rmap = self._router(tokens, n, e)
+            # dispatcher preprocess: tokens per expert (captured with moe_preprocess), then their host read (the
+            # sync point, outside any graph: the dispatcher sizes its all-to-all with it)
+            if "moe_preprocess" not in self.graphed:
+                per_expert = rmap.sum(dim=0).long()
+            counts = per_expert.tolist()
             # permute (unfused)
             rmap_t = rmap.T.contiguous()
             tok_idx = torch.arange(n).unsqueeze(0).expand(e, -1)
@@ -368,18 +449,8 @@ def _moe_layer_class() -> Any:
             self.moe = MoEBlock(hidden, experts, top_k, hidden, per_expert_gemms)
 
         def forward(self, x: Any) -> Any:
-            s, b, h = x.shape
-            d = h // self.heads
-            qkv, qkv_bias = self.qkv(self._ln(x, 1))
-            q, k, v = (qkv + qkv_bias).view(s, b * self.heads, 3 * d).chunk(3, dim=-1)
-            q, k, v = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
-            scores = torch.baddbmm(torch.empty(b * self.heads, s, s), q, k.transpose(1, 2), beta=0.0,
-                                   alpha=d ** -0.5)
-            mask = torch.ones(s, s, dtype=torch.bool).triu(1)
-            probs = F.dropout(torch.softmax(scores.masked_fill(mask, -10000.0), dim=-1), self.p, self.training)
-            ctx = torch.bmm(probs, v).transpose(0, 1).contiguous().view(s, b, h)
-            out, bias = self.proj(ctx)
-            x = self._bias_dropout_add(out, bias, x)
+            x = self._attention(x)   # the dense layer's attention half (a replay stand-in where "attn" is graphed)
+            self.moe.graphed = self.graphed
             return x + self.moe(self._ln(x, 2))
 
     return MoELayer
@@ -469,4 +540,101 @@ def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, e
                    "launches and FP8's per-expert weight quantization are not counted; each expert GEMM is a "
                    "torch.mm called from a Python loop inside one autograd function (as TE's _GroupedLinear is "
                    "one), a stand-in for the cuBLAS launches TE issues per expert from C++ (not a strict bound)"),
+    }
+
+
+# ---- the host time CUDA graphs of parts of a layer remove (Layout.cuda_graphs) --------------------------------------
+
+def measure_cuda_graph_shares(*, hidden: int = 16, heads: int = 2, seq: int = 4, experts: int = 8, top_k: int = 2,
+                              short: int = 2, long: int = 10, rounds: int = DEFAULT_ROUNDS, iters: int = 40,
+                              warmup: int = 20, dropout: float = 0.1,
+                              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The host time of each part of a layer Megatron-Core's per-layer CUDA graphs capture (cuda_graph_impl
+    transformer_engine, cuda_graph_scope attn / mlp / moe_router / moe_preprocess), in dense layer passes, and the
+    host time of one replay, measured on this CPU with the layers `measure_host_floor` and `measure_moe_host_passes`
+    time: each part in turn replaced by the host side of a replay (`_StaticBuffers`: the static-buffer copies and the
+    autograd function Transformer Engine's graphed callable runs, forward and backward), the drop in the stack's slope
+    over the dense layer's slope. Replay: the dense layer with both halves replaced (two replays), halved.
+
+    share(part) = (slope(layer) - slope(layer with part replayed)) / slope(dense) + replay, so that
+    host passes left = passes - sum of the captured parts' shares + replays (`predictor.step.host_floor`).
+    moe_preprocess is measured with moe_router captured (Megatron-Core requires it with moe_router): its share is the
+    further drop. Interleaved round by round (ratios, so the CPU's speed and load cancel); medians over rounds. The
+    record `host_floor.json` keeps under "cuda_graphs"."""
+    import torch
+    from torch import nn
+    say = log or (lambda _m: None)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        dense, moe = _layer_class(), _moe_layer_class()
+
+        def stack(cls: Any, n: int, graphed: frozenset[str], **kw: Any) -> Any:
+            layers = [cls(hidden, heads, dropout, **kw) for _ in range(n)]
+            for layer in layers:
+                layer.graphed = graphed
+            return nn.Sequential(*layers)
+        x = torch.randn(seq, 1, hidden, requires_grad=True)
+        moe_kw = dict(experts=experts, top_k=top_k, per_expert_gemms=True)
+        variants = {
+            "dense": (dense, frozenset(), {}), "dense_attn": (dense, frozenset({"attn"}), {}),
+            "dense_mlp": (dense, frozenset({"mlp"}), {}), "dense_both": (dense, frozenset({"attn", "mlp"}), {}),
+            "moe": (moe, frozenset(), moe_kw), "moe_router": (moe, frozenset({"moe_router"}), moe_kw),
+            "moe_router_pre": (moe, frozenset({"moe_router", "moe_preprocess"}), moe_kw),
+        }
+        stacks = {k: (stack(c, short, g, **kw), stack(c, long, g, **kw)) for k, (c, g, kw) in variants.items()}
+        for a, b in stacks.values():
+            _time_step(a, x, warmup)
+            _time_step(b, x, warmup)
+        got: dict[str, list[float]] = {k: [] for k in ("replay", "attn", "mlp", "moe_router", "moe_preprocess",
+                                                          "dense_s")}
+        for r in range(rounds):
+            sl = {k: (_time_step(b, x, iters) - _time_step(a, x, iters)) / (long - short) for k, (a, b) in
+                  stacks.items()}
+            d = sl["dense"]
+            rep = sl["dense_both"] / 2.0 / d
+            got["dense_s"].append(d)
+            got["replay"].append(rep)
+            got["attn"].append((d - sl["dense_attn"]) / d + rep)
+            got["mlp"].append((d - sl["dense_mlp"]) / d + rep)
+            got["moe_router"].append((sl["moe"] - sl["moe_router"]) / d + rep)
+            got["moe_preprocess"].append((sl["moe_router"] - sl["moe_router_pre"]) / d)
+            say(f"round {r + 1}/{rounds}: dense {d * 1e6:.0f} us per layer forward + backward; in dense layer "
+                f"passes: replay {rep:.3f}, attn {got['attn'][-1]:.3f}, mlp {got['mlp'][-1]:.3f}, moe_router "
+                f"{got['moe_router'][-1]:.3f}, moe_preprocess {got['moe_preprocess'][-1]:.3f}")
+    finally:
+        torch.set_num_threads(threads)
+
+    def med(k: str) -> float:
+        return statistics.median(got[k])
+
+    def iqr(k: str) -> list[float]:
+        q = statistics.quantiles(got[k], n=4) if len(got[k]) >= 4 else [min(got[k]), max(got[k])]
+        return [q[0], q[-1]]
+    from predictor.hardware.machine import current
+    mach = current()
+    return {
+        # dense layer passes of host time each captured part takes (fwd + bwd over 2 x a dense pass), never below 0
+        "scope_host_passes": {k: max(0.0, med(k)) for k in ("attn", "mlp", "moe_router", "moe_preprocess")},
+        "scope_host_passes_iqr": {k: iqr(k) for k in ("attn", "mlp", "moe_router", "moe_preprocess")},
+        # dense layer passes of host time one replay (forward or backward) takes
+        "replay_host_passes": max(0.0, med("replay")),
+        "replay_host_passes_iqr": iqr("replay"),
+        "dense_fwd_bwd_s_per_layer": med("dense_s"),
+        "applies_to": ["megatron"],
+        "layer": {"style": "the dense Megatron-style layer and the Megatron-Core MoE layer of `bench host-floor` / "
+                           "`--moe`, each captured part replaced by the host side of a Transformer Engine graphed "
+                           "callable's replay (static input / gradient copies and one autograd function)",
+                  "hidden": hidden, "heads": heads, "seq_len": seq, "experts": experts, "top_k": top_k,
+                  "stacks": [short, long], "rounds": rounds, "iters_per_round": iters, "torch_threads": 1},
+        "machine": {**mach.to_dict(), "short": mach.short()},
+        "torch": torch.__version__,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "source": ("python -m bench host-floor --cuda-graphs: slope of eager forward + backward time over layers at "
+                   "tiny shapes with each part Megatron-Core's per-layer CUDA graphs capture (attn, mlp, moe_router, "
+                   "moe_preprocess) replaced by the host side of a replay, the drop over the dense layer's slope plus "
+                   "one replay, on this CPU; replay: the dense layer with both halves replayed, halved. The replay's "
+                   "cudaGraphLaunch driver call is not counted (as the eager floor leaves out kernel launch calls); "
+                   "the token counts' host read stays outside the graph"),
     }

@@ -51,6 +51,16 @@ def add_moe_parallel_args(sp: argparse.ArgumentParser) -> None:
                     help="overlap the expert-parallel dispatch / combine with another micro-batch's compute "
                          "(Megatron-Core overlap_moe_expert_parallel_comm); needs ep > 1, pp 1 or interleaved")
     add_moe_dispatcher_arg(sp)
+    add_cuda_graphs_arg(sp)
+
+
+def add_cuda_graphs_arg(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:
+    """--cuda-graphs (Layout.cuda_graphs) for predict and search."""
+    sp.add_argument("--cuda-graphs", dest="cuda_graphs", default=None,
+                    help="Megatron-Core CUDA graphs" + (" of every layout" if every_layout else "")
+                         + ": none (default), full_iteration, or per-layer scopes joined by '+' from attn, mlp, "
+                           "moe_router, moe_preprocess (e.g. attn+moe_router+moe_preprocess); a captured part's host "
+                           "time is replaced by a graph replay")
 
 
 def add_moe_dispatcher_arg(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:

@@ -157,7 +157,7 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
             "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather",
             "cp_comm", "cp_a2a_size", "offload_activations",
-            "etp", "moe_overlap", "moe_dispatcher", "recompute_modules")
+            "etp", "moe_overlap", "moe_dispatcher", "cuda_graphs", "recompute_modules")
     return model_fields(a, keys)
 
 

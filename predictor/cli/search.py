@@ -15,7 +15,7 @@ import json
 import sys
 
 from predictor.model.errors import InfeasibleConfig
-from predictor.model.specs import SCHEDULES
+from predictor.model.specs import SCHEDULES, normalize_cuda_graphs
 from predictor.paths import clusters_file_arg, json_default
 from predictor.step.compose import CATEGORIES
 from predictor.step.memory import TIGHT_MEANS
@@ -94,6 +94,7 @@ def cmd_search(a: argparse.Namespace) -> int:
                         offload_activations=_ints(a.offload_activations, "offload_activations") or (0,),
                         etp=_ints(a.etp, "etp"), moe_overlap=(False, True) if a.moe_overlap else (False,),
                         moe_dispatcher=a.moe_dispatcher or "alltoall",
+                        cuda_graphs=normalize_cuda_graphs(a.cuda_graphs),
                         recompute_modules=parse_recompute_modules(a.recompute_modules))
     mopt = memory_options_from_args(a)
     try:
@@ -294,6 +295,7 @@ def clusters_arg(sp: argparse.ArgumentParser) -> None:
 def add_search_parser(subparsers) -> None:
     """Register `search` on the CLI's subparsers."""
     from predictor.cli.args import (
+        add_cuda_graphs_arg,
         add_head_dim_arg,
         add_memory_model_args,
         add_mla_args,
@@ -343,6 +345,7 @@ def add_search_parser(subparsers) -> None:
                         "overlap_moe_expert_parallel_comm) where it runs (ep > 1; pp 1 or interleaved; no full "
                         "recomputation)")
     add_moe_dispatcher_arg(g, every_layout=True)
+    add_cuda_graphs_arg(g, every_layout=True)
     g.add_argument("--micro-batch", help="micro-batch sizes, e.g. 1,2")
     g.add_argument("--max-micro-batch", type=int, default=16)
     g.add_argument("--vpp", help="virtual stages for the interleaved schedule, e.g. 2,4")

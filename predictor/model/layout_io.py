@@ -10,7 +10,15 @@ from predictor.model.bounds import check_bound
 from predictor.model.errors import InfeasibleConfig
 from predictor.model.frameworks import DEFAULT_FRAMEWORK
 from predictor.model.presets import get_preset
-from predictor.model.specs import MLA_FIELDS, MOE_DENSE_DEFAULTS, MOE_FIELDS, V_SCHEDULES, Layout, ModelSpec
+from predictor.model.specs import (
+    MLA_FIELDS,
+    MOE_DENSE_DEFAULTS,
+    MOE_FIELDS,
+    V_SCHEDULES,
+    Layout,
+    ModelSpec,
+    normalize_cuda_graphs,
+)
 
 # Mixture-of-Experts model fields (ModelSpec names = CLI flags without dashes = batch columns); empty = default.
 MOE_FLOAT_FIELDS = ("capacity_factor", "moe_imbalance")
@@ -35,6 +43,8 @@ OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gat
                           "etp", "moe_overlap",
                           # the MoE token dispatcher (Layout.moe_dispatcher; empty: alltoall)
                           "moe_dispatcher",
+                          # CUDA graphs (Layout.cuda_graphs; empty: none)
+                          "cuda_graphs",
                           # selective recomputation by module (Layout.recompute_modules; comma-separated)
                           "recompute_modules")
 
@@ -67,7 +77,9 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
   (expert parallel: divides num_experts and tp*cp*dp); etp = empty (expert tensor parallel: the framework's
   default, tp for megatron, else 1); moe_overlap = false; moe_dispatcher = alltoall (or allgather, Megatron-Core's
-  own default; a MoE model only, without moe_overlap or a capacity factor); recompute_modules = empty (with recompute
+  own default; a MoE model only, without moe_overlap or a capacity factor); cuda_graphs = none (Megatron-Core CUDA
+  graphs: full_iteration, or per-layer scopes joined by '+' from attn, mlp, moe_router, moe_preprocess, e.g.
+  attn+moe_router+moe_preprocess; host time only); recompute_modules = empty (with recompute
   selective: Megatron-Core's default core_attn; a comma-separated subset of core_attn, moe_act, layernorm,
   mla_up_proj, mlp, moe, shared_experts). num_experts = 0 on a MoE preset makes it dense (the
   preset's other MoE fields are dropped; ones you give are still checked); a dense row may write top_k (and the
@@ -299,6 +311,7 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   offload_activations=_int(row, "offload_activations", 0),
                   etp=_int(row, "etp"), moe_overlap=_bool(row, "moe_overlap", False),
                   moe_dispatcher=_str(row, "moe_dispatcher", "alltoall"),
+                  cuda_graphs=normalize_cuda_graphs(_str(row, "cuda_graphs", "none")),
                   recompute_modules=parse_recompute_modules(row.get("recompute_modules")))
 
 

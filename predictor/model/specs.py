@@ -47,6 +47,23 @@ CP_COMMS = ("p2p", "a2a", "a2a+p2p")
 # the permuted rows over the ep ranks (the predictor's default); "allgather" = all-gather of every token over the
 # etp x ep ranks, each rank keeping the rows routed to its experts, reduce-scatter back (Megatron-Core's own default)
 MOE_DISPATCHERS = ("alltoall", "allgather")
+# CUDA graphs (Layout.cuda_graphs; Megatron-Core cuda_graph_impl / cuda_graph_scope, megatron/core/transformer/
+# cuda_graph_config.py, enums.py CudaGraphModule): "none" (eager, the default), "full_iteration" (cuda_graph_impl
+# full_iteration: the whole forward-backward of every micro-batch captured, one replay per step), or the per-layer
+# parts Transformer Engine's graphs capture (cuda_graph_impl transformer_engine), joined by "+" in this order:
+# attn (the attention part), mlp (a dense layer's MLP), moe_router (the MoE router, and the shared experts),
+# moe_preprocess (the dispatcher's preprocess; Megatron-Core: "must be used with moe_router").
+CUDA_GRAPH_SCOPES = ("attn", "mlp", "moe_router", "moe_preprocess")
+CUDA_GRAPHS_NONE, CUDA_GRAPHS_FULL = "none", "full_iteration"
+CUDA_GRAPHS_FULL_BIT = 1 << len(CUDA_GRAPH_SCOPES)   # the engine column's bit of full_iteration
+# Megatron-Core scopes the planner does not model, with why
+CUDA_GRAPH_UNMODELLED = {
+    "moe": "the whole MoE module is captured only for drop-and-pad MoE or sync-free HybridEP with paged stash "
+           "(megatron/core/transformer/cuda_graph_config.py validate_moe_cuda_graph_support); the share of the expert "
+           "part is not measured",
+    "mamba": "the planner has no Mamba layers",
+    "full": "per-layer whole-layer capture (cuda_graph_impl local) is not modelled",
+}
 # fp8: Transformer-Engine-style FP8 training (predictor.step.fp8): FP8 GEMMs in the transformer layers' linear layers,
 # BF16 master weights and BF16 everything else, so a tensor outside those GEMMs is 2 bytes as in bf16.
 # mxfp8 (MX FP8 on Blackwell, blockwise FP8 on Hopper) and nvfp4 (Blackwell): the same GEMMs block-scaled, the rest
@@ -485,6 +502,93 @@ def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: 
                                "use moe_dispatcher alltoall, or leave capacity_factor empty (dropless).")
 
 
+def cuda_graphs_mask(value: str) -> int:
+    """The engine column of a Layout.cuda_graphs value: a bit per CUDA_GRAPH_SCOPES entry, CUDA_GRAPHS_FULL_BIT for
+    full_iteration, 0 for none. InfeasibleConfig naming cuda_graphs on a value that is not one."""
+    if not isinstance(value, str):
+        raise InfeasibleConfig("cuda_graphs", f"must be a string, got {value!r}.",
+                               f"use none, {CUDA_GRAPHS_FULL}, or scopes joined by '+' from "
+                               f"{', '.join(CUDA_GRAPH_SCOPES)}.")
+    v = value.strip()
+    if v in ("", CUDA_GRAPHS_NONE):
+        return 0
+    if v == CUDA_GRAPHS_FULL:
+        return CUDA_GRAPHS_FULL_BIT
+    parts = [x.strip() for x in v.replace(",", "+").split("+")]
+    mask = 0
+    for x in parts:
+        if x in (CUDA_GRAPHS_NONE, CUDA_GRAPHS_FULL):
+            raise InfeasibleConfig("cuda_graphs", f"{x} cannot be combined with other scopes ({value!r}).",
+                                   f"give {x} alone, or scopes joined by '+' from {', '.join(CUDA_GRAPH_SCOPES)}.")
+        if x in CUDA_GRAPH_UNMODELLED:
+            raise InfeasibleConfig("cuda_graphs", f"the CUDA graph scope {x!r} is not modelled: "
+                                                  f"{CUDA_GRAPH_UNMODELLED[x]}.",
+                                   "use attn+moe_router+moe_preprocess (what dropless MoE recipes capture), attn+mlp "
+                                   f"for a dense model, or {CUDA_GRAPHS_FULL}.")
+        if x not in CUDA_GRAPH_SCOPES:
+            raise InfeasibleConfig("cuda_graphs", f"unknown CUDA graph scope {x!r} in {value!r}.",
+                                   f"use none, {CUDA_GRAPHS_FULL}, or scopes joined by '+' from "
+                                   f"{', '.join(CUDA_GRAPH_SCOPES)} (e.g. attn+moe_router+moe_preprocess).")
+        mask |= 1 << CUDA_GRAPH_SCOPES.index(x)
+    return mask
+
+
+def cuda_graphs_value(mask: int) -> str:
+    """The canonical Layout.cuda_graphs value of an engine column (scopes in CUDA_GRAPH_SCOPES order)."""
+    if not mask:
+        return CUDA_GRAPHS_NONE
+    if mask & CUDA_GRAPHS_FULL_BIT:
+        return CUDA_GRAPHS_FULL
+    return "+".join(s for i, s in enumerate(CUDA_GRAPH_SCOPES) if mask >> i & 1)
+
+
+def normalize_cuda_graphs(value: str | None) -> str:
+    """A user's value in canonical form (scopes sorted, ',' read as '+'; empty = none); InfeasibleConfig on a bad
+    one."""
+    return cuda_graphs_value(cuda_graphs_mask(value or CUDA_GRAPHS_NONE))
+
+
+def check_cuda_graphs(model: ModelSpec | None, value: str, framework: str = "megatron") -> None:
+    """Layout.cuda_graphs can run: known scopes (cuda_graphs_mask); Megatron-Core's setting, so the megatron framework
+    only; moe_preprocess with moe_router ('must be used with moe_router', Megatron-LM docs/discussions DeepSeek-V3 on
+    GB200, Partial CUDA Graphs); MoE scopes only on a MoE model, mlp only on a model with dense-MLP layers;
+    full_iteration on a MoE model only with static expert shapes: Megatron-Core captures a whole MoE module only for
+    drop-and-pad MoE (moe_expert_capacity_factor with moe_pad_expert_input_to_capacity) or sync-free HybridEP with
+    rank capacity and paged stash (megatron/core/transformer/cuda_graph_config.py validate_moe_cuda_graph_support;
+    Megatron-Bridge's full-iteration recipes set moe_expert_rank_capacity_factor and moe_paged_stash), neither of
+    which a dropless model here has."""
+    mask = cuda_graphs_mask(value)
+    if not mask:
+        return
+    if framework != "megatron":
+        raise InfeasibleConfig("cuda_graphs", f"CUDA graphs are Megatron-Core's setting (cuda_graph_impl / "
+                                              f"cuda_graph_scope); framework {framework} has none modelled.",
+                               "use framework megatron, or cuda_graphs none.")
+    if model is None:
+        return
+    bit = {s: 1 << i for i, s in enumerate(CUDA_GRAPH_SCOPES)}
+    if mask & bit["moe_preprocess"] and not mask & bit["moe_router"]:
+        raise InfeasibleConfig("cuda_graphs", "moe_preprocess is captured with moe_router only (Megatron-Core: "
+                                              "'moe_preprocess ... must be used with moe_router').",
+                               "add moe_router, e.g. attn+moe_router+moe_preprocess.")
+    if mask & (bit["moe_router"] | bit["moe_preprocess"]) and not model.is_moe:
+        raise InfeasibleConfig("cuda_graphs", f"{value} captures MoE parts but the model is dense (num_experts 0).",
+                               "drop moe_router / moe_preprocess (attn+mlp captures a dense layer), or give the "
+                               "model's num_experts and top_k.")
+    if mask & bit["mlp"] and model.is_moe and model.moe_layers >= model.num_layers:
+        raise InfeasibleConfig("cuda_graphs", "the mlp scope captures dense-MLP layers, and every layer of this MoE "
+                                              "model is a MoE layer.",
+                               "drop mlp (moe_router+moe_preprocess captures the MoE layer's static part).")
+    if mask & CUDA_GRAPHS_FULL_BIT and model.is_moe and model.capacity_factor is None:
+        raise InfeasibleConfig("cuda_graphs", "full_iteration captures every MoE layer, which needs static expert "
+                                              "shapes: Megatron-Core captures a whole MoE module only for drop-and-pad "
+                                              "MoE (moe_expert_capacity_factor with moe_pad_expert_input_to_capacity) "
+                                              "or sync-free HybridEP with moe_expert_rank_capacity_factor and "
+                                              "moe_paged_stash (not modelled); this model is dropless.",
+                               "give the model a capacity_factor (drop and pad), or capture "
+                               "attn+moe_router+moe_preprocess.")
+
+
 @dataclass(frozen=True)
 class Layout:
     """How one training step is laid out over the GPUs.
@@ -567,6 +671,11 @@ class Layout:
     # Megatron-Core's own default when the run does not set it: the hidden states, routing probabilities and routing
     # map all-gathered over the etp x ep ranks, the expert output reduce-scattered back; predictor.model.moe).
     moe_dispatcher: str = "alltoall"
+    # CUDA graphs (CUDA_GRAPH_SCOPES, cuda_graphs_mask; Megatron-Core cuda_graph_impl / cuda_graph_scope): "none" (the
+    # default, eager), "full_iteration", or per-layer scopes joined by "+" (e.g. "attn+moe_router+moe_preprocess"). A
+    # captured part's host time is replaced by a graph replay (predictor.step.engine `_framework_host`); GPU time and
+    # memory are not changed (docs/end_to_end_terms.md)
+    cuda_graphs: str = "none"
     # --- selective recomputation by module (recompute "selective" only) ---
     # The submodules recomputed in the backward (Megatron-Core recompute_modules, a subset of RECOMPUTE_MODULES);
     # None = Megatron-Core's default ("core_attn",). An empty tuple recomputes nothing (a recipe's
@@ -946,6 +1055,7 @@ class Layout:
                                    "leave grad_reduce_in_fp32 unset (or true) with precision fp32.")
         if model is None:
             check_moe_dispatcher(None, self.moe_dispatcher)
+        check_cuda_graphs(model, self.cuda_graphs, self.framework)
         if model is not None:
             model.validate()
             if model.num_heads % self.tp:

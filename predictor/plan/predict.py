@@ -540,6 +540,32 @@ class Predictor:
         return self.comm_times([c])[0]
 
     # ---- the step -------------------------------------------------------------------------
+    def _cuda_graphs_note(self, model: ModelSpec, layout: Layout) -> str:
+        """What Layout.cuda_graphs changed in this prediction: the host time it removed per layer pass (measured
+        shares, `bench host-floor --cuda-graphs`), or that it changed nothing where no host time is modelled."""
+        import numpy as np
+
+        from predictor.model.specs import cuda_graphs_mask
+        from predictor.step.engine import cuda_graph_cuts
+        on = self.terms is not None and self.host is None and self.options.host_overhead
+        if not on or self.terms is None or self.terms.host_for(layout.framework) is None:
+            return (f"CUDA graphs ({layout.cuda_graphs}) remove host time only, and no host time is modelled here: "
+                    "the prediction is the eager one.")
+        if layout.cuda_graphs == "full_iteration":
+            return ("CUDA graphs (full_iteration): no per-layer or per-micro-batch host time; one graph replay per "
+                    "step. GPU time and the graphs' memory pool are as eager (not modelled).")
+        dense_cut, moe_cut, _ = cuda_graph_cuts(self.terms, np.array([cuda_graphs_mask(layout.cuda_graphs)]))
+        parts = []
+        if model.moe_layers < model.num_layers:
+            parts.append(f"{float(dense_cut[0]):.2f} of each dense layer pass")
+        if model.is_moe:
+            local = model.num_experts / max(1, layout.ep)
+            parts.append(f"{float(moe_cut[0]):.2f} of the "
+                         f"{self.terms.moe_passes_for(layout.framework, local):.2f} of each MoE layer pass")
+        return (f"CUDA graphs ({layout.cuda_graphs}): host time removed, in dense layer passes: {', '.join(parts)} "
+                "(the captured parts' measured share less one replay per layer, `bench host-floor --cuda-graphs`). "
+                "GPU time and the graphs' memory pool are as eager (not modelled).")
+
     def predict(self, model: ModelSpec, layout: Layout, *, timeline: bool = True) -> StepPrediction:
         """One layout: step time, breakdown, memory, provenance and expected error, the operator table and
         (with `timeline`) the simulated pipeline timeline."""
@@ -663,6 +689,8 @@ class Predictor:
                 note += (f" Host time: each MoE layer counted as {passes:.2f} dense layer passes{how} (measured on a "
                          "CPU, `bench host-floor --moe`).")
             warnings.append(note)
+        if layout.cuda_graphs != "none":
+            warnings.append(self._cuda_graphs_note(model, layout))
         warnings += self.notes
         if not self.host_modelled and self.options.host_overhead:
             lay = self.engine._parts[(model, layout.seq_len, layout.precision,

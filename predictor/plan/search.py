@@ -45,7 +45,10 @@ from predictor.model.specs import (
     SCHEDULES,
     Layout,
     ModelSpec,
+    check_cuda_graphs,
     check_moe_dispatcher,
+    cuda_graphs_mask,
+    cuda_graphs_value,
     grad_comm_bytes,
     grad_reduce_in_fp32_of,
     recomputed_modules,
@@ -116,6 +119,9 @@ class SearchSpace:
     # framework setting, not a layout choice); a dense model ignores it. allgather never runs with moe_overlap (those
     # layouts are skipped) nor with a capacity factor (refused, naming the field)
     moe_dispatcher: str = "alltoall"
+    # CUDA graphs of every layout (Layout.cuda_graphs): a fixed input, not enumerated (a run's framework setting that
+    # only removes host time, so a search would always pick the most captured); checked against the model once
+    cuda_graphs: str = "none"
     # --- selective recomputation by module ---
     # the modules every selective layout recomputes (Layout.recompute_modules); None = Megatron-Core's default
     # ("core_attn",)
@@ -225,7 +231,7 @@ def _layout_dict(L: Layout) -> dict[str, Any]:
                                     "schedule", "recompute", "sequence_parallel", "zero_stage", "precision",
                                     "framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
                                     "grad_reduce_in_fp32", "fp8_param_gather", "etp", "moe_overlap",
-                                    "moe_dispatcher")}
+                                    "moe_dispatcher", "cuda_graphs")}
     d["recompute_modules"] = list(L.selective_modules) if L.recompute == "selective" else None
     d["stage_layers"] = list(L.stage_layers) if L.stage_layers else None
     d["num_micro_batches"] = L.num_micro_batches
@@ -266,6 +272,7 @@ def enumerate_layouts(model: ModelSpec, platform: Platform, num_gpus: int, globa
                    fp8_param_gather=space.fp8_param_gather)
     probe.validate()   # fp8_param_gather without fp8, grad_reduce_in_fp32 False with fp32: named, not searched
     check_moe_dispatcher(model if model.is_moe else None, space.moe_dispatcher)
+    check_cuda_graphs(model, space.cuda_graphs, space.framework)
     for z in space.zero_stage:
         if z not in fw.zero_stages:
             excl.append({"option": f"zero_stage={z}", "values": {"zero_stage": z},
@@ -374,6 +381,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
     f8p = int(space.fp8_param_gather)
     md = space.moe_dispatcher if model.is_moe else "alltoall"   # (a dense model has no dispatcher)
     md_i = MOE_DISPATCHERS.index(md)
+    cg_i = cuda_graphs_mask(space.cuda_graphs)
     sel_mask = mem.modules_mask(recomputed_modules(model, fw.name, DEFAULT_RECOMPUTE_MODULES
                                                    if space.recompute_modules is None
                                                    else tuple(space.recompute_modules)))
@@ -473,7 +481,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                                              fw_i, ogr, opg, cp, ep,
                                                              int(space.overlap_tp_comm and tp > 1 and bool(sp)),
                                                              gbytes, f8p, cpc, 0, off, etp, int(mo), rcm,
-                                                             md_i))
+                                                             md_i, cg_i))
 
 
 def _cp_comm_choices(model: ModelSpec, space: SearchSpace, tp: int, cp: int, gpus_per_node: int) -> list[int]:
@@ -644,6 +652,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         # selective recomputation's modules (empty unless recompute is selective)
         "recompute_modules": pd.Series([",".join(mem.modules_of_mask(int(v))) for v in arr[:, 23]], dtype=object),
         "moe_dispatcher": pd.Series(np.array(MOE_DISPATCHERS, dtype=object)[arr[:, 24]], dtype=object),
+        "cuda_graphs": pd.Series([cuda_graphs_value(int(v)) for v in arr[:, 25]], dtype=object),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -784,6 +793,8 @@ def _moe_fields(row: pd.Series | dict) -> dict[str, Any]:
         out["moe_overlap"] = bool(row["moe_overlap"])
     if isinstance(row.get("moe_dispatcher"), str) and row["moe_dispatcher"]:
         out["moe_dispatcher"] = str(row["moe_dispatcher"])
+    if isinstance(row.get("cuda_graphs"), str) and row["cuda_graphs"]:
+        out["cuda_graphs"] = str(row["cuda_graphs"])
     if (str(row.get("recompute", "")) == "selective" and isinstance(row.get("recompute_modules"), str)
             and str(row.get("framework") or DEFAULT_FRAMEWORK) == "megatron"):
         mods = tuple(m for m in str(row["recompute_modules"]).split(",") if m)

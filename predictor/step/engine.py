@@ -33,7 +33,17 @@ from predictor.model.frameworks import (
     get_framework,
     separate_grad_accumulation,
 )
-from predictor.model.specs import CP_COMMS, MOE_DISPATCHERS, Layout, ModelSpec, grad_reduce_in_fp32_of
+from predictor.model.specs import (
+    CP_COMMS,
+    CUDA_GRAPH_SCOPES,
+    CUDA_GRAPHS_FULL_BIT,
+    MOE_DISPATCHERS,
+    Layout,
+    ModelSpec,
+    cuda_graphs_mask,
+    cuda_graphs_value,
+    grad_reduce_in_fp32_of,
+)
 from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, chunk_rank
 from predictor.regress.features import GEMM_OPS, TENSOR_CORE_GEMM_OPS
 from predictor.step import decompose as D
@@ -58,9 +68,11 @@ COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "st
            # recompute is selective) ---
            "recompute_modules",
            # --- the MoE token dispatcher: index into MOE_DISPATCHERS (Layout.moe_dispatcher) ---
-           "moe_dispatcher")
+           "moe_dispatcher",
+           # --- CUDA graphs: specs.cuda_graphs_mask of Layout.cuda_graphs (0 = none) ---
+           "cuda_graphs")
 (I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
- I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO, I_RCM, I_MD) = range(len(COLUMNS))
+ I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO, I_RCM, I_MD, I_CG) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload_comm")
@@ -104,7 +116,7 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
                      FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm),
                      L.grad_bytes, int(L.fp8_param_gather), CP_COMMS.index(L.cp_comm), L.cp_a2a_size or 0,
                      L.offload_activations, L.expert_tp, int(L.moe_overlap), mem.recompute_mask(model, L),
-                     MOE_DISPATCHERS.index(L.moe_dispatcher)))
+                     MOE_DISPATCHERS.index(L.moe_dispatcher), cuda_graphs_mask(L.cuda_graphs)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -124,7 +136,7 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   etp=(None if int(row[I_ETP]) == (int(row[I_TP]) if fw.expert_tp_follows_tp else 1)
                        else int(row[I_ETP])),
                   moe_overlap=bool(row[I_MO]), recompute_modules=_modules_field(row),
-                  moe_dispatcher=MOE_DISPATCHERS[int(row[I_MD])])
+                  moe_dispatcher=MOE_DISPATCHERS[int(row[I_MD])], cuda_graphs=cuda_graphs_value(int(row[I_CG])))
 
 
 def _recompute_names(rows: np.ndarray) -> list[str]:
@@ -891,10 +903,20 @@ class Engine:
         rp = e2e.recompute_host_passes
         bpasses = np.array([1.0 + rp * RECOMPUTE_PASSES.get(rc, 0.0) for rc in _recompute_names(sub)])[:, None]
         # layer passes of host time per chunk: a MoE layer counts moe_r dense ones
-        lp = cn[None, :] + (0.0 if moe_layers is None else (moe_r - 1.0)[:, None] * moe_layers[None, :])
+        ml = np.zeros_like(cn, dtype=float) if moe_layers is None else np.asarray(moe_layers, float)
+        lp = cn[None, :] + (moe_r - 1.0)[:, None] * ml[None, :]
+        per_pass = (u / (2.0 * vpp))[:, None]
+        cg = sub[:, I_CG]
+        if cg.any():   # CUDA graphs (Layout.cuda_graphs): captured parts' host time replaced by replays
+            dense_cut, moe_cut, full = cuda_graph_cuts(e2e, cg)
+            lp = np.maximum(0.0, lp - dense_cut[:, None] * (cn - ml)[None, :] - moe_cut[:, None] * ml[None, :])
+            # full_iteration: no per-layer nor per-micro-batch host work; one replay per step, split over the step's
+            # m x 2 x vpp chunk passes
+            lp = np.where(full[:, None], 0.0, lp)
+            one = e2e.cuda_graph_passes.get("replay", 0.0) * h / (sub[:, I_M].astype(float) * 2.0 * vpp)
+            per_pass = np.where(full[:, None], one[:, None], per_pass)
         fh = blend(g_fwd, lp * h[:, None], p[:, None]) - g_fwd
         bh = blend(g_bwd, lp * h[:, None] * bpasses, p[:, None]) - g_bwd
-        per_pass = (u / (2.0 * vpp))[:, None]
         return fh + per_pass, bh + per_pass
 
     def _provenance(self, out: Evaluation, model: ModelSpec, rows: np.ndarray, structures: Sequence[Structure],
@@ -953,6 +975,32 @@ class Engine:
 
 HOST_PROVENANCE = "host overhead (fitted on measured runs)"
 TERMS_HOST_PROVENANCE = "framework host overhead (end-to-end terms)"
+
+
+def cuda_graph_cuts(e2e: EndToEndTerms, masks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dense layer passes a dense layer pass sheds, those a MoE layer pass sheds, full_iteration) per row of
+    Layout.cuda_graphs masks (specs.cuda_graphs_mask). A captured part's host time (e2e.cuda_graph_passes, measured:
+    `bench host-floor --cuda-graphs`) is replaced by a replay: each layer whose captured parts apply to it replays one
+    graph per pass (Megatron-Core's TransformerLayer replays the layer's captured parts as one Transformer Engine
+    graphed callable), so a layer sheds sum(parts) - replay. Dense layers: attn, mlp; MoE layers: attn, moe_router,
+    moe_preprocess. InfeasibleConfig on cuda_graphs where a row captures a part and the parts are not measured."""
+    masks = np.asarray(masks, dtype=np.int64)
+    full = (masks & CUDA_GRAPHS_FULL_BIT) > 0
+    part = {s: ((masks >> i) & 1).astype(float) for i, s in enumerate(CUDA_GRAPH_SCOPES)}
+    cgp = e2e.cuda_graph_passes
+    if ((masks & ~CUDA_GRAPHS_FULL_BIT) > 0).any() and not all(k in cgp for k in (*CUDA_GRAPH_SCOPES, "replay")):
+        from predictor.model.errors import InfeasibleConfig
+        raise InfeasibleConfig("cuda_graphs", "the host time of the parts CUDA graphs capture is not measured (no "
+                                              "'cuda_graphs' record in the saved host floor).",
+                               "run `python -m bench host-floor --cuda-graphs --save`, or use cuda_graphs none or "
+                               "full_iteration.")
+    rep = cgp.get("replay", 0.0)
+    d_on = np.maximum(part["attn"], part["mlp"])
+    m_on = np.maximum(part["attn"], part["moe_router"])
+    dense_cut = (part["attn"] * cgp.get("attn", 0.0) + part["mlp"] * cgp.get("mlp", 0.0)) - d_on * rep
+    moe_cut = (part["attn"] * cgp.get("attn", 0.0) + part["moe_router"] * cgp.get("moe_router", 0.0)
+               + part["moe_preprocess"] * cgp.get("moe_preprocess", 0.0)) - m_on * rep
+    return dense_cut, moe_cut, full
 
 
 def _capped(e2e: EndToEndTerms | None) -> TypeGuard[EndToEndTerms]:

@@ -42,6 +42,11 @@ MIN_MOE_PASSES, MAX_MOE_PASSES = 1.0, 10.0
 # what one local expert adds to a MoE layer pass where its grouped GEMMs issue one GEMM per expert (Transformer
 # Engine's GroupedLinear): a handful of GEMM calls forward and backward, never a whole dense layer pass
 MAX_MOE_PASSES_PER_EXPERT = 1.0
+# a part of a layer Megatron-Core's CUDA graphs capture (attn, mlp, moe_router, moe_preprocess) issues at most what a
+# MoE layer issues; one graph replay (an autograd function and its static-buffer copies) a fraction of a dense pass
+MAX_SCOPE_PASSES = MAX_MOE_PASSES
+MAX_REPLAY_PASSES = 0.5
+CUDA_GRAPH_PARTS = ("attn", "mlp", "moe_router", "moe_preprocess")   # = predictor.model.specs.CUDA_GRAPH_SCOPES
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,10 @@ class HostFloor:
     # layer had moe_reference_experts local experts (the record's layer.experts)
     moe_passes_per_local_expert: float | None = None
     moe_reference_experts: int = 8
+    # dense layer passes of host time each part Megatron-Core's per-layer CUDA graphs capture takes (CUDA_GRAPH_PARTS)
+    # and one replay takes ("replay"), `bench host-floor --cuda-graphs`, kept under "cuda_graphs"; None: not measured
+    cuda_graph_passes: dict[str, float] | None = None
+    cuda_graph_applies_to: tuple[str, ...] = ()
 
     def moe_passes_for(self, framework: str) -> float:
         """Dense layer passes of host time one MoE layer pass of `framework` takes as measured, with
@@ -116,9 +125,48 @@ def host_floor_from_dict(d: Any, path: str | Path = HOST_FLOOR_FILE) -> HostFloo
     mid = str(machine.get("id", "")) if isinstance(machine, dict) else ""
     moe_passes, moe_applies = moe_from_dict(d.get("moe"), path)
     per_expert, ref = moe_per_expert_from_dict(d.get("moe"), path)
+    cg, cg_applies = cuda_graphs_from_dict(d.get("cuda_graphs"), path)
     return HostFloor(floor, tuple(str(f) for f in applies), None if kernels is None else float(kernels),
                      None if rp is None else float(rp), short, str(d.get("measured_at", "")), str(d.get("source", "")),
-                     mid, moe_passes, moe_applies, per_expert, ref)
+                     mid, moe_passes, moe_applies, per_expert, ref, cg, cg_applies)
+
+
+def cuda_graphs_from_dict(c: Any, path: str | Path = HOST_FLOOR_FILE) -> tuple[dict[str, float] | None,
+                                                                             tuple[str, ...]]:
+    """({part: dense layer passes, "replay": passes}, frameworks) of the "cuda_graphs" record (`bench host-floor
+    --cuda-graphs`); (None, ()) without one; ArtifactError naming the field on a bad value."""
+    if c is None:
+        return None, ()
+    if not isinstance(c, dict):
+        raise ArtifactError(path, "cuda_graphs", f"must be a JSON object, not {type(c).__name__}")
+    parts = c.get("scope_host_passes")
+    if not isinstance(parts, dict):
+        raise ArtifactError(path, "cuda_graphs.scope_host_passes", "must be a mapping of part -> dense layer passes")
+    out: dict[str, float] = {}
+    for k in CUDA_GRAPH_PARTS:
+        out[k] = float(check_number(path, f"cuda_graphs.scope_host_passes.{k}", parts.get(k), ge=0.0,
+                                    le=MAX_SCOPE_PASSES))
+    out["replay"] = float(check_number(path, "cuda_graphs.replay_host_passes", c.get("replay_host_passes"), ge=0.0,
+                                       le=MAX_REPLAY_PASSES))
+    applies = c.get("applies_to")
+    if not isinstance(applies, list) or not applies or any(f not in FRAMEWORKS for f in applies):
+        raise ArtifactError(path, "cuda_graphs.applies_to",
+                            f"must be a non-empty list of frameworks ({', '.join(FRAMEWORKS)})")
+    return out, tuple(str(f) for f in applies)
+
+
+def save_cuda_graph_shares(record: dict[str, Any], models_dir: str | Path | None = None) -> Path:
+    """Keep a `bench host-floor --cuda-graphs` record under "cuda_graphs" in the saved host floor, the rest untouched
+    (ratios to the dense layer measured together, as the "moe" record). Refuses without a saved floor, or a record
+    that would not load back."""
+    p = paths.shared_artifact(HOST_FLOOR_FILE, models_dir)
+    d = paths.read_json(p)
+    if not isinstance(d, dict):
+        raise ArtifactError(p, None, "no saved host floor to add the CUDA graph record to: run `bench host-floor "
+                                     "--save` first")
+    d = {**d, "cuda_graphs": record}
+    host_floor_from_dict(d, p)
+    return paths.write_json_atomic(p, d)
 
 
 def moe_from_dict(m: Any, path: str | Path = HOST_FLOOR_FILE) -> tuple[float | None, tuple[str, ...]]:

@@ -37,6 +37,10 @@ leave-one-source-out (each source predicted by terms fitted without it):
                    dense layer passes, where the grouped GEMMs issue one GEMM per expert (Transformer Engine's
                    GroupedLinear, Megatron-Core's TEGroupedMLP): measured with the same record, never fitted. A MoE
                    layer pass is moe_host_passes + moe_host_passes_per_expert x local experts.
+  cuda_graph_passes  dense layer passes of host time each part Megatron-Core's per-layer CUDA graphs capture takes
+                   (attn, mlp, moe_router, moe_preprocess) and one graph replay takes ("replay"): measured with the
+                   host floor (`bench host-floor --cuda-graphs`, its "cuda_graphs" record), never fitted; what
+                   Layout.cuda_graphs removes from a layer pass (predictor.step.engine `_framework_host`).
 
 The file `models_store/framework_terms.json` holds the terms with their provenance: the runs and
 sources they were fitted on, and the in-sample and source-held-out errors per source. GPU platforms
@@ -54,9 +58,12 @@ from predictor import paths
 from predictor.model.frameworks import FRAMEWORKS
 from predictor.paths import ArtifactError, check_number
 from predictor.step.host_floor import (
+    CUDA_GRAPH_PARTS,
     MAX_MOE_PASSES,
     MAX_MOE_PASSES_PER_EXPERT,
     MAX_RECOMPUTE_PASSES,
+    MAX_REPLAY_PASSES,
+    MAX_SCOPE_PASSES,
     MIN_MOE_PASSES,
     MIN_RECOMPUTE_PASSES,
     load_host_floor,
@@ -169,6 +176,10 @@ class EndToEndTerms:
     # framework -> dense layer passes each local expert adds to a MoE layer pass (one GEMM per expert in the grouped
     # GEMMs: the same "moe" record's moe_host_passes_per_local_expert), measured, never fitted; not named: 0
     moe_host_passes_per_expert: dict[str, float] = field(default_factory=dict)
+    # part ("attn", "mlp", "moe_router", "moe_preprocess") or "replay" -> dense layer passes of host time, for
+    # Megatron-Core's CUDA graphs (Layout.cuda_graphs): the host floor's "cuda_graphs" record, measured, never fitted;
+    # empty: not measured
+    cuda_graph_passes: dict[str, float] = field(default_factory=dict)
     # a platform calibrated on its own runs (predictor.calibrate.runs): sustained speed per kind of work, GPU time x
     # factor (tensor-core GEMMs, attention kernels, memory-bound operators), and inter-node collectives' time x
     # network_factor (1 / network efficiency) where a job spans nodes, a MoE model's expert-parallel dispatch /
@@ -266,6 +277,16 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
                                 f"unknown framework (use {', '.join(FRAMEWORKS)})")
         per_expert[fw] = float(check_number(path, f"moe_host_passes_per_expert.{fw}", v, ge=0.0,
                                             le=MAX_MOE_PASSES_PER_EXPERT))
+    cg_raw = d.get("cuda_graph_passes") or {}
+    if not isinstance(cg_raw, dict):
+        raise ArtifactError(path, "cuda_graph_passes", "must be a mapping of part -> dense layer passes")
+    cg: dict[str, float] = {}
+    for k, v in cg_raw.items():
+        if k not in (*CUDA_GRAPH_PARTS, "replay"):
+            raise ArtifactError(path, f"cuda_graph_passes.{k}", f"unknown part (use {', '.join(CUDA_GRAPH_PARTS)} "
+                                                                "or replay)")
+        cg[k] = float(check_number(path, f"cuda_graph_passes.{k}", v, ge=0.0,
+                                   le=MAX_REPLAY_PASSES if k == "replay" else MAX_SCOPE_PASSES))
     fws = d.get("frameworks") or []
     if not isinstance(fws, list) or any(f not in FRAMEWORKS for f in fws):
         raise ArtifactError(path, "frameworks", f"must be a list of frameworks ({', '.join(FRAMEWORKS)}), not "
@@ -281,7 +302,7 @@ def terms_from_dict(d: Any, path: str | Path = paths.FRAMEWORK_TERMS) -> EndToEn
     return EndToEndTerms(compute_factor=alpha, contention=kappa, host=host, power_factor=beta,
                          power_form=str(form), recompute_host_passes=rpass, speed_spread=spread,
                          moe_host_passes=moe_passes, moe_host_passes_per_expert=per_expert,
-                         source=str(d.get("source", "")), fitted_on=fitted_on,
+                         cuda_graph_passes=cg, source=str(d.get("source", "")), fitted_on=fitted_on,
                          validation=dict(validation), fitted_at=str(d.get("fitted_at", "")),
                          frameworks=tuple(str(f) for f in fws), **kinds)
 
@@ -302,9 +323,27 @@ def load_terms_checked(models_dir: str | Path | None = None) -> tuple[EndToEndTe
     p = paths.shared_artifact(paths.FRAMEWORK_TERMS, models_dir)
     try:
         d = paths.read_json(p)
-        return (None, None) if d is None else (with_moe_host_passes(terms_from_dict(d, p), models_dir), None)
+        return (None, None) if d is None else (with_floor_records(terms_from_dict(d, p), models_dir), None)
     except (ArtifactError, ValueError, TypeError) as e:
         return None, f"End-to-end terms ignored: {e}"
+
+
+def with_floor_records(terms: EndToEndTerms, models_dir: str | Path | None = None) -> EndToEndTerms:
+    """`terms` with the saved host floor's measured records: the MoE layer's host passes (`with_moe_host_passes`) and
+    the CUDA graph parts' (`with_cuda_graph_passes`)."""
+    return with_cuda_graph_passes(with_moe_host_passes(terms, models_dir), models_dir)
+
+
+def with_cuda_graph_passes(terms: EndToEndTerms, models_dir: str | Path | None = None) -> EndToEndTerms:
+    """`terms` with the host passes of the parts CUDA graphs capture and of one replay, from the saved host floor's
+    "cuda_graphs" record (`bench host-floor --cuda-graphs`), where the terms file states none of its own; unchanged
+    without a record (or with a broken floor file, which the fit reports)."""
+    if terms.cuda_graph_passes:
+        return terms
+    floor, _warning = load_host_floor(models_dir)
+    if floor is None or floor.cuda_graph_passes is None:
+        return terms
+    return replace(terms, cuda_graph_passes=dict(floor.cuda_graph_passes))
 
 
 def with_moe_host_passes(terms: EndToEndTerms, models_dir: str | Path | None = None) -> EndToEndTerms:
@@ -471,7 +510,7 @@ def load_own_terms_checked(platform_id: str, user_dir: str | Path | None = None
         if d is None:
             return None, (f"{platform_id} was calibrated on its own runs, but {p} is missing: the terms of the "
                           "platform it started from are used (run calibrate-runs again).")
-        t = with_moe_host_passes(terms_from_dict(d, p))
+        t = with_floor_records(terms_from_dict(d, p))
         if not isinstance(t.validation.get("own_runs"), dict):
             raise ArtifactError(p, "validation.own_runs", "is missing: not a calibrate-runs file")
         return t, None
