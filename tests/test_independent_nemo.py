@@ -181,3 +181,53 @@ def test_fp8_mx_rows_are_predicted_as_mxfp8_on_every_blackwell_platform_they_run
     mx_runs = runs[runs["precision"] == "fp8-mx"]
     assert not mx_runs["error"].str.contains("cannot run mxfp8").any()
     assert not mx_runs["error"].str.contains("fp8_param_gather").any()
+
+
+def test_the_megatron_bridge_releases_are_transcribed_row_by_row():
+    """Rows per release of the Megatron-Bridge performance summary (26.06 its pre-training tables only), the 26.06 rows
+    kept or dropped for the same reasons as 26.02's, and one 26.06 row with its fields as printed."""
+    src = DOC["sources"]["megatron-bridge"]
+    col = {c: j for j, c in enumerate(src["columns"])}
+    per_release: dict[str, int] = {}
+    for r in src["rows"]:
+        per_release[r[col["release"]]] = per_release.get(r[col["release"]], 0) + 1
+    assert per_release == {"26.06": 25, "26.02": 33, "25.11": 32, "25.09": 17}
+    # DGX-GB300 | 8 | MXFP8 | 512 | 8 | 4096 | 1 | 1 | 1 | n/a | 8 | 45275 | 1041 (no FSDP / GA column in 26.06)
+    row = dict(zip(src["columns"], next(r for r in src["rows"] if r[col["release"]] == "26.06"
+                                        and r[col["system"]] == "DGX-GB300" and r[col["model"]] == "Qwen3_30B_a3B")))
+    assert row == {"release": "26.06", "system": "DGX-GB300", "model": "Qwen3_30B_a3B", "gpus": 8,
+                   "precision": "fp8-mx", "global_batch": 512, "micro_batch": 8, "seq_len": 4096, "fsdp": None,
+                   "tp": 1, "pp": 1, "cp": 1, "vp": None, "ep": 8, "etp": None, "ga": None, "dp": None,
+                   "tokens_per_s_per_gpu": 45275, "tflops_per_gpu": 1041, "step_time_ms": None}
+    pr = nemo.published_runs(DOC, ["megatron-bridge"])
+    ok = pr.ok[pr.ok["release"] == "26.06"]
+    assert len(ok) == 12 and set(ok["platform"]) == {"gb300-nvl72", "gb200-nvl72", "dgx-h100"}
+    assert sorted(ok["model_key"].unique()) == ["gpt-oss-120b", "llama3.1-405b", "qwen3-235b-a22b", "qwen3-30b-a3b"]
+    assert ok["force_balanced"].all()
+    dropped = pr.dropped[pr.dropped["release"] == "26.06"]
+    prefixes = ("precision nvfp4 not modelled", "model not modelled: DeepSeek-V3 rows that do not say",
+                "model not modelled: Nemotron 3", "model not modelled: Kimi K2")
+    reasons = {next(p for p in prefixes if why.startswith(p)): n for why, n in nemo.reason_counts(dropped).items()}
+    assert reasons == dict(zip(prefixes, (4, 3, 5, 1)))
+
+
+def test_the_26_06_recipe_settings_are_cited_and_turn_on_the_moe_overlap_of_their_rows_only():
+    """Each 26.06 recipe entry matches one printed row, cites its recipe file and records its CUDA graph (not
+    modelled); its dispatch / combine overlap reaches the predict-batch row; a row without an entry keeps none."""
+    src = DOC["sources"]["megatron-bridge"]
+    rows = pd.DataFrame(src["rows"], columns=src["columns"])
+    for e in src["recipe_settings"]:
+        hit = rows[(rows["release"] == e["release"]) & (rows["system"] == e["system"])
+                   & (rows["model"] == e["model"]) & (rows["precision"] == e["precision"])]
+        assert len(hit) == 1, e
+        assert "Megatron-Bridge" in e["cite"] and e["cuda_graph_impl"] == "full_iteration", e
+    ok = nemo.published_runs(DOC, ["megatron-bridge"]).ok
+
+    def built(release: str, system: str, model: str) -> dict[str, str]:
+        r = ok[(ok["release"] == release) & (ok["system"] == system) & (ok["model"] == model)].iloc[0]
+        return nemo.batch_row(r, DOC["models"][r["model_key"]])
+    assert built("26.06", "DGX-GB300", "Qwen3_30B_a3B")["moe_overlap"] == "true"
+    assert built("26.06", "DGX-GB200", "GPT OSS 120B")["moe_overlap"] == "true"
+    assert built("26.06", "DGX-H100", "Qwen3_30B_a3B")["moe_overlap"] == "false"   # its recipe was not looked up
+    assert built("26.02", "DGX-GB300", "Qwen3_30B_a3B")["moe_overlap"] == "false"  # 26.02's presets leave it unset
+    assert built("26.02", "DGX-H100", "Qwen3_235B_a22B")["moe_overlap"] == "true"  # MB_OVERLAP, unchanged

@@ -2,9 +2,9 @@
 parallelism, H100 / B200 / GB200. Never ingested into the store, never fitted to.
 
 `catalog/independent_nemo.json` holds the rows as printed in the cited documents (NeMo performance summaries 24.07,
-25.02, 25.04, 25.07; Megatron-Bridge's performance summary for 25.09 / 25.11 / 26.02; Megatron-Bridge model-verification
-cards; NeMo's long-sequence table), the models behind the printed names (predictor field names, each with its
-citation) and the systems' platforms. This module
+25.02, 25.04, 25.07; Megatron-Bridge's performance summary for 25.09 / 25.11 / 26.02 / 26.06; Megatron-Bridge
+model-verification cards; NeMo's long-sequence table), the models behind the printed names (predictor field names,
+each with its citation) and the systems' platforms. This module
 
 1. checks every row before it is used, dropping and counting a row that fails (first failing reason wins):
    a step time must follow from what is printed (global batch, micro-batch, and tokens/s/GPU or a step time);
@@ -17,7 +17,7 @@ citation) and the systems' platforms. This module
 3. predicts the rest with `predictor.plan.batch.predict_records(..., allow_oom=True)` and scores the measured step time
    (global_batch x seq_len / (tokens/s/GPU x GPUs), the document's own definition of tokens/s/GPU) per run and per
    group (GPU kind, MoE vs dense, precision, source). Every MoE run is predicted with the modelled imbalance of random
-   routing: the forced load balancing the Megatron-Bridge 25.11 / 26.02 tables state is Megatron-Core's
+   routing: the forced load balancing the Megatron-Bridge 25.11 / 26.02 / 26.06 tables state is Megatron-Core's
    `moe_router_force_load_balancing`, which replaces the router's logits with random normal ones
    (megatron/core/transformer/moe/moe_utils.py RandomSTE / apply_random_logits: `logits.clone().normal_()`, 'random
    logits of router for load-balanced benchmark'), i.e. uniformly random routing, not an exact balance.
@@ -135,6 +135,7 @@ def published_runs(doc: dict[str, Any], sources: list[str] | None = None) -> Pub
         d.insert(1, "row", range(len(d)))
         d["force_balanced"] = d["release"].isin(src.get("force_balanced_releases", []))
         d["recompute_modules"] = [recipe_recompute(src, r) for _, r in d.iterrows()]
+        d["recipe_moe_overlap"] = [bool(recipe_settings(src, r).get("moe_overlap")) for _, r in d.iterrows()]
         frames.append(d)
     d = pd.concat(frames, ignore_index=True)
     d["model_key"] = d["model"].map(doc["model_names"])
@@ -283,6 +284,18 @@ def recipe_recompute(src: dict[str, Any], r: pd.Series) -> tuple[str, ...] | Non
     return None
 
 
+def recipe_settings(src: dict[str, Any], r: pd.Series) -> dict[str, Any]:
+    """The per-row settings a row's recipe states, from its source's `recipe_settings` list (each entry keyed by
+    release, system, printed model and printed precision, with the recipe file it is read from in `cite`): its
+    `moe_overlap` is predicted (moe_recipe_settings); its `cuda_graph_impl` / `cuda_graph_scope` are recorded, not
+    modelled by this check. Empty where the source lists none for the row."""
+    for e in src.get("recipe_settings", []):
+        if (e["release"], e["system"], e["model"], e["precision"]) == (r["release"], r["system"], r["model"],
+                                                                       r["precision"]):
+            return dict(e)
+    return {}
+
+
 def recipe_offload(r: pd.Series) -> int:
     """Layers whose activations the run's recipe offloads to the host (RECIPE_OFFLOAD; 0 where none is stated)."""
     return RECIPE_OFFLOAD.get((str(r["source"]), str(r["release"]), str(r["system"]), str(r["model"]),
@@ -295,19 +308,23 @@ def recipe_offload(r: pd.Series) -> int:
 # V1 GBS 2048 / V2 GBS 8192: the 25.11 / 26.02 rows) set moe_a2a_overlap=True, the B200 / B300 and H100 Qwen3-30B-A3B
 # ones False, the GB200 / GB300 ones leave it unset (HybridEP dispatcher with CUDA graphs). The same H100 layout with
 # A2A_OVERLAP=1 is NVIDIA's Megatron-MoE-ModelZoo best-practice/qwen3/run_235b.sh H100 baseline.
+# The 26.06 rows' recipes state the overlap row by row instead (the source's `recipe_settings`, each cited: the Qwen3
+# 30B-A3B / 235B-A22B and GPT-OSS 120B MXFP8 recipes on GB200 / GB300 turn it on), read into `recipe_moe_overlap`.
 MB_OVERLAP = {("qwen3-235b-a22b", "DGX-H100")}
 
 
 def moe_recipe_settings(r: pd.Series, model_key: str, moe: bool) -> tuple[int | None, bool]:
     """(etp, moe_overlap) of a MoE run as its row or recipe states them: the printed ETP (the model cards print 1),
     else 1 for a Megatron-Bridge performance row (the Qwen3 presets above); the overlap where the preset turns it
-    on. (None, False) for a dense run or where nothing states them (etp then takes the framework's default)."""
+    on (MB_OVERLAP, or the row's own `recipe_moe_overlap` from its source's `recipe_settings`). (None, False) for a
+    dense run or where nothing states them (etp then takes the framework's default)."""
     if not moe:
         return None, False
     printed = _num(r.get("etp"))
     src = str(r["source"])
     etp = int(printed) if printed is not None else (1 if src.startswith("megatron-bridge") else None)
-    return etp, src == "megatron-bridge" and (model_key, str(r["system"])) in MB_OVERLAP
+    overlap = (model_key, str(r["system"])) in MB_OVERLAP or bool(r.get("recipe_moe_overlap", False))
+    return etp, src == "megatron-bridge" and overlap
 
 
 def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
