@@ -60,6 +60,8 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "sliding_window", "full_attention_interval",
                # MoE expert tensor parallelism and the dispatch / combine overlap, as the recipes state them
                "etp", "moe_overlap",
+               # the recipe's per-layer CUDA-graph scopes (`recipe_settings`; empty = none)
+               "cuda_graphs",
                # selective recomputation by module, as the recipe states it (`recipe_recompute`)
                "recompute_modules"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
@@ -136,6 +138,7 @@ def published_runs(doc: dict[str, Any], sources: list[str] | None = None) -> Pub
         d["force_balanced"] = d["release"].isin(src.get("force_balanced_releases", []))
         d["recompute_modules"] = [recipe_recompute(src, r) for _, r in d.iterrows()]
         d["recipe_moe_overlap"] = [bool(recipe_settings(src, r).get("moe_overlap")) for _, r in d.iterrows()]
+        d["recipe_cuda_graphs"] = [recipe_settings(src, r).get("cuda_graphs") or "" for _, r in d.iterrows()]
         frames.append(d)
     d = pd.concat(frames, ignore_index=True)
     d["model_key"] = d["model"].map(doc["model_names"])
@@ -287,8 +290,9 @@ def recipe_recompute(src: dict[str, Any], r: pd.Series) -> tuple[str, ...] | Non
 def recipe_settings(src: dict[str, Any], r: pd.Series) -> dict[str, Any]:
     """The per-row settings a row's recipe states, from its source's `recipe_settings` list (each entry keyed by
     release, system, printed model and printed precision, with the recipe file it is read from in `cite`): its
-    `moe_overlap` is predicted (moe_recipe_settings); its `cuda_graph_impl` / `cuda_graph_scope` are recorded, not
-    modelled by this check. Empty where the source lists none for the row."""
+    `moe_overlap` is predicted (moe_recipe_settings), its `cuda_graphs` (the per-layer Transformer Engine scopes) is the
+    row's Layout.cuda_graphs; its `cuda_graph_impl` / `cuda_graph_scope` (the 26.06 full-iteration graph) are
+    recorded, not modelled by this check. Empty where the source lists none for the row."""
     for e in src.get("recipe_settings", []):
         if (e["release"], e["system"], e["model"], e["precision"]) == (r["release"], r["system"], r["model"],
                                                                        r["precision"]):
@@ -378,7 +382,9 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         # sliding-window attention (GPT-OSS): the catalog model's, empty for full attention
         "sliding_window": model.get("sliding_window"), "full_attention_interval": model.get("full_attention_interval"),
         # expert tensor parallelism and the dispatch / combine overlap as the recipe states them
-        **dict(zip(("etp", "moe_overlap"), moe_recipe_settings(r, str(r.get("model_key", "")), moe)))}
+        **dict(zip(("etp", "moe_overlap"), moe_recipe_settings(r, str(r.get("model_key", "")), moe))),
+        # the recipe's per-layer CUDA-graph scopes (`recipe_settings`), empty = none (eager)
+        "cuda_graphs": r.get("recipe_cuda_graphs") or None}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 
