@@ -191,6 +191,16 @@ def _layer_class() -> Any:
     return MegatronStyleLayer
 
 
+def _measured_on() -> dict[str, Any]:
+    """The provenance every host-floor record carries: the measuring machine, torch's version and the time."""
+    import torch
+
+    from predictor.hardware.machine import current
+    mach = current()
+    return {"machine": {**mach.to_dict(), "short": mach.short()}, "torch": torch.__version__,
+            "measured_at": datetime.now(UTC).isoformat(timespec="seconds")}
+
+
 def _stack(layers: int, hidden: int, heads: int, dropout: float, checkpointed: bool = False) -> Any:
     from torch import nn
     cls = _layer_class()
@@ -265,8 +275,6 @@ def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short:
     per_layer = statistics.median(slopes)
     per_layer_ck = statistics.median(ck_slopes)
     q = statistics.quantiles(slopes, n=4) if len(slopes) >= 4 else [min(slopes), per_layer, max(slopes)]
-    from predictor.hardware.machine import current
-    mach = current()
     return {
         "host_s_per_layer_pass": per_layer / 2.0,
         "fwd_bwd_s_per_layer": per_layer,
@@ -280,9 +288,7 @@ def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short:
         "layer": {"style": "Megatron-style GPT layer, unfused, [seq, batch, hidden], TP 1", "hidden": hidden,
                   "heads": heads, "seq_len": seq, "micro_batch": 1, "dropout": dropout,
                   "stacks": [short, long], "rounds": rounds, "iters_per_round": iters, "torch_threads": 1},
-        "machine": {**mach.to_dict(), "short": mach.short()},
-        "torch": torch.__version__,
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        **_measured_on(),
         "source": ("python -m bench host-floor: slope of eager forward + backward time over layers at tiny shapes "
                    "on this CPU (what Python, the dispatcher and autograd spend issuing one layer's operators); "
                    "a lower bound of a GPU host's time: CUDA launch calls, the caching allocator, collectives' "
@@ -509,8 +515,6 @@ def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, e
         torch.set_num_threads(threads)
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else [min(ratios), max(ratios)]
     qe = statistics.quantiles(per_expert, n=4) if len(per_expert) >= 4 else [min(per_expert), max(per_expert)]
-    from predictor.hardware.machine import current
-    mach = current()
     return {
         "moe_layer_host_passes": statistics.median(ratios),
         "moe_layer_host_passes_iqr": [q[0], q[-1]],
@@ -530,9 +534,7 @@ def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, e
                            "as TE GroupedLinear does), bf16, TP 1, EP 1",
                   "hidden": hidden, "heads": heads, "seq_len": seq, "experts": experts, "top_k": top_k,
                   "stacks": [short, long], "rounds": rounds, "iters_per_round": iters, "torch_threads": 1},
-        "machine": {**mach.to_dict(), "short": mach.short()},
-        "torch": torch.__version__,
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        **_measured_on(),
         "source": ("python -m bench host-floor --moe: slope of eager forward + backward time over MoE layers at tiny "
                    f"shapes ({experts} local experts, one GEMM per expert as Transformer Engine's GroupedLinear "
                    "issues them) over the same slope of dense layers, on this CPU; per local expert: the slope of "
@@ -612,8 +614,6 @@ def measure_cuda_graph_shares(*, hidden: int = 16, heads: int = 2, seq: int = 4,
     def iqr(k: str) -> list[float]:
         q = statistics.quantiles(got[k], n=4) if len(got[k]) >= 4 else [min(got[k]), max(got[k])]
         return [q[0], q[-1]]
-    from predictor.hardware.machine import current
-    mach = current()
     return {
         # dense layer passes of host time each captured part takes (fwd + bwd over 2 x a dense pass), never below 0
         "scope_host_passes": {k: max(0.0, med(k)) for k in ("attn", "mlp", "moe_router", "moe_preprocess")},
@@ -628,9 +628,7 @@ def measure_cuda_graph_shares(*, hidden: int = 16, heads: int = 2, seq: int = 4,
                            "callable's replay (static input / gradient copies and one autograd function)",
                   "hidden": hidden, "heads": heads, "seq_len": seq, "experts": experts, "top_k": top_k,
                   "stacks": [short, long], "rounds": rounds, "iters_per_round": iters, "torch_threads": 1},
-        "machine": {**mach.to_dict(), "short": mach.short()},
-        "torch": torch.__version__,
-        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        **_measured_on(),
         "source": ("python -m bench host-floor --cuda-graphs: slope of eager forward + backward time over layers at "
                    "tiny shapes with each part Megatron-Core's per-layer CUDA graphs capture (attn, mlp, moe_router, "
                    "moe_preprocess) replaced by the host side of a replay, the drop over the dense layer's slope plus "

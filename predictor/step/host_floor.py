@@ -159,12 +159,17 @@ def save_cuda_graph_shares(record: dict[str, Any], models_dir: str | Path | None
     """Keep a `bench host-floor --cuda-graphs` record under "cuda_graphs" in the saved host floor, the rest untouched
     (ratios to the dense layer measured together, as the "moe" record). Refuses without a saved floor, or a record
     that would not load back."""
+    return _save_record("cuda_graphs", record, "the CUDA graph record", models_dir)
+
+
+def _save_record(key: str, record: dict[str, Any], what: str, models_dir: str | Path | None) -> Path:
+    """The saved host floor with `record` under `key`, written atomically after it loads back; refused without a
+    saved floor to add it to."""
     p = paths.shared_artifact(HOST_FLOOR_FILE, models_dir)
     d = paths.read_json(p)
     if not isinstance(d, dict):
-        raise ArtifactError(p, None, "no saved host floor to add the CUDA graph record to: run `bench host-floor "
-                                     "--save` first")
-    d = {**d, "cuda_graphs": record}
+        raise ArtifactError(p, None, f"no saved host floor to add {what} to: run `bench host-floor --save` first")
+    d = {**d, key: record}
     host_floor_from_dict(d, p)
     return paths.write_json_atomic(p, d)
 
@@ -201,14 +206,7 @@ def save_moe_passes(record: dict[str, Any], models_dir: str | Path | None = None
     """Keep a `bench host-floor --moe` record under "moe" in the saved host floor, the dense floor untouched (the
     record is a ratio of two slopes measured together, so it holds whichever CPU measured the dense floor). Refuses
     without a saved floor to add it to, or a record that would not load back."""
-    p = paths.shared_artifact(HOST_FLOOR_FILE, models_dir)
-    d = paths.read_json(p)
-    if not isinstance(d, dict):
-        raise ArtifactError(p, None, "no saved host floor to add the MoE record to: run `bench host-floor --save` "
-                                     "first")
-    d = {**d, "moe": record}
-    host_floor_from_dict(d, p)
-    return paths.write_json_atomic(p, d)
+    return _save_record("moe", record, "the MoE record", models_dir)
 
 
 def kept_floor_reason(existing: HostFloor | None, new: HostFloor) -> str | None:
