@@ -12,7 +12,7 @@ from predictor.model.errors import InfeasibleConfig
 from predictor.model.layout_io import MOE_FIELDS, model_from_fields
 from predictor.model.model_summary import param_summary, routing_summary
 from predictor.model.presets import get_preset
-from predictor.model.specs import MOE_DISPATCHERS, ModelSpec
+from predictor.model.specs import MOE_DISPATCHERS, ModelSpec, cuda_graphs_mask
 
 BIND = "query-params"
 CUSTOM_MOE_DEFAULT: dict[str, Any] = {"num_experts": 8, "top_k": 2, "moe_ffn_hidden": None, "shared_experts": 0,
@@ -178,12 +178,23 @@ def cuda_graphs_input(prefix: str, c) -> str:
     (from the URL), so that it is kept and checked (a bad one named by the page) rather than silently replaced."""
     key = _k(prefix, "cuda_graphs")
     held = str(st.session_state.get(key, st.query_params.get(key, "none")))
-    opts = list(CUDA_GRAPH_CHOICES) + ([held] if held not in CUDA_GRAPH_CHOICES else [])
+    # a held value that is a valid setting of another form is kept (and checked against the model by the page); one
+    # that is not a setting at all is left out, so the page names it as a link parameter it could not take
+    opts = list(CUDA_GRAPH_CHOICES) + ([held] if held not in CUDA_GRAPH_CHOICES and _is_cuda_graphs(held) else [])
     v = c.selectbox("CUDA graphs", opts, index=0, key=key, bind=BIND,
                     help="Megatron-Core cuda_graph_impl / cuda_graph_scope: none (eager), per-layer parts captured "
                          "with Transformer Engine (attn, mlp, moe_router, moe_preprocess) or full_iteration; a "
                          "captured part's host time is replaced by a graph replay (GPU time and memory unchanged)")
     return str(v)
+
+
+def _is_cuda_graphs(value: str) -> bool:
+    """Whether `value` is a Layout.cuda_graphs setting at all (specs.cuda_graphs_mask reads it)."""
+    try:
+        cuda_graphs_mask(value)
+    except InfeasibleConfig:
+        return False
+    return True
 
 
 def _current(key: str) -> int | None:
