@@ -17,6 +17,7 @@ fit uses it (a lower bound).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -191,6 +192,26 @@ def _layer_class() -> Any:
     return MegatronStyleLayer
 
 
+@contextlib.contextmanager
+def _one_host_thread() -> Any:
+    """What every measurement here runs under: torch on one thread (a framework issues kernels from one host
+    thread) and a fixed seed; the caller's thread count restored afterwards."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _iqr(xs: list[float]) -> list[float]:
+    """[first, third] quartile of `xs` (its [min, max] with fewer than 4 values)."""
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 4 else [min(xs), max(xs)]
+    return [q[0], q[-1]]
+
+
 def _measured_on() -> dict[str, Any]:
     """The provenance every host-floor record carries: the measuring machine, torch's version and the time."""
     import torch
@@ -252,10 +273,7 @@ def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short:
     """The record `models_store/host_floor.json` holds (see predictor.step.host_floor)."""
     import torch
     say = log or (lambda _m: None)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)       # a framework issues kernels from one host thread
-    try:
-        torch.manual_seed(0)
+    with _one_host_thread():
         x = torch.randn(seq, 1, hidden, requires_grad=True)
         a, b = _stack(short, hidden, heads, dropout), _stack(long, hidden, heads, dropout)
         ca, cb = (_stack(short, hidden, heads, dropout, True), _stack(long, hidden, heads, dropout, True))
@@ -270,15 +288,12 @@ def measure_host_floor(*, hidden: int = 16, heads: int = 2, seq: int = 4, short:
             say(f"round {r + 1}/{rounds}: {slopes[-1] * 1e6:.0f} us per layer forward + backward, "
                 f"{ck_slopes[-1] * 1e6:.0f} us with full recomputation")
         kernels = (count_kernels(b, x) - count_kernels(a, x)) / (long - short)
-    finally:
-        torch.set_num_threads(threads)
     per_layer = statistics.median(slopes)
     per_layer_ck = statistics.median(ck_slopes)
-    q = statistics.quantiles(slopes, n=4) if len(slopes) >= 4 else [min(slopes), per_layer, max(slopes)]
     return {
         "host_s_per_layer_pass": per_layer / 2.0,
         "fwd_bwd_s_per_layer": per_layer,
-        "fwd_bwd_s_per_layer_iqr": [q[0], q[-1]],
+        "fwd_bwd_s_per_layer_iqr": _iqr(slopes),
         "kernels_per_layer_pass": kernels / 2.0,
         "fwd_bwd_s_per_layer_recomputed": per_layer_ck,
         # what full recomputation adds to a layer (its no-grad forward, the checkpoint machinery and the
@@ -477,10 +492,7 @@ def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, e
     import torch
     from torch import nn
     say = log or (lambda _m: None)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(0)
+    with _one_host_thread():
         dense, moe = _layer_class(), _moe_layer_class()
 
         def stack(cls: Any, n: int, **kw: Any) -> Any:
@@ -511,17 +523,13 @@ def measure_moe_host_passes(*, hidden: int = 16, heads: int = 2, seq: int = 4, e
                 f"{s_hi * 1e6:.0f} us ({per_expert[-1]:.3f} dense passes per expert)")
         k_dense = (count_kernels(b, x) - count_kernels(a, x)) / (long - short)
         k_moe = (count_kernels(mb, x) - count_kernels(ma, x)) / (long - short)
-    finally:
-        torch.set_num_threads(threads)
-    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 4 else [min(ratios), max(ratios)]
-    qe = statistics.quantiles(per_expert, n=4) if len(per_expert) >= 4 else [min(per_expert), max(per_expert)]
     return {
         "moe_layer_host_passes": statistics.median(ratios),
-        "moe_layer_host_passes_iqr": [q[0], q[-1]],
+        "moe_layer_host_passes_iqr": _iqr(ratios),
         # what each local expert adds to a MoE layer pass where its grouped GEMMs issue one GEMM per expert
         # (Transformer Engine's GroupedLinear), in dense layer passes; never below 0 (a slope lost in the noise)
         "moe_host_passes_per_local_expert": max(0.0, statistics.median(per_expert)),
-        "moe_host_passes_per_local_expert_iqr": [qe[0], qe[-1]],
+        "moe_host_passes_per_local_expert_iqr": _iqr(per_expert),
         "per_expert_gemm_expert_counts": [e_lo, e_hi],
         "dense_fwd_bwd_s_per_layer": statistics.median(dense_s),
         "moe_fwd_bwd_s_per_layer": statistics.median(moe_s),
@@ -566,10 +574,7 @@ def measure_cuda_graph_shares(*, hidden: int = 16, heads: int = 2, seq: int = 4,
     import torch
     from torch import nn
     say = log or (lambda _m: None)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        torch.manual_seed(0)
+    with _one_host_thread():
         dense, moe = _layer_class(), _moe_layer_class()
 
         def stack(cls: Any, n: int, graphed: frozenset[str], **kw: Any) -> Any:
@@ -605,22 +610,17 @@ def measure_cuda_graph_shares(*, hidden: int = 16, heads: int = 2, seq: int = 4,
             say(f"round {r + 1}/{rounds}: dense {d * 1e6:.0f} us per layer forward + backward; in dense layer "
                 f"passes: replay {rep:.3f}, attn {got['attn'][-1]:.3f}, mlp {got['mlp'][-1]:.3f}, moe_router "
                 f"{got['moe_router'][-1]:.3f}, moe_preprocess {got['moe_preprocess'][-1]:.3f}")
-    finally:
-        torch.set_num_threads(threads)
 
     def med(k: str) -> float:
         return statistics.median(got[k])
 
-    def iqr(k: str) -> list[float]:
-        q = statistics.quantiles(got[k], n=4) if len(got[k]) >= 4 else [min(got[k]), max(got[k])]
-        return [q[0], q[-1]]
     return {
         # dense layer passes of host time each captured part takes (fwd + bwd over 2 x a dense pass), never below 0
         "scope_host_passes": {k: max(0.0, med(k)) for k in ("attn", "mlp", "moe_router", "moe_preprocess")},
-        "scope_host_passes_iqr": {k: iqr(k) for k in ("attn", "mlp", "moe_router", "moe_preprocess")},
+        "scope_host_passes_iqr": {k: _iqr(got[k]) for k in ("attn", "mlp", "moe_router", "moe_preprocess")},
         # dense layer passes of host time one replay (forward or backward) takes
         "replay_host_passes": max(0.0, med("replay")),
-        "replay_host_passes_iqr": iqr("replay"),
+        "replay_host_passes_iqr": _iqr(got["replay"]),
         "dense_fwd_bwd_s_per_layer": med("dense_s"),
         "applies_to": ["megatron"],
         "layer": {"style": "the dense Megatron-style layer and the Megatron-Core MoE layer of `bench host-floor` / "
