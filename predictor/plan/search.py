@@ -630,29 +630,33 @@ def search(model: ModelSpec, platform: str | Platform | Predictor, num_gpus: int
 def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_to_train, price, objective,
            leave_out_tight=False):
     n = len(arr)
-    sid = arr[:, 6]
+    col = {name: arr[:, i] for i, name in enumerate(COLUMNS)}   # the engine's columns by name
+    sid = col["structure"]
     s_vpp = np.array([s.vpp for s in structs] or [1], dtype=np.int64)
     s_sched = np.array([s.schedule for s in structs] or [""], dtype=object)
     s_split = np.array([",".join(map(str, s.stage_layers)) if s.stage_layers else "" for s in structs] or [""],
                        dtype=object)
     df = pd.DataFrame({
-        "num_gpus": arr[:, 0], "tp": arr[:, 1], "pp": arr[:, 2], "dp": arr[:, 3], "micro_batch": arr[:, 4],
-        "num_micro_batches": arr[:, 5], "vpp": s_vpp[sid], "schedule": pd.Series(s_sched[sid], dtype=object),
+        "num_gpus": col["num_gpus"], "tp": col["tp"], "pp": col["pp"], "dp": col["dp"],
+        "micro_batch": col["micro_batch"], "num_micro_batches": col["num_micro_batches"], "vpp": s_vpp[sid],
+        "schedule": pd.Series(s_sched[sid], dtype=object),
         "stage_layers": pd.Series(s_split[sid], dtype=object),
-        "recompute": pd.Series(np.array(RECOMPUTE, dtype=object)[arr[:, 7]], dtype=object),
-        "sequence_parallel": arr[:, 8].astype(bool), "zero_stage": arr[:, 9],
-        "framework": pd.Series(np.array(FRAMEWORKS, dtype=object)[arr[:, 10]], dtype=object),
-        "overlap_grad_reduce": arr[:, 11].astype(bool), "overlap_param_gather": arr[:, 12].astype(bool),
-        "cp": arr[:, 13], "ep": arr[:, 14], "overlap_tp_comm": arr[:, 15].astype(bool),
-        "grad_bytes": arr[:, 16], "fp8_param_gather": arr[:, 17].astype(bool),
+        "recompute": pd.Series(np.array(RECOMPUTE, dtype=object)[col["recompute"]], dtype=object),
+        "sequence_parallel": col["sequence_parallel"].astype(bool), "zero_stage": col["zero_stage"],
+        "framework": pd.Series(np.array(FRAMEWORKS, dtype=object)[col["framework"]], dtype=object),
+        "overlap_grad_reduce": col["overlap_grad_reduce"].astype(bool),
+        "overlap_param_gather": col["overlap_param_gather"].astype(bool),
+        "cp": col["cp"], "ep": col["ep"], "overlap_tp_comm": col["overlap_tp_comm"].astype(bool),
+        "grad_bytes": col["grad_bytes"], "fp8_param_gather": col["fp8_param_gather"].astype(bool),
         # all-to-all context parallelism and activation offloading
-        "cp_comm": pd.Series(np.array(CP_COMMS, dtype=object)[arr[:, 18]], dtype=object),
-        "offload_activations": arr[:, 20],
-        "etp": arr[:, 21], "moe_overlap": arr[:, 22].astype(bool),
+        "cp_comm": pd.Series(np.array(CP_COMMS, dtype=object)[col["cp_comm"]], dtype=object),
+        "offload_activations": col["offload_activations"],
+        "etp": col["etp"], "moe_overlap": col["moe_overlap"].astype(bool),
         # selective recomputation's modules (empty unless recompute is selective)
-        "recompute_modules": pd.Series([",".join(mem.modules_of_mask(int(v))) for v in arr[:, 23]], dtype=object),
-        "moe_dispatcher": pd.Series(np.array(MOE_DISPATCHERS, dtype=object)[arr[:, 24]], dtype=object),
-        "cuda_graphs": pd.Series([cuda_graphs_value(int(v)) for v in arr[:, 25]], dtype=object),
+        "recompute_modules": pd.Series([",".join(mem.modules_of_mask(int(v))) for v in col["recompute_modules"]],
+                                       dtype=object),
+        "moe_dispatcher": pd.Series(np.array(MOE_DISPATCHERS, dtype=object)[col["moe_dispatcher"]], dtype=object),
+        "cuda_graphs": pd.Series([cuda_graphs_value(int(v)) for v in col["cuda_graphs"]], dtype=object),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
