@@ -29,6 +29,7 @@ from typing import Any
 
 from predictor import paths
 from predictor.model.frameworks import FRAMEWORKS
+from predictor.model.specs import CUDA_GRAPH_SCOPES
 from predictor.paths import ArtifactError, check_number
 
 HOST_FLOOR_FILE = "host_floor.json"
@@ -46,7 +47,8 @@ MAX_MOE_PASSES_PER_EXPERT = 1.0
 # MoE layer issues; one graph replay (an autograd function and its static-buffer copies) a fraction of a dense pass
 MAX_SCOPE_PASSES = MAX_MOE_PASSES
 MAX_REPLAY_PASSES = 0.5
-CUDA_GRAPH_PARTS = ("attn", "mlp", "moe_router", "moe_preprocess")   # = predictor.model.specs.CUDA_GRAPH_SCOPES
+# the parts the "cuda_graphs" record measures: Layout.cuda_graphs' per-layer scopes
+CUDA_GRAPH_PARTS = CUDA_GRAPH_SCOPES
 
 
 @dataclass(frozen=True)
