@@ -39,6 +39,7 @@ import pandas as pd
 
 from predictor import paths
 from predictor.checks.independent import error_stats, summary_groups
+from predictor.model.specs import FP8_PARAM_PRECISIONS
 from predictor.step.memory import MemoryOptions
 
 CATALOG = paths.CATALOG_DIR / "independent_nemo.json"
@@ -214,7 +215,7 @@ def memory_settings(r: pd.Series) -> tuple[bool | None, bool]:
     src, prec = str(r["source"]), str(r["precision"])
     if src not in RECIPE_SOURCES:
         return None, False
-    fp8 = str(r["pred_precision"]) in ("fp8", "mxfp8")
+    fp8 = str(r["pred_precision"]) in FP8_PARAM_PRECISIONS   # the precisions FP8 primary weights run with
     if src == "megatron-bridge":
         return False, fp8
     if src.startswith("nemo-25"):
