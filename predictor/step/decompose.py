@@ -410,15 +410,12 @@ def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_top
     ops = [OpCall("moe_router", "fwd", make_shape(batch=1, seq=r.tokens, hidden=h, params=h * model.num_experts),
                   1, phase, "moe")]
     comms: list[CommCall] = []
-    if r.gathered_rows:
+    if r.gathered_rows:   # the dispatcher's calls around the experts: its permutation before, the rest after
         d_ops, comms = allgather_dispatch_calls(model, r, e, dispatch_topo, phase)
-        ops += d_ops[:1]
-        ops += _mlp_ops(model, r.etp, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
-        ops += d_ops[1:]
+        before, after = d_ops[:1], d_ops[1:]
     else:
-        ops.append(OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe"))
-        ops += _mlp_ops(model, r.etp, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
-        ops.append(OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe"))
+        before = [OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe")]
+        after = [OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe")]
         if ep_topo[0] > 1:   # dispatch and combine: the busiest rank receives imbalance x its mean rows
             a2a = int(math.ceil(r.routed_rows * r.imbalance)) * h * e
             comms.append(CommCall("alltoall", a2a, "ep", phase, 2, *ep_topo))
@@ -426,6 +423,9 @@ def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_top
             gathered = r.etp * r.received_rows * h * e
             comms += [CommCall("allgather", gathered, "ep", phase, 1, *etp_topo),
                       CommCall("reducescatter", gathered, "ep", phase, 1, *etp_topo)]
+    ops += before
+    ops += _mlp_ops(model, r.etp, 1, r.rows_per_expert, model.expert_ffn, phase, "experts", r.local_experts)
+    ops += after
     if model.shared_experts:
         ops += _mlp_ops(model, tp, b, s, model.shared_experts * model.shared_ffn, phase, "shared_experts")
         if tp_topo[0] > 1:   # the shared experts gather the sequence-parallel shards and reduce-scatter back
