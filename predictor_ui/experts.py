@@ -156,15 +156,17 @@ def moe_overlap_input(prefix: str, c, num_experts: int, ep: int) -> bool:
 
 
 def moe_dispatcher_input(prefix: str, c, num_experts: int) -> str:
-    """The MoE token dispatcher select (Layout.moe_dispatcher): alltoall (the default) or allgather; disabled for a
-    dense model unless it holds allgather (from the URL), which the page then names instead of dropping it."""
+    """The MoE token dispatcher select (Layout.moe_dispatcher): alltoall (the default), allgather or hybridep; disabled
+    for a dense model unless it holds allgather (from the URL), which the page then names instead of dropping it."""
     key = _k(prefix, "moe_dispatcher")
     held = str(st.session_state.get(key, st.query_params.get(key, "alltoall")))
     v = c.selectbox("Token dispatcher", list(MOE_DISPATCHERS), index=0, key=key, bind=BIND,
                     disabled=not num_experts and held == "alltoall",
                     help="Megatron-Core moe_token_dispatcher_type: alltoall (all-to-all of the routed rows over EP) "
                          "or allgather (Megatron-Core's own default: every token all-gathered over ETP × EP, the "
-                         "expert output reduce-scattered back; not with the overlap or a capacity factor)")
+                         "expert output reduce-scattered back; not with the overlap or a capacity factor) or hybridep "
+                         "(the flex dispatcher with HybridEP: permutations fused into its dispatch / combine, each "
+                         "token sent once per EP rank; ETP 1, no capacity factor)")
     return str(v)
 
 

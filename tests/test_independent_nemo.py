@@ -221,8 +221,10 @@ def test_the_26_06_recipe_settings_are_cited_and_turn_on_the_moe_overlap_of_thei
                    & (rows["model"] == e["model"]) & (rows["precision"] == e["precision"])]
         assert len(hit) == 1, e
         assert "Megatron-Bridge" in e["cite"], e
-        # a 26.06 entry records the full-iteration graph (not modelled); the earlier ones give per-layer scopes
-        assert (e.get("cuda_graph_impl") == "full_iteration") if e["release"] == "26.06" else bool(e["cuda_graphs"]), e
+        # every entry states something the check uses or records: the full-iteration graph (recorded, not modelled),
+        # per-layer scopes, the overlap or the dispatcher
+        assert (e.get("cuda_graph_impl") == "full_iteration" or e.get("cuda_graphs") or "moe_overlap" in e
+                or e.get("moe_dispatcher")), e
     ok = nemo.published_runs(DOC, ["megatron-bridge"]).ok
 
     def built(release: str, system: str, model: str) -> dict[str, str]:
@@ -230,7 +232,7 @@ def test_the_26_06_recipe_settings_are_cited_and_turn_on_the_moe_overlap_of_thei
         return nemo.batch_row(r, DOC["models"][r["model_key"]])
     assert built("26.06", "DGX-GB300", "Qwen3_30B_a3B")["moe_overlap"] == "true"
     assert built("26.06", "DGX-GB200", "GPT OSS 120B")["moe_overlap"] == "true"
-    assert built("26.06", "DGX-H100", "Qwen3_30B_a3B")["moe_overlap"] == "false"   # its recipe was not looked up
+    assert built("26.06", "DGX-H100", "Qwen3_30B_a3B")["moe_overlap"] == "false"   # its recipe sets it False
     assert built("26.02", "DGX-GB300", "Qwen3_30B_a3B")["moe_overlap"] == "false"  # 26.02's presets leave it unset
     assert built("26.02", "DGX-H100", "Qwen3_235B_a22B")["moe_overlap"] == "true"  # MB_OVERLAP, unchanged
 
@@ -261,3 +263,32 @@ def test_the_recipes_cuda_graph_scopes_reach_their_rows_only_and_remove_host_tim
     (graphed,) = predict_records([rec], allow_oom=True)
     (eager,) = predict_records([{**rec, "cuda_graphs": ""}], allow_oom=True)
     assert graphed["step_time_s"] < eager["step_time_s"]
+
+
+def test_the_recipes_hybridep_dispatcher_reaches_its_rows_only_and_replaces_the_all_to_all_peers():
+    """`recipe_settings` moe_dispatcher hybridep (the flex dispatcher with HybridEP, each entry citing it) reaches
+    exactly its rows' predict-batch records, every other MoE row keeps alltoall, and on the DeepSeek-V3 GB200 row the
+    HybridEP buffer stands in for NCCL's per-peer buffers of its 63 expert-parallel peers (less communication
+    memory)."""
+    from predictor.plan.batch import predict_records
+    for sid in ("megatron-bridge", "megatron-bridge-cards"):
+        src = DOC["sources"][sid]
+        keyed = {(e["release"], e["system"], e["model"], e["precision"]): e.get("moe_dispatcher")
+                 for e in src.get("recipe_settings", [])}
+        for e in src.get("recipe_settings", []):
+            if e.get("moe_dispatcher"):
+                assert e["moe_dispatcher"] == "hybridep" and "hybridep" in e["cite"].lower(), e
+        ok = nemo.published_runs(DOC, [sid]).ok
+        for _, r in ok.iterrows():
+            want = keyed.get((r["release"], r["system"], r["model"], r["precision"])) or ""
+            rec = nemo.batch_row(r, DOC["models"][r["model_key"]])
+            assert rec["moe_dispatcher"] == (want if r["moe"] else ""), (r["release"], r["system"], r["model"])
+    ok = nemo.published_runs(DOC, ["megatron-bridge"]).ok
+    r = ok[(ok["release"] == "25.11") & (ok["system"] == "DGX-GB200") & ok["model"].str.startswith("DeepSeekV3")
+           & (ok["precision"] == "bf16")].iloc[0]
+    rec, why = nemo.predictable_record(nemo.batch_row(r, DOC["models"][r["model_key"]]))
+    assert not why and rec["moe_dispatcher"] == "hybridep"
+    opts = nemo.recipe_memory_options(r)
+    (hyb,) = predict_records([rec], allow_oom=True, memory_options=opts)
+    (a2a,) = predict_records([{**rec, "moe_dispatcher": ""}], allow_oom=True, memory_options=opts)
+    assert hyb["memory_gib"] < a2a["memory_gib"] - 20

@@ -63,6 +63,8 @@ ROW_COLUMNS = ["case_id", "platform", "arch", "layers", "hidden", "heads", "kv_h
                "etp", "moe_overlap",
                # the recipe's per-layer CUDA-graph scopes (`recipe_settings`; empty = none)
                "cuda_graphs",
+               # the recipe's MoE token dispatcher (`recipe_settings`; empty = alltoall)
+               "moe_dispatcher",
                # selective recomputation by module, as the recipe states it (`recipe_recompute`)
                "recompute_modules"]
 # The value of each such column that means "not MoE / no expert parallelism": a cell at its default can be left out.
@@ -140,6 +142,7 @@ def published_runs(doc: dict[str, Any], sources: list[str] | None = None) -> Pub
         d["recompute_modules"] = [recipe_recompute(src, r) for _, r in d.iterrows()]
         d["recipe_moe_overlap"] = [bool(recipe_settings(src, r).get("moe_overlap")) for _, r in d.iterrows()]
         d["recipe_cuda_graphs"] = [recipe_settings(src, r).get("cuda_graphs") or "" for _, r in d.iterrows()]
+        d["recipe_moe_dispatcher"] = [recipe_settings(src, r).get("moe_dispatcher") or "" for _, r in d.iterrows()]
         frames.append(d)
     d = pd.concat(frames, ignore_index=True)
     d["model_key"] = d["model"].map(doc["model_names"])
@@ -329,7 +332,7 @@ def moe_recipe_settings(r: pd.Series, model_key: str, moe: bool) -> tuple[int | 
     src = str(r["source"])
     etp = int(printed) if printed is not None else (1 if src.startswith("megatron-bridge") else None)
     overlap = (model_key, str(r["system"])) in MB_OVERLAP or bool(r.get("recipe_moe_overlap", False))
-    return etp, src == "megatron-bridge" and overlap
+    return etp, (src == "megatron-bridge" and overlap) or bool(r.get("recipe_moe_overlap", False))
 
 
 def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
@@ -385,7 +388,10 @@ def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:
         # expert tensor parallelism and the dispatch / combine overlap as the recipe states them
         **dict(zip(("etp", "moe_overlap"), moe_recipe_settings(r, str(r.get("model_key", "")), moe))),
         # the recipe's per-layer CUDA-graph scopes (`recipe_settings`), empty = none (eager)
-        "cuda_graphs": r.get("recipe_cuda_graphs") or None}
+        "cuda_graphs": r.get("recipe_cuda_graphs") or None,
+        # the recipe's MoE token dispatcher (`recipe_settings`: hybridep where it sets moe_token_dispatcher_type flex
+        # with moe_flex_dispatcher_backend hybridep), empty = alltoall
+        "moe_dispatcher": (r.get("recipe_moe_dispatcher") or None) if moe else None}
     return {k: _cell(fields[k]) for k in ROW_COLUMNS}
 
 

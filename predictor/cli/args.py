@@ -70,7 +70,9 @@ def add_moe_dispatcher_arg(sp: argparse.ArgumentParser, every_layout: bool = Fal
                          + (" of every layout" if every_layout else "")
                          + ": alltoall (default) or allgather (Megatron-Core's own default: every token all-gathered "
                            "over the etp x ep ranks, the expert output reduce-scattered back; not with moe_overlap "
-                           "or a capacity factor)")
+                           "or a capacity factor) or hybridep (Megatron-Core's flex dispatcher with the HybridEP "
+                           "backend: permutations inside its dispatch / combine kernels, each token sent once per ep "
+                           "rank; etp 1, no capacity factor)")
 
 
 def add_recompute_modules_arg(sp: argparse.ArgumentParser, every_layout: bool = False) -> None:

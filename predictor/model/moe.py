@@ -59,6 +59,9 @@ class Routing:
     dispatcher: str = "alltoall"
     gathered_rows: int = 0   # allgather with etp x ep > 1: the tokens all-gathered over the etp x ep ranks,
     #                          etp x ep x T (0 otherwise: no gather)
+    sent_rows: int = 0       # rows this GPU sends in the dispatch (and receives back in the combine), on average:
+    #                          T x top_k with alltoall; T x the expected distinct destination ranks per token with
+    #                          hybridep (`hybridep_sent_rows`)
 
     @property
     def local_rows(self) -> int:
@@ -105,8 +108,34 @@ def routing(model: ModelSpec, micro_batch: int, seq_len: int, tp: int, cp: int, 
         imb = min(imb, float(model.capacity_factor))
     per_expert = max(1, math.ceil(e * rows * imb / local))
     gathered = e * max(ep, 1) * t if dispatcher == "allgather" and e * max(ep, 1) > 1 else 0
-    return Routing(t, rows, local, imb, per_expert, 1 if gathered else (2 if ep > 1 and local > 1 else 1), e,
-                   int(math.ceil(rows * imb)), dispatcher, gathered)
+    if dispatcher == "hybridep":   # permutations inside the dispatch / combine kernels: no permute passes of their own
+        permutes, sent = 0, hybridep_sent_rows(t, k, model.num_experts, ep)
+    else:
+        permutes, sent = (1 if gathered else (2 if ep > 1 and local > 1 else 1)), rows
+    return Routing(t, rows, local, imb, per_expert, permutes, e, int(math.ceil(rows * imb)), dispatcher, gathered,
+                   sent)
+
+
+def expected_distinct_ranks(top_k: int, num_experts: int, ep: int) -> float:
+    """Expected number of the ep ranks a token's top_k distinct experts land on, the experts drawn uniformly at random
+    without replacement and spread evenly, num_experts / ep per rank: ep x (1 - C(E - E/ep, k) / C(E, k))."""
+    if ep <= 1:
+        return 1.0
+    per_rank = num_experts // ep
+    miss = math.comb(num_experts - per_rank, top_k) / math.comb(num_experts, top_k)
+    return ep * (1.0 - miss)
+
+
+def hybridep_sent_rows(tokens: int, top_k: int, num_experts: int, ep: int) -> int:
+    """Rows the HybridEP dispatch sends: each token once per destination rank, not once per expert (its routing map
+    is expanded to [tokens, ranks, local experts] and the kernel writes a token's row into a destination rank's buffer
+    once, that rank's own permutation copying it per local expert: DeepEP hybrid-ep, Megatron-Core fused_a2a.py
+    HybridEPDispatch 'permute + dispatch a2a + permute'; the receive buffer holds max_num_of_tokens_per_rank x ranks
+    token rows, NVLCoordinator.allocate_dispatch_buffers). For random routing the mean is T x
+    expected_distinct_ranks; the busiest rank's share is scaled by the same imbalance as the rows it computes."""
+    if ep <= 1:
+        return tokens * top_k
+    return int(math.ceil(tokens * expected_distinct_ranks(top_k, num_experts, ep)))
 
 
 def routing_note(model: ModelSpec, layout: Any) -> str:
@@ -125,6 +154,11 @@ def routing_note(model: ModelSpec, layout: Any) -> str:
                 f"{layout.tp} ranks." if layout.tp > 1 else ""))
             + (" Dispatch / combine overlapped with the other micro-batch's compute (combined 1F1B)."
                if getattr(layout, "moe_overlap", False) else "")
+            + (f" hybridep dispatcher (Megatron-Core flex, HybridEP backend): the permutations run inside its "
+               f"dispatch / combine kernels (no permute passes of their own) and each token goes once per destination "
+               f"rank, {r.sent_rows / max(r.tokens, 1):.2f} ranks on average for random routing instead of "
+               f"{model.top_k} copies; its kernels are timed as the all-to-all of those rows (derived: the kernels "
+               "themselves are not sampled)." if r.dispatcher == "hybridep" else "")
             + (f" allgather token dispatcher: the {r.tokens:,} tokens of each of the {r.gathered_rows // r.tokens} "
                "etp x ep ranks all-gathered (hidden states, routing probabilities and map), the expert output "
                "reduce-scattered back." if r.gathered_rows else

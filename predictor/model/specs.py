@@ -45,8 +45,11 @@ FP8_PARAM_PRECISIONS = ("fp8", "mxfp8")
 CP_COMMS = ("p2p", "a2a", "a2a+p2p")
 # MoE token dispatchers (Layout.moe_dispatcher; Megatron-Core moe_token_dispatcher_type): "alltoall" = all-to-all of
 # the permuted rows over the ep ranks (the predictor's default); "allgather" = all-gather of every token over the
-# etp x ep ranks, each rank keeping the rows routed to its experts, reduce-scatter back (Megatron-Core's own default)
-MOE_DISPATCHERS = ("alltoall", "allgather")
+# etp x ep ranks, each rank keeping the rows routed to its experts, reduce-scatter back (Megatron-Core's own default);
+# "hybridep" = Megatron-Core's flex dispatcher with the HybridEP backend (moe_token_dispatcher_type flex,
+# moe_flex_dispatcher_backend hybridep; megatron/core/transformer/moe/fused_a2a.py): one kernel permutes, sends and
+# permutes again ("permute + dispatch a2a + permute"), each token sent once per destination rank (predictor.model.moe)
+MOE_DISPATCHERS = ("alltoall", "allgather", "hybridep")
 # CUDA graphs (Layout.cuda_graphs; Megatron-Core cuda_graph_impl / cuda_graph_scope, megatron/core/transformer/
 # cuda_graph_config.py, enums.py CudaGraphModule): "none" (eager, the default), "full_iteration" (cuda_graph_impl
 # full_iteration: the whole forward-backward of every micro-batch captured, one replay per step), or the per-layer
@@ -471,16 +474,18 @@ def recomputed_modules(model: ModelSpec, framework: str, modules: tuple[str, ...
     return modules
 
 
-def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: bool = False) -> None:
+def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: bool = False, etp: int = 1) -> None:
     """The MoE token dispatcher is one of MOE_DISPATCHERS and can run with the rest: Megatron-Core refuses the
     dispatch / combine overlap with the allgather dispatcher ('overlap_moe_expert_parallel_comm is supported with
     alltoall/flex token dispatcher') and a capacity factor with it ('moe_expert_capacity_factor only works with alltoall
     token dispatcher'), both in megatron/core/transformer/transformer_config.py __post_init__; allgather on a dense
     model is a MoE field on a dense model."""
-    if dispatcher == "flex":
-        raise InfeasibleConfig("moe_dispatcher", "the flex dispatcher (DeepEP / HybridEP fused dispatch and combine "
-                                                 "kernels) is not modelled: its kernels' speed is not sampled.",
-                               "use alltoall (the flex kernels move the same rows as its all-to-alls) or allgather.")
+    if dispatcher in ("flex", "deepep"):
+        raise InfeasibleConfig("moe_dispatcher", f"moe_dispatcher {dispatcher!r}: of Megatron-Core's flex dispatcher "
+                                                 "only the HybridEP backend is modelled (the DeepEP backend's "
+                                                 "separate permutation and buffer sizes are not).",
+                               "use hybridep (flex with moe_flex_dispatcher_backend hybridep), or alltoall for a "
+                               "DeepEP run (its all-to-alls move at most the rows DeepEP does).")
     if dispatcher not in MOE_DISPATCHERS:
         raise InfeasibleConfig("moe_dispatcher", f"unknown MoE token dispatcher {dispatcher!r}.",
                                f"use one of {', '.join(MOE_DISPATCHERS)} (alltoall is the default).")
@@ -490,6 +495,19 @@ def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: 
         raise InfeasibleConfig("moe_dispatcher", f"moe_dispatcher {dispatcher} but the model is dense (num_experts 0).",
                                "leave moe_dispatcher at alltoall (the default), or give the model's num_experts and "
                                "top_k.")
+    if dispatcher == "hybridep":
+        if etp > 1:
+            raise InfeasibleConfig("etp", f"expert tensor parallelism {etp} with the hybridep dispatcher is not "
+                                          "modelled (its dispatch replicates each token over the etp ranks of the "
+                                          "tp x ep group).",
+                                   "use etp 1 with hybridep, or moe_dispatcher alltoall.")
+        if model.capacity_factor is not None:
+            raise InfeasibleConfig("moe_dispatcher", f"a capacity factor ({model.capacity_factor:g}) drops tokens in "
+                                                     "the alltoall dispatcher only (Megatron-Core: "
+                                                     "'moe_expert_capacity_factor only works with alltoall token "
+                                                     "dispatcher').",
+                                   "use moe_dispatcher alltoall, or leave capacity_factor empty (dropless).")
+        return
     if moe_overlap:
         raise InfeasibleConfig("moe_dispatcher", "the dispatch / combine overlap (moe_overlap) runs with the alltoall "
                                                  "dispatcher only (Megatron-Core: 'overlap_moe_expert_parallel_comm is "
@@ -956,7 +974,7 @@ class Layout:
                                               "is not modelled (Megatron-Core shards MoE optimizer states with its "
                                               "distributed optimizer, ZeRO-1).",
                                        "set etp 1, or use zero_stage 1 (or 0).")
-        check_moe_dispatcher(model, self.moe_dispatcher, self.moe_overlap)
+        check_moe_dispatcher(model, self.moe_dispatcher, self.moe_overlap, self.expert_tp)
         if self.moe_overlap:
             if not model.is_moe or self.ep <= 1:
                 raise InfeasibleConfig("moe_overlap", "the dispatch / combine overlap hides the expert-parallel "

@@ -475,7 +475,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                                 continue
                                             for mo in space.moe_overlap:
                                                 if mo and not (model.is_moe and ep > 1 and (pp == 1 or _v >= 2)
-                                                               and rc != "full" and md == "alltoall"):
+                                                               and rc != "full" and md != "allgather"):
                                                     continue
                                                 rows.append((num_gpus, tp, pp, dp, mb, m, st_id, rci, int(sp), z,
                                                              fw_i, ogr, opg, cp, ep,
@@ -512,6 +512,8 @@ def _etp_choices(model: ModelSpec, space: SearchSpace, fw: Any, tp: int, ep: int
     if not model.is_moe:
         return [default]
     cand = space.etp or tuple(sorted({default, 1, tp}))
+    if space.moe_dispatcher == "hybridep":   # experts whole with it (check_moe_dispatcher)
+        cand = tuple(e for e in cand if e == 1)
     return [e for e in cand if e >= 1 and model.expert_ffn % e == 0 and ranks % (e * ep) == 0]
 
 

@@ -413,11 +413,11 @@ def _moe_calls(model: ModelSpec, tp: int, b: int, s: int, act_bytes: int, tp_top
     if r.gathered_rows:   # the dispatcher's calls around the experts: its permutation before, the rest after
         d_ops, comms = allgather_dispatch_calls(model, r, e, dispatch_topo, phase)
         before, after = d_ops[:1], d_ops[1:]
-    else:
-        before = [OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe")]
-        after = [OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe")]
+    else:   # hybridep (r.permutes 0): the permutations happen inside its dispatch and combine kernels
+        before = [OpCall("moe_permute", "fwd", rows, r.permutes, phase, "moe")] if r.permutes else []
+        after = [OpCall("moe_unpermute", "fwd", rows, r.permutes, phase, "moe")] if r.permutes else []
         if ep_topo[0] > 1:   # dispatch and combine: the busiest rank receives imbalance x its mean rows
-            a2a = int(math.ceil(r.routed_rows * r.imbalance)) * h * e
+            a2a = int(math.ceil(r.sent_rows * r.imbalance)) * h * e
             comms.append(CommCall("alltoall", a2a, "ep", phase, 2, *ep_topo))
         if r.etp > 1 and etp_topo[0] > 1:   # the received rows gathered over etp ranks, the output reduce-scattered
             gathered = r.etp * r.received_rows * h * e

@@ -111,7 +111,7 @@ import numpy as np
 
 from predictor.model import params
 from predictor.model.errors import InfeasibleConfig
-from predictor.model.moe import routing
+from predictor.model.moe import routing, tokens_per_gpu
 from predictor.model.params import chunk_params, edge_params, layer_params_per_gpu  # noqa: F401  (re-exported)
 from predictor.model.specs import (  # noqa: F401
     BYTES_PER_ELEMENT,
@@ -422,6 +422,8 @@ def activation_breakdown(model: ModelSpec, seq_len: int, micro_batch: int, tp: i
         per_row = h * g + h * e / max(etp, 1) + (2 * fe * e + fe * g if model.arch == "llama" else fe * e + fe * g)
         if r.gathered_rows:   # allgather: the local rows' indices, the local probabilities' masked_select
             routed = 8.0 * rows + r.gathered_rows * r.local_experts * (e + 1.0)
+        elif r.dispatcher == "hybridep":   # its handle: the [T, experts] routing map (bool), int32 row maps
+            routed = 1.0 * r.tokens * model.num_experts + 4.0 * r.routed_rows
         else:
             routed = 8.0 * r.routed_rows
         mlp = rows * per_row + 4.0 * r.tokens * model.num_experts + routed
@@ -536,6 +538,8 @@ def moe_dispatch_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: int, 
         return (r.gathered_rows + r.local_rows) * model.hidden_size * BYTES_PER_ELEMENT[precision]
     if ep <= 1:
         return 0.0
+    if dispatcher == "hybridep":   # the rows arrive in its own buffer (hybridep_buffer_bytes); the permuted output
+        return float(r.local_rows * model.hidden_size * BYTES_PER_ELEMENT[precision])   # is a fresh tensor
     return (r.routed_rows + r.rows_per_expert * r.local_experts) * model.hidden_size * BYTES_PER_ELEMENT[precision]
 
 
@@ -754,6 +758,20 @@ def global_buffer_bytes(model: ModelSpec, seq_len: int, micro_batch: np.ndarray,
     return np.maximum(np.maximum(scores, gathered), moe)
 
 
+def hybridep_buffer_bytes(model: ModelSpec, tokens: int, ep: int) -> float:
+    """The HybridEP dispatcher's communication buffer on each GPU of an expert-parallel group of `ep` ranks inside one
+    NVLink domain (DeepEP hybrid-ep, NVLCoordinator.allocate_dispatch_buffers; Megatron-Core fused_a2a.py
+    init_hybrid_ep_buffer sizes it for the micro-batch's `tokens` per rank, max_num_of_tokens_per_rank): a token
+    buffer of max_num_of_tokens = tokens x ranks rows of hidden 16-bit elements (the dispatch output, shared with the
+    combine input inside one domain, use_shared_buffer) and a probability buffer of the same rows x num_experts fp32
+    (experts per rank x ranks). Allocated by the library (cudaMalloc / cuMem), outside torch's caching allocator,
+    like NCCL's buffers. The inter-node RDMA buffers of a group wider than the domain are not counted."""
+    if ep <= 1:
+        return 0.0
+    rows = float(tokens) * ep
+    return rows * (2.0 * model.hidden_size + 4.0 * model.num_experts)
+
+
 def _local_ranks(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndarray:
     """Ranks of a group (`size` ranks `stride` apart) that share one node of `gpn` GPUs."""
     return np.where(stride >= gpn, 1, np.minimum(size, np.maximum(1, gpn // np.maximum(stride, 1))))
@@ -761,7 +779,7 @@ def _local_ranks(size: np.ndarray, stride: np.ndarray, gpn: int) -> np.ndarray:
 
 def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, dp: np.ndarray, cp: np.ndarray,
                        ep: np.ndarray, moe: bool, tied: bool, options: MemoryOptions = MemoryOptions(),
-                       etp: np.ndarray | None = None) -> np.ndarray:
+                       etp: np.ndarray | None = None, hybridep_bytes: np.ndarray | None = None) -> np.ndarray:
     """[R, pp] bytes of NCCL communicator buffers per GPU on each pipeline stage (module docstring: 441 MiB per
     collective communicator, + 1.5 GiB NVLS buffers where the node has NVLS and the group two or more GPUs in
     it, 447 MiB per point-to-point peer). `dp` is dp x cp (the data-parallel-with-CP group), ranks ordered
@@ -770,7 +788,8 @@ def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, d
     the expert-data-parallel group of a MoE (tp x dp x cp / ep) and, with tied embeddings and pp > 1, the
     first and last stages' embedding group. Expert tensor parallelism (`etp` > 1): the expert-data-parallel group is
     tp x dp x cp / (ep x etp) ranks, one every ep x etp, and the etp group (etp side by side) one more communicator
-    where it is not the tp group."""
+    where it is not the tp group. `hybridep_bytes` (> 0 on rows whose MoE dispatcher is hybridep): that dispatcher's
+    own buffer (hybridep_buffer_bytes) in place of the all-to-all's point-to-point peers."""
     tp, dp, cp, ep = (np.asarray(x, dtype=np.int64) for x in (tp, dp, cp, ep))
     et = np.ones_like(tp) if etp is None else np.asarray(etp, dtype=np.int64)
     n = len(tp)
@@ -801,8 +820,10 @@ def nccl_buffer_arrays(comm: DeviceComm, pp: int, vpp: int, *, tp: np.ndarray, d
         edp = np.maximum(tp * dp // np.maximum(ep * et, 1), 1)
         per_gpu += np.where((edp != dp) & (edp > 1), collective(edp, ep * et), 0.0)
         per_gpu += np.where((et > 1) & (et != tp), collective(et, np.ones_like(et)), 0.0)
-        # the all-to-all reaches every EP peer (EP ranks side by side: the node holds min(ep, gpn) of them)
-        per_gpu += p2p(np.maximum(ep - 1, 0), np.minimum(ep, gpn) - 1)
+        # the all-to-all reaches every EP peer (EP ranks side by side: the node holds min(ep, gpn) of them); the
+        # hybridep dispatcher sends through its own buffer instead
+        hyb = np.zeros(n) if hybridep_bytes is None else np.asarray(hybridep_bytes, dtype=float)
+        per_gpu += np.where(hyb > 0, hyb, p2p(np.maximum(ep - 1, 0), np.minimum(ep, gpn) - 1))
     # the context-parallel ring's neighbours (CP ranks tp apart)
     per_gpu += p2p(np.minimum(np.maximum(cp - 1, 0), 2), np.where(tp * cp <= gpn, 2, 0))
     out += per_gpu[:, None]
@@ -1061,8 +1082,15 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
            "buffers": buffers}
     overheads = comm.gpu and options.device_overheads
     out["framework"] = np.full((n, pp), options.framework_gib * GIB if overheads else 0.0)
+    hyb = np.zeros(n)
+    if is_moe:
+        on = mda == MOE_DISPATCHERS.index("hybridep")
+        if on.any():   # the hybridep dispatcher's own buffer, sized for a micro-batch's tokens per rank
+            hyb = np.array([hybridep_buffer_bytes(model, tokens_per_gpu(int(b), seq_len, int(c), int(t), bool(s_)),
+                                                  int(x)) if o else 0.0
+                            for o, b, c, t, s_, x in zip(on, mb, cpa, tp, sp, epa)])
     out["nccl"] = nccl_buffer_arrays(comm, pp, vpp, tp=tp, dp=dp, cp=cpa, ep=epa, moe=is_moe,
-                                     tied=bool(model.tied_embeddings), options=options, etp=eta)
+                                     tied=bool(model.tied_embeddings), options=options, etp=eta, hybridep_bytes=hyb)
     allocated = np.sum([out[k] for k in ALLOCATED_PARTS], axis=0)
     out["allocator"] = allocated * (options.allocator_overhead if overheads else 0.0)
     out["allocator_min"] = allocated * (min(options.allocator_overhead_min, options.allocator_overhead)
