@@ -349,7 +349,7 @@ def layout_inputs(prefix: str = "", container=None, defaults: dict[str, Any] | N
 TRI_STATE_CHOICES = {"default": None, "on": True, "off": False}
 
 
-TRI_STATE_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32")
+TRI_STATE_FIELDS = ("overlap_grad_reduce", "overlap_param_gather", "grad_reduce_in_fp32", "overlap_p2p_comm")
 
 
 def query_value(name: str, value: Any) -> str:
@@ -403,9 +403,9 @@ def precision_memory_inputs(prefix: str, container: Any, precision: str) -> dict
 
 def framework_inputs(prefix: str = "", container=None, tp_overlap_possible: bool = True) -> dict[str, Any]:
     """The training framework and its overlap switches (the CLI's --framework, --overlap-grad-reduce,
-    --overlap-param-gather, --overlap-tp-comm): {framework, overlap_grad_reduce, overlap_param_gather (None = the
-    framework's default), overlap_tp_comm}. The TP overlap is off and disabled where it cannot apply (tp 1 or no
-    sequence parallelism)."""
+    --overlap-param-gather, --overlap-tp-comm, --overlap-p2p-comm): {framework, overlap_grad_reduce,
+    overlap_param_gather, overlap_p2p_comm (None = the framework's default), overlap_tp_comm}. The TP overlap is off
+    and disabled where it cannot apply (tp 1 or no sequence parallelism)."""
     c = urlcheck.guard(container)   # a bound widget's URL value is checked before it is built
     names = list(FRAMEWORKS)
     fw = c.selectbox("Framework", names, index=names.index(DEFAULT_FRAMEWORK), key=_k(prefix, "framework"),
@@ -422,6 +422,11 @@ def framework_inputs(prefix: str = "", container=None, tp_overlap_possible: bool
                          bind=BIND, disabled=not f.overlap_switch,
                          help=f"The distributed optimizer's parameter all-gather hidden behind the next forward; "
                               f"{fw}'s default: {on_off(f.overlap_param_gather)}")
+    p2p = c.selectbox("PP send / receive overlap", list(TRI_STATE_CHOICES), key=_k(prefix, "overlap_p2p_comm"),
+                      bind=BIND, disabled=fw != "megatron",
+                      help="Megatron-Core overlap_p2p_comm: in the interleaved schedule's steady phase the pipeline's "
+                           "sends / receives run under the neighbouring chunk's compute (warm-up and cool-down stay "
+                           "exposed); default: on for megatron's interleaved schedule, off otherwise")
     tp_ov = c.toggle("Overlap TP communication", False, key=_k(prefix, "overlap_tp_comm"), bind=BIND,
                      disabled=not tp_overlap_possible,
                      help="Transformer Engine's TP communication overlap (Megatron-Core --tp-comm-overlap, NeMo's "
@@ -429,7 +434,8 @@ def framework_inputs(prefix: str = "", container=None, tp_overlap_possible: bool
                           "needs TP > 1 with sequence parallelism")
     return {"framework": fw, "overlap_grad_reduce": TRI_STATE_CHOICES[grad] if f.overlap_switch else None,
             "overlap_param_gather": TRI_STATE_CHOICES[gather] if f.overlap_switch else None,
-            "overlap_tp_comm": bool(tp_ov) and tp_overlap_possible}
+            "overlap_tp_comm": bool(tp_ov) and tp_overlap_possible,
+            "overlap_p2p_comm": TRI_STATE_CHOICES[p2p] if fw == "megatron" else None}
 
 
 def _stage_ranks(out: dict[str, Any]) -> int | None:
@@ -460,7 +466,7 @@ def setup_caption(model_fields: dict[str, Any], plat_fields: dict[str, Any], lay
     extra = [L.schedule] + ([f"vpp {L.vpp}"] if L.vpp > 1 else []) + [rc] + \
         (["SP"] if L.sequence_parallel else []) + ([f"ZeRO-{L.zero_stage}"] if L.zero_stage else []) + [L.precision] + \
         ([f"layers per stage {','.join(map(str, L.stage_layers))}"] if L.stage_layers else []) + [L.framework] + \
-        (["TP overlap"] if L.overlap_tp_comm else []) + \
+        (["TP overlap"] if L.overlap_tp_comm else []) + (["PP send / receive overlap"] if L.pp_comm_overlap else []) + \
         ([f"gradients in {'fp32' if L.grad_bytes == 4 else 'bf16' if L.precision != 'fp16' else 'fp16'}"]
          if L.grad_reduce_in_fp32 is not None else []) + (["FP8 primary weights"] if L.fp8_param_gather else [])
     return (f"**{name}** on **{pid}** · {L.num_gpus} GPUs = TP {L.tp} × PP {L.pp} × CP {L.cp} × DP {L.dp}"

@@ -81,9 +81,11 @@ def test_search_can_leave_out_tight_layouts_keeping_them_in_the_table_unranked()
     from predictor.plan.search import SearchSpace, search
     args = dict(model=get_preset("llama3-70b"), platform="dgx-h100", num_gpus=512, global_batch=1024, seq_len=4096,
                 top_k=3, refine=False)
-    plain = search(**args).table
+    # the case, with the interleaved schedule's send / receive overlap off (with it on, an interleaved layout
+    # that fits with the typical reserve is the fastest)
+    plain = search(**args, space=SearchSpace(overlap_p2p_comm=False)).table
     assert bool(plain.loc[0, "memory_tight"])          # the case: the fastest layout is a tight one
-    rep = search(**args, space=SearchSpace(leave_out_tight=True))
+    rep = search(**args, space=SearchSpace(leave_out_tight=True, overlap_p2p_comm=False))
     t = rep.table
     ranked = t[t["rank"] > 0]
     assert len(ranked) and not ranked["memory_tight"].any() and ranked["fits"].all()

@@ -156,7 +156,7 @@ def _fields_from_args(a: argparse.Namespace) -> dict:
             "tp", "pp", "dp", "micro_batch", "global_batch", "vpp", "schedule", "recompute", "sequence_parallel",
             "zero_stage", "precision", "attention", "stage_layers", "framework", "overlap_grad_reduce",
             "overlap_param_gather", "cp", "ep", "overlap_tp_comm", "grad_reduce_in_fp32", "fp8_param_gather",
-            "cp_comm", "cp_a2a_size", "offload_activations",
+            "cp_comm", "cp_a2a_size", "offload_activations", "overlap_p2p_comm",
             "etp", "moe_overlap", "moe_dispatcher", "cuda_graphs", "recompute_modules")
     return model_fields(a, keys)
 
@@ -431,6 +431,10 @@ def build_parser() -> argparse.ArgumentParser:
                     default=None, help="override the framework's default (e.g. Megatron's --overlap-grad-reduce)")
     sp.add_argument("--overlap-param-gather", dest="overlap_param_gather", action=argparse.BooleanOptionalAction,
                     default=None, help="override the framework's default (Megatron's --overlap-param-gather)")
+    sp.add_argument("--overlap-p2p-comm", dest="overlap_p2p_comm", action=argparse.BooleanOptionalAction,
+                    default=None, help="the pipeline's point-to-point overlap (Megatron-Core overlap_p2p_comm): "
+                                       "default on for the interleaved schedule (Megatron-LM "
+                                       "--no-overlap-p2p-communication turns it off)")
     sp.add_argument("--overlap-tp-comm", dest="overlap_tp_comm", action="store_true", default=None,
                     help="Transformer Engine's tensor-parallel communication overlap (Megatron-Core --tp-comm-overlap, "
                          "NeMo tp_comm_overlap): needs tp > 1 with --sequence-parallel")

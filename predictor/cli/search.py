@@ -89,6 +89,7 @@ def cmd_search(a: argparse.Namespace) -> int:
                         leave_out_tight=a.leave_out_tight,
                         framework=get_framework(a.framework or DEFAULT_FRAMEWORK).name,
                         overlap_grad_reduce=a.overlap_grad_reduce, overlap_tp_comm=bool(a.overlap_tp_comm),
+                        overlap_p2p_comm=a.overlap_p2p_comm,
                         grad_reduce_in_fp32=a.grad_reduce_in_fp32, fp8_param_gather=bool(a.fp8_param_gather),
                         cp_comm=(tuple(x.strip() for x in a.cp_comm.split(",")) if a.cp_comm else ("p2p",)),
                         offload_activations=_ints(a.offload_activations, "offload_activations") or (0,),
@@ -329,6 +330,9 @@ def add_search_parser(subparsers) -> None:
     sp.add_argument("--overlap-tp-comm", dest="overlap_tp_comm", action="store_true",
                     help="Transformer Engine's tensor-parallel communication overlap on every layout with tp > 1 and "
                          "sequence parallelism")
+    sp.add_argument("--overlap-p2p-comm", dest="overlap_p2p_comm", action=argparse.BooleanOptionalAction,
+                    default=None, help="the pipeline's point-to-point overlap on the interleaved layouts (default on "
+                                       "for Megatron-Core; --no-overlap-p2p-comm turns it off)")
     add_precision_memory_args(sp, every_layout=True)
     g = sp.add_argument_group("search space (default: everything valid)")
     g.add_argument("--tp", help="tensor-parallel degrees to try, e.g. 4,8")

@@ -28,7 +28,8 @@ MOE_ECHO_COLUMNS = (*MOE_FIELDS, "ep", "etp")   # etp: the expert tensor paralle
 BATCH_COLUMNS = ("case_id,platform,arch,layers,hidden,heads,kv_heads,ffn_hidden,vocab,seq_len,num_gpus,tp,pp,dp,"
                  "micro_batch,global_batch,vpp,schedule,recompute,sequence_parallel,zero_stage,precision").split(",")
 # Columns a batch file may add (empty cells and absent columns take the defaults); any other column is an error.
-OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm", "attention",
+OPTIONAL_BATCH_COLUMNS = ("framework", "overlap_grad_reduce", "overlap_param_gather", "overlap_tp_comm",
+                          "overlap_p2p_comm", "attention",
                           "stage_layers", "model", "name", "tied_embeddings", "cp", "head_dim", *MOE_FIELDS, "ep",
                           "grad_reduce_in_fp32", "fp8_param_gather", "tokens", "price_per_gpu_hour",
                           # all-to-all context parallelism and activation offloading (empty: p2p ring, no offload)
@@ -71,7 +72,8 @@ DEFAULTS_DOC = """Defaults for empty cells / omitted flags (the dashboard opens 
   recompute = none; sequence_parallel = false; zero_stage = 0; precision = bf16; attention = flash;
   framework = megatron (megatron, megatron-deepspeed, deepspeed, fsdp, ddp: when the data-parallel traffic runs
   and whether it overlaps compute, see predictor/model/frameworks.py); overlap_grad_reduce / overlap_param_gather =
-  the framework's default.
+  the framework's default; overlap_p2p_comm = the framework's default (on for Megatron-Core's interleaved schedule:
+  the pipeline's sends / receives under compute in the steady 1F1B phase).
   Mixture of Experts: num_experts = 0 (dense; a preset's own count otherwise); top_k required for a MoE model;
   moe_ffn_hidden = ffn_hidden; shared_experts = 0; shared_ffn_hidden = moe_ffn_hidden; dense_layers = 0;
   capacity_factor = empty (dropless); moe_imbalance = empty (modelled from routing statistics); ep = 1
@@ -305,6 +307,7 @@ def layout_from_fields(row: Mapping[str, Any]) -> Layout:
                   overlap_param_gather=_opt_bool(row, "overlap_param_gather"), cp=cp,
                   ep=_int(row, "ep", LAYOUT_DEFAULTS["ep"]),
                   overlap_tp_comm=_bool(row, "overlap_tp_comm", False),
+                  overlap_p2p_comm=_opt_bool(row, "overlap_p2p_comm"),
                   grad_reduce_in_fp32=_opt_bool(row, "grad_reduce_in_fp32"),
                   fp8_param_gather=_bool(row, "fp8_param_gather", False),
                   cp_comm=_str(row, "cp_comm", "p2p"), cp_a2a_size=_int(row, "cp_a2a_size"),

@@ -474,6 +474,14 @@ def recomputed_modules(model: ModelSpec, framework: str, modules: tuple[str, ...
     return modules
 
 
+def pp_overlap_default(framework: str, schedule: str, pp: int) -> bool:
+    """The default of Layout.overlap_p2p_comm: on for Megatron-Core's interleaved schedule with pp > 1 (Megatron-LM
+    megatron/training/arguments.py: '--no-overlap-p2p-communication', action='store_false', dest='overlap_p2p_comm';
+    Megatron-Bridge's CommOverlapConfig enables it 'when pipeline_model_parallel_size > 1 and
+    virtual_pipeline_model_parallel_size > 1'), off for every other schedule and framework."""
+    return framework == "megatron" and schedule == "interleaved" and pp > 1
+
+
 def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: bool = False, etp: int = 1) -> None:
     """The MoE token dispatcher is one of MOE_DISPATCHERS and can run with the rest: Megatron-Core refuses the
     dispatch / combine overlap with the allgather dispatcher ('overlap_moe_expert_parallel_comm is supported with
@@ -699,6 +707,21 @@ class Layout:
     # None = Megatron-Core's default ("core_attn",). An empty tuple recomputes nothing (a recipe's
     # recompute_modules=[]).
     recompute_modules: tuple[str, ...] | None = None
+    # --- the pipeline's point-to-point overlap (Megatron-Core overlap_p2p_comm) ---
+    # The interleaved schedule posts its activation / gradient sends and receives asynchronously and waits for them
+    # only when the data is needed, so in the steady 1F1B phase they run under the other chunk's compute; warm-up and
+    # cool-down stay exposed (NeMo / Megatron-Bridge "Pipeline-parallel Communication Overlap"). None = the framework's
+    # default: on for Megatron-Core's interleaved schedule (Megatron-LM's --no-overlap-p2p-communication turns it off;
+    # NeMo / Megatron-Bridge enable it with pp > 1 and vpp > 1), off otherwise (`pp_comm_overlap`).
+    overlap_p2p_comm: bool | None = None
+
+    @property
+    def pp_comm_overlap(self) -> bool:
+        """Whether the pipeline's point-to-point traffic overlaps compute in the steady phase: `overlap_p2p_comm`, or
+        its default (Megatron-Core's interleaved schedule with pp > 1)."""
+        if self.overlap_p2p_comm is not None:
+            return bool(self.overlap_p2p_comm)
+        return pp_overlap_default(self.framework, self.schedule, self.pp)
 
     @property
     def selective_modules(self) -> tuple[str, ...]:
@@ -1055,6 +1078,13 @@ class Layout:
             raise InfeasibleConfig("zero_stage", f"{fw.description} cannot combine ZeRO-{self.zero_stage} with "
                                                  f"pipeline parallelism (pp = {self.pp}).",
                                    "use zero_stage 0 or 1 with pipeline parallelism, or pp = 1.")
+        if self.overlap_p2p_comm and not (fw.name == "megatron" and self.schedule == "interleaved" and self.pp > 1):
+            raise InfeasibleConfig("overlap_p2p_comm", "the pipeline's point-to-point overlap runs in Megatron-Core's "
+                                                       "interleaved schedule only (overlap_p2p_comm), with pp > 1 "
+                                                       f"(here framework {fw.name}, schedule {self.schedule}, pp "
+                                                       f"{self.pp}).",
+                                   "use framework megatron with --schedule interleaved and vpp >= 2, or leave "
+                                   "overlap_p2p_comm unset.")
         if self.overlap_tp_comm and (self.tp == 1 or not self.sequence_parallel):
             raise InfeasibleConfig("overlap_tp_comm", "tensor-parallel communication overlap needs tp > 1 with "
                                                       "sequence parallelism (it overlaps the SP all-gathers and "

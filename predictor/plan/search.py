@@ -51,6 +51,7 @@ from predictor.model.specs import (
     cuda_graphs_value,
     grad_comm_bytes,
     grad_reduce_in_fp32_of,
+    pp_overlap_default,
     recomputed_modules,
 )
 from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, interleaved_split, split_layers
@@ -95,6 +96,9 @@ class SearchSpace:
     overlap_grad_reduce: bool | None = None   # None: the framework's default
     overlap_param_gather: bool | None = None
     overlap_tp_comm: bool = False             # Transformer Engine's TP overlap on every layout with tp > 1 and SP
+    # the pipeline's point-to-point overlap (Layout.overlap_p2p_comm) on the interleaved layouts where it runs
+    # (Megatron-Core, pp > 1); None: the framework's default (on for Megatron-Core's interleaved schedule)
+    overlap_p2p_comm: bool | None = None
     grad_reduce_in_fp32: bool | None = None   # Layout.grad_reduce_in_fp32 on every layout (None: the precision's)
     fp8_param_gather: bool = False            # FP8 primary weights on every layout (precision fp8 only)
     # leave out of the ranking the layouts that fit only if the caching allocator fragments less than it typically
@@ -447,6 +451,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
             c[-1] -= 1
             if min(c) >= 1 and tuple(c) != tuple(split_layers(L, pp)):
                 zb_structs.append(("zb-h1", Structure(pp, 1, "zb-h1", tuple(c), tuple(c))))
+        inter_ids: set[int] = set()
         for mb in mbs:
             m = per_replica // mb
             plist = list(structures_pp) if pp > 1 else [structures_pp[0]]
@@ -454,10 +459,14 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                 if m % pp == 0:
                     st = Structure(pp, v, "interleaved", tuple(interleaved_split(L, pp * v) or ()), None)
                     plist.append((sid(st), v))
+                    inter_ids.add(sid(st))
             for s_, st in zb_structs:
                 if zb_micro_batches_ok(s_, pp, m):
                     plist.append((sid(st), st.vpp))
             for st_id, _v in plist:
+                # the pipeline's point-to-point overlap where it runs: Megatron-Core's interleaved schedule
+                opp = int(st_id in inter_ids and fw.name == "megatron"
+                          and (space.overlap_p2p_comm is None or space.overlap_p2p_comm))
                 for rc in rcs:
                     rci = RC.index(rc)
                     rcm = sel_mask if rc == "selective" else 0
@@ -481,7 +490,7 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                                                              fw_i, ogr, opg, cp, ep,
                                                              int(space.overlap_tp_comm and tp > 1 and bool(sp)),
                                                              gbytes, f8p, cpc, 0, off, etp, int(mo), rcm,
-                                                             md_i, cg_i))
+                                                             md_i, cg_i, opp))
 
 
 def _cp_comm_choices(model: ModelSpec, space: SearchSpace, tp: int, cp: int, gpus_per_node: int) -> list[int]:
@@ -659,6 +668,7 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
                                        dtype=object),
         "moe_dispatcher": pd.Series(np.array(MOE_DISPATCHERS, dtype=object)[col["moe_dispatcher"]], dtype=object),
         "cuda_graphs": pd.Series([cuda_graphs_value(int(v)) for v in col["cuda_graphs"]], dtype=object),
+        "overlap_p2p_comm": col["overlap_p2p_comm"].astype(bool),
         "_row": np.arange(n),
     })
     df["global_batch"] = global_batch
@@ -828,6 +838,10 @@ def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:
         if k in row and row[k] == row[k]:
             v = bool(row[k])
             out[k] = None if v == getattr(fw, k) else v
+    if "overlap_p2p_comm" in row and row["overlap_p2p_comm"] == row["overlap_p2p_comm"]:
+        v = bool(row["overlap_p2p_comm"])
+        default = pp_overlap_default(fw.name, str(row.get("schedule") or "1f1b"), int(row.get("pp") or 1))
+        out["overlap_p2p_comm"] = None if v == default else v
     return out
 
 

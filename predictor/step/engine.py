@@ -43,6 +43,7 @@ from predictor.model.specs import (
     cuda_graphs_mask,
     cuda_graphs_value,
     grad_reduce_in_fp32_of,
+    pp_overlap_default,
 )
 from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, chunk_rank
 from predictor.regress.features import GEMM_OPS, TENSOR_CORE_GEMM_OPS
@@ -70,9 +71,11 @@ COLUMNS = ("num_gpus", "tp", "pp", "dp", "micro_batch", "num_micro_batches", "st
            # --- the MoE token dispatcher: index into MOE_DISPATCHERS (Layout.moe_dispatcher) ---
            "moe_dispatcher",
            # --- CUDA graphs: specs.cuda_graphs_mask of Layout.cuda_graphs (0 = none) ---
-           "cuda_graphs")
+           "cuda_graphs",
+           # --- the pipeline's point-to-point overlap (resolved, Layout.pp_comm_overlap) ---
+           "overlap_p2p_comm")
 (I_GPUS, I_TP, I_PP, I_DP, I_MB, I_M, I_STRUCT, I_RC, I_SP, I_ZERO, I_FW, I_OGR, I_OPG, I_CP,
- I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO, I_RCM, I_MD, I_CG) = range(len(COLUMNS))
+ I_EP, I_OTP, I_GB, I_F8P, I_CPC, I_CPA, I_OFF, I_ETP, I_MO, I_RCM, I_MD, I_CG, I_OPP) = range(len(COLUMNS))
 RECOMPUTE = mem.RECOMPUTE_ORDER            # recompute column: index into ("none", "selective", "full")
 # per micro-batch categories
 PHASE_CATS = ("compute", "host_overhead", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "offload_comm")
@@ -116,7 +119,8 @@ def rows_for(model: ModelSpec, layouts: Sequence[Layout], structures: list[Struc
                      FRAMEWORKS.index(fw.name), int(ogr), int(opg), L.cp, L.ep, int(L.overlap_tp_comm),
                      L.grad_bytes, int(L.fp8_param_gather), CP_COMMS.index(L.cp_comm), L.cp_a2a_size or 0,
                      L.offload_activations, L.expert_tp, int(L.moe_overlap), mem.recompute_mask(model, L),
-                     MOE_DISPATCHERS.index(L.moe_dispatcher), cuda_graphs_mask(L.cuda_graphs)))
+                     MOE_DISPATCHERS.index(L.moe_dispatcher), cuda_graphs_mask(L.cuda_graphs),
+                     int(L.pp_comm_overlap)))
     return np.array(rows, dtype=np.int64).reshape(-1, len(COLUMNS)), structures
 
 
@@ -136,7 +140,10 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                   etp=(None if int(row[I_ETP]) == (int(row[I_TP]) if fw.expert_tp_follows_tp else 1)
                        else int(row[I_ETP])),
                   moe_overlap=bool(row[I_MO]), recompute_modules=_modules_field(row),
-                  moe_dispatcher=MOE_DISPATCHERS[int(row[I_MD])], cuda_graphs=cuda_graphs_value(int(row[I_CG])))
+                  moe_dispatcher=MOE_DISPATCHERS[int(row[I_MD])], cuda_graphs=cuda_graphs_value(int(row[I_CG])),
+                  overlap_p2p_comm=(None if bool(row[I_OPP]) == pp_overlap_default(fw.name, structure.schedule,
+                                                                                   int(row[I_PP]))
+                                    else bool(row[I_OPP])))
 
 
 def _recompute_names(rows: np.ndarray) -> list[str]:
@@ -801,9 +808,17 @@ class Engine:
                                       fp32_shard=np.isin(sub[:, I_FW], [FRAMEWORKS.index(f)
                                                                         for f in mem.FSDP_FP32_SHARD]))
         fof, bof = self._offload_exposed(sub, arr, onehot, cn, unit, idx)
-        fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "cp_comm": fcp, "ep_comm": fep, "pp_comm": ppc,
+        fpp = bpp = ppc
+        if S.schedule == "interleaved" and sub[:, I_OPP].any():
+            # the pipeline's point-to-point overlap (Layout.overlap_p2p_comm): in the steady 1F1B phase a forward
+            # chunk's send / receive runs under the backward chunk scheduled beside it and the other way round, never
+            # hiding more than that compute; the warm-up / cool-down passes stay exposed (pp_overlap_share)
+            share = (sub[:, I_OPP].astype(float) * pp_overlap_share(m_r, pp, vpp))[:, None]
+            fpp = ppc - share * np.minimum(ppc, bc)
+            bpp = ppc - share * np.minimum(ppc, fc)
+        fwd = {"compute": fc, "host_overhead": fh, "tp_comm": ft, "cp_comm": fcp, "ep_comm": fep, "pp_comm": fpp,
                "dp_comm": fdp, "offload_comm": fof}
-        bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "cp_comm": bcp, "ep_comm": bep, "pp_comm": ppc,
+        bwd = {"compute": bc, "host_overhead": bh, "tp_comm": bt, "cp_comm": bcp, "ep_comm": bep, "pp_comm": bpp,
                "dp_comm": bdp, "offload_comm": bof}
         emb_s = ((cf + cl) > 0).astype(float) @ onehot * emb_t[:, None]
         if zb:
@@ -1036,6 +1051,18 @@ def structure_classes(s: Structure, model: ModelSpec) -> list[tuple[int, int, in
 
 UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fep", "bep", "fa", "ba", "ra", "fm", "bm",
                "rm", "hfep", "hbep", "bw")
+
+
+def pp_overlap_share(m: np.ndarray, pp: int, vpp: int) -> np.ndarray:
+    """Share of a rank's chunk passes whose pipeline sends / receives overlap compute under the interleaved
+    schedule's overlap_p2p_comm (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_
+    interleaving: asynchronous send / receive in the steady 1F1B phase; the warm-up and cool-down passes wait on them,
+    'The PP communications in pipeline fill and flush are still exposed', NeMo / Megatron-Bridge's communication
+    overlap guide): of m x vpp forward (and backward) passes, those beyond the first stage's warm-up, 2 (pp - 1) +
+    (vpp - 1) pp (Megatron's num_warmup_microbatches on rank 0, the most of any rank)."""
+    total = np.maximum(np.asarray(m, float) * vpp, 1.0)
+    warm = 2.0 * (pp - 1) + (vpp - 1) * pp
+    return np.clip((total - warm) / total, 0.0, 1.0)
 
 
 def moe_overlap_paired_share(m: np.ndarray, pp: int, vpp: int) -> np.ndarray:
