@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -638,6 +638,13 @@ def search(model: ModelSpec, platform: str | Platform | Predictor, num_gpus: int
                         top=top, exclusions=excl, elapsed_s=time.perf_counter() - t0, timings_s=timings)
 
 
+def _per_value(codes: np.ndarray, name_of: Callable[[int], str]) -> np.ndarray:
+    """name_of(code) for every entry of an integer column, computed once per distinct code (a search table has tens
+    of thousands of rows and a handful of codes)."""
+    u, inv = np.unique(np.asarray(codes, dtype=np.int64), return_inverse=True)
+    return np.array([name_of(int(v)) for v in u], dtype=object)[inv.reshape(-1)]
+
+
 def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_to_train, price, objective,
            leave_out_tight=False):
     n = len(arr)
@@ -664,10 +671,10 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
         "offload_activations": col["offload_activations"],
         "etp": col["etp"], "moe_overlap": col["moe_overlap"].astype(bool),
         # selective recomputation's modules (empty unless recompute is selective)
-        "recompute_modules": pd.Series([",".join(mem.modules_of_mask(int(v))) for v in col["recompute_modules"]],
-                                       dtype=object),
+        "recompute_modules": pd.Series(_per_value(col["recompute_modules"],
+                                                  lambda v: ",".join(mem.modules_of_mask(v))), dtype=object),
         "moe_dispatcher": pd.Series(np.array(MOE_DISPATCHERS, dtype=object)[col["moe_dispatcher"]], dtype=object),
-        "cuda_graphs": pd.Series([cuda_graphs_value(int(v)) for v in col["cuda_graphs"]], dtype=object),
+        "cuda_graphs": pd.Series(_per_value(col["cuda_graphs"], cuda_graphs_value), dtype=object),
         "overlap_p2p_comm": col["overlap_p2p_comm"].astype(bool),
         "_row": np.arange(n),
     })

@@ -864,6 +864,39 @@ def recompute_mask(model: ModelSpec, layout: Layout) -> int:
     return modules_mask(layout.recomputed_modules(model))
 
 
+@lru_cache(maxsize=65536)
+def _layer_activation_terms(model: ModelSpec, seq_len: int, precision: str, options: MemoryOptions, t: int, b: int,
+                            s: bool, r: int, c: int, x: int, y: int = 1, mm: int = 0,
+                            md: int = 0) -> tuple[float, ...]:
+    """`stage_memory_arrays`' per-layer activation terms of one (tp, micro-batch, SP, recompute, cp, ep, etp, recompute
+    modules, dispatcher) key: (dense layer kept, full-recompute layer, edge first / last / last-transient, CP ring
+    buffer, MoE layer kept, dispatch buffer, selective transient, gathered rows). Pure in its arguments (frozen model
+    and options), cached: a search evaluates the same keys for every pipeline structure."""
+    is_moe = model.is_moe
+    sc = seq_len // c
+    mods = modules_of_mask(mm)
+    dsp = MOE_DISPATCHERS[md]
+    dense_l = activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options,
+                                         modules=mods)
+    dense_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options)
+    moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x, y,
+                                        modules=mods, dispatcher=dsp)
+             if is_moe else dense_l)
+    moe_f = (full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x, y, dsp) if is_moe
+             else dense_f)
+    # what full recomputation rematerialises: the larger of the layer kinds the model has
+    full_f = (max(dense_f, moe_f) if model.has_dense_layers else moe_f) if is_moe else dense_f
+    # selective: what one layer's backward rematerialises at a time (the larger of the layer kinds it has)
+    sel_f = (max(dense_f - dense_l, moe_f - moe_l) if model.has_dense_layers else moe_f - moe_l) if is_moe \
+        else dense_f - dense_l
+    return (dense_l, full_f,
+            *edge_activation_bytes(model, sc, b, t, s, precision, options),
+            cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
+            moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x, y, dsp),
+            sel_f if r == RECOMPUTE_ORDER.index("selective") else 0.0,
+            float(routing(model, b, seq_len, t, c, x, s, y, dsp).gathered_rows) if is_moe else 0.0)
+
+
 def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_layers: list[int] | tuple[int, ...],
                         pp: int, vpp: int, schedule: str, *, tp: np.ndarray, dp: np.ndarray, zero_stage: np.ndarray,
                         micro_batch: np.ndarray, num_micro_batches: np.ndarray, recompute: np.ndarray,
@@ -950,30 +983,8 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa, eta, rcm, mda]))
     is_moe = model.is_moe
 
-    def acts_of(t: int, b: int, s: bool, r: int, c: int, x: int, y: int = 1, mm: int = 0,
-                md: int = 0) -> tuple[float, ...]:
-        sc = seq_len // c
-        mods = modules_of_mask(mm)
-        dsp = MOE_DISPATCHERS[md]
-        dense_l = activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options,
-                                             modules=mods)
-        dense_f = full_layer_activation_bytes(model, sc, b, t, s, precision, options)
-        moe_l = (activation_bytes_per_layer(model, sc, b, t, s, RECOMPUTE_ORDER[r], precision, options, True, x, y,
-                                            modules=mods, dispatcher=dsp)
-                 if is_moe else dense_l)
-        moe_f = (full_layer_activation_bytes(model, sc, b, t, s, precision, options, True, x, y, dsp) if is_moe
-                 else dense_f)
-        # what full recomputation rematerialises: the larger of the layer kinds the model has
-        full_f = (max(dense_f, moe_f) if model.has_dense_layers else moe_f) if is_moe else dense_f
-        # selective: what one layer's backward rematerialises at a time (the larger of the layer kinds it has)
-        sel_f = (max(dense_f - dense_l, moe_f - moe_l) if model.has_dense_layers else moe_f - moe_l) if is_moe \
-            else dense_f - dense_l
-        return (dense_l, full_f,
-                *edge_activation_bytes(model, sc, b, t, s, precision, options),
-                cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
-                moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x, y, dsp),
-                sel_f if r == RECOMPUTE_ORDER.index("selective") else 0.0,
-                float(routing(model, b, seq_len, t, c, x, s, y, dsp).gathered_rows) if is_moe else 0.0)
+    def acts_of(*k: Any) -> tuple[float, ...]:
+        return _layer_activation_terms(model, seq_len, precision, options, *k)
     acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]),
                                int(k[7]), int(k[8]))
                        for k in keys],
