@@ -277,11 +277,14 @@ def test_predict_custom_mla_model_from_an_mla_preset():
     assert any("qk_rope_head_dim" in x.value for x in at.warning)
 
 
+# a small MoE model on one node with 8-way expert parallelism: the Predict page's MoE settings act on it
+MOE_PAGE = {"model": "deepseek-v2-lite", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8}
+
+
 def test_predict_takes_the_moe_token_dispatcher():
     """The Token dispatcher select (Layout.moe_dispatcher): allgather from the URL is predicted and kept in the
     select; with the dispatch / combine overlap on it is a warning naming the field and the fix."""
-    q = {"model": "deepseek-v2-lite", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8,
-         "moe_dispatcher": "allgather"}
+    q = {**MOE_PAGE, "moe_dispatcher": "allgather"}
     at = run(query=q)
     assert not at.exception
     assert at.selectbox(key="moe_dispatcher").value == "allgather"
@@ -294,8 +297,7 @@ def test_predict_takes_the_moe_token_dispatcher():
 def test_predict_takes_cuda_graphs():
     """The CUDA graphs select (Layout.cuda_graphs): a value from the URL is predicted and kept in the select, and the
     prediction says what it removed; full_iteration on a dropless MoE model is a warning naming the field."""
-    q = {"model": "deepseek-v2-lite", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8,
-         "cuda_graphs": "attn+moe_router+moe_preprocess"}
+    q = {**MOE_PAGE, "cuda_graphs": "attn+moe_router+moe_preprocess"}
     at = run(query=q)
     assert not at.exception
     assert at.selectbox(key="cuda_graphs").value == "attn+moe_router+moe_preprocess"

@@ -331,8 +331,8 @@ def moe_recipe_settings(r: pd.Series, model_key: str, moe: bool) -> tuple[int | 
     printed = _num(r.get("etp"))
     src = str(r["source"])
     etp = int(printed) if printed is not None else (1 if src.startswith("megatron-bridge") else None)
-    overlap = (model_key, str(r["system"])) in MB_OVERLAP or bool(r.get("recipe_moe_overlap", False))
-    return etp, (src == "megatron-bridge" and overlap) or bool(r.get("recipe_moe_overlap", False))
+    preset = src == "megatron-bridge" and (model_key, str(r["system"])) in MB_OVERLAP
+    return etp, preset or bool(r.get("recipe_moe_overlap", False))
 
 
 def batch_row(r: pd.Series, model: dict[str, Any]) -> dict[str, str]:

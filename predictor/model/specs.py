@@ -486,8 +486,10 @@ def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: 
     """The MoE token dispatcher is one of MOE_DISPATCHERS and can run with the rest: Megatron-Core refuses the
     dispatch / combine overlap with the allgather dispatcher ('overlap_moe_expert_parallel_comm is supported with
     alltoall/flex token dispatcher') and a capacity factor with it ('moe_expert_capacity_factor only works with alltoall
-    token dispatcher'), both in megatron/core/transformer/transformer_config.py __post_init__; allgather on a dense
-    model is a MoE field on a dense model."""
+    token dispatcher'), both in megatron/core/transformer/transformer_config.py __post_init__; hybridep (the flex
+    dispatcher) runs with the overlap but not with a capacity factor either, and only with experts whole (etp 1,
+    `etp` the resolved expert tensor parallelism); allgather or hybridep on a dense model is a MoE field on a dense
+    model."""
     if dispatcher in ("flex", "deepep"):
         raise InfeasibleConfig("moe_dispatcher", f"moe_dispatcher {dispatcher!r}: of Megatron-Core's flex dispatcher "
                                                  "only the HybridEP backend is modelled (the DeepEP backend's "
@@ -503,25 +505,17 @@ def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: 
         raise InfeasibleConfig("moe_dispatcher", f"moe_dispatcher {dispatcher} but the model is dense (num_experts 0).",
                                "leave moe_dispatcher at alltoall (the default), or give the model's num_experts and "
                                "top_k.")
-    if dispatcher == "hybridep":
-        if etp > 1:
-            raise InfeasibleConfig("etp", f"expert tensor parallelism {etp} with the hybridep dispatcher is not "
-                                          "modelled (its dispatch replicates each token over the etp ranks of the "
-                                          "tp x ep group).",
-                                   "use etp 1 with hybridep, or moe_dispatcher alltoall.")
-        if model.capacity_factor is not None:
-            raise InfeasibleConfig("moe_dispatcher", f"a capacity factor ({model.capacity_factor:g}) drops tokens in "
-                                                     "the alltoall dispatcher only (Megatron-Core: "
-                                                     "'moe_expert_capacity_factor only works with alltoall token "
-                                                     "dispatcher').",
-                                   "use moe_dispatcher alltoall, or leave capacity_factor empty (dropless).")
-        return
-    if moe_overlap:
+    if dispatcher == "hybridep" and etp > 1:
+        raise InfeasibleConfig("etp", f"expert tensor parallelism {etp} with the hybridep dispatcher is not "
+                                      "modelled (its dispatch replicates each token over the etp ranks of the "
+                                      "tp x ep group).",
+                               "use etp 1 with hybridep, or moe_dispatcher alltoall.")
+    if dispatcher == "allgather" and moe_overlap:
         raise InfeasibleConfig("moe_dispatcher", "the dispatch / combine overlap (moe_overlap) runs with the alltoall "
                                                  "dispatcher only (Megatron-Core: 'overlap_moe_expert_parallel_comm is "
                                                  "supported with alltoall/flex token dispatcher').",
                                "use moe_dispatcher alltoall, or turn moe_overlap off.")
-    if model.capacity_factor is not None:
+    if model.capacity_factor is not None:   # allgather and hybridep alike
         raise InfeasibleConfig("moe_dispatcher", f"a capacity factor ({model.capacity_factor:g}) drops tokens in the "
                                                  "alltoall dispatcher only (Megatron-Core: 'moe_expert_capacity_factor "
                                                  "only works with alltoall token dispatcher').",
@@ -1078,7 +1072,7 @@ class Layout:
             raise InfeasibleConfig("zero_stage", f"{fw.description} cannot combine ZeRO-{self.zero_stage} with "
                                                  f"pipeline parallelism (pp = {self.pp}).",
                                    "use zero_stage 0 or 1 with pipeline parallelism, or pp = 1.")
-        if self.overlap_p2p_comm and not (fw.name == "megatron" and self.schedule == "interleaved" and self.pp > 1):
+        if self.overlap_p2p_comm and not pp_overlap_default(fw.name, self.schedule, self.pp):   # where it runs
             raise InfeasibleConfig("overlap_p2p_comm", "the pipeline's point-to-point overlap runs in Megatron-Core's "
                                                        "interleaved schedule only (overlap_p2p_comm), with pp > 1 "
                                                        f"(here framework {fw.name}, schedule {self.schedule}, pp "

@@ -464,9 +464,10 @@ def _enumerate_tp_cp(model, num_gpus, global_batch, seq_len, space, tp, cp, L, e
                 if zb_micro_batches_ok(s_, pp, m):
                     plist.append((sid(st), st.vpp))
             for st_id, _v in plist:
-                # the pipeline's point-to-point overlap where it runs: Megatron-Core's interleaved schedule
-                opp = int(st_id in inter_ids and fw.name == "megatron"
-                          and (space.overlap_p2p_comm is None or space.overlap_p2p_comm))
+                # the pipeline's point-to-point overlap where it runs (Layout.pp_comm_overlap's default), unless
+                # the space turns it off
+                opp = int(pp_overlap_default(fw.name, "interleaved" if st_id in inter_ids else "1f1b", pp)
+                          and space.overlap_p2p_comm is not False)
                 for rc in rcs:
                     rci = RC.index(rc)
                     rcm = sel_mask if rc == "selective" else 0

@@ -1053,16 +1053,26 @@ UNIT_FIELDS = ("fc", "bc", "rc", "ft", "bt", "fi", "bi", "ri", "fcp", "bcp", "fe
                "rm", "hfep", "hbep", "bw")
 
 
+def _steady_share(m: np.ndarray, vpp: int, exposed: float) -> np.ndarray:
+    """Share of a rank's m x vpp forward (and backward) chunk passes beyond the first `exposed` ones."""
+    total = np.maximum(np.asarray(m, float) * vpp, 1.0)
+    return np.clip((total - exposed) / total, 0.0, 1.0)
+
+
+def interleaved_warmup_passes(pp: int, vpp: int) -> float:
+    """Megatron-Core's interleaved warm-up on the first stage, 2 (pp - 1) + (vpp - 1) pp passes
+    (num_warmup_microbatches on rank 0, the most of any rank)."""
+    return 2.0 * (pp - 1) + (vpp - 1) * pp
+
+
 def pp_overlap_share(m: np.ndarray, pp: int, vpp: int) -> np.ndarray:
     """Share of a rank's chunk passes whose pipeline sends / receives overlap compute under the interleaved
     schedule's overlap_p2p_comm (megatron/core/pipeline_parallel/schedules.py forward_backward_pipelining_with_
     interleaving: asynchronous send / receive in the steady 1F1B phase; the warm-up and cool-down passes wait on them,
     'The PP communications in pipeline fill and flush are still exposed', NeMo / Megatron-Bridge's communication
-    overlap guide): of m x vpp forward (and backward) passes, those beyond the first stage's warm-up, 2 (pp - 1) +
-    (vpp - 1) pp (Megatron's num_warmup_microbatches on rank 0, the most of any rank)."""
-    total = np.maximum(np.asarray(m, float) * vpp, 1.0)
-    warm = 2.0 * (pp - 1) + (vpp - 1) * pp
-    return np.clip((total - warm) / total, 0.0, 1.0)
+    overlap guide): of m x vpp forward (and backward) passes, those beyond the first stage's warm-up
+    (`interleaved_warmup_passes`)."""
+    return _steady_share(m, vpp, interleaved_warmup_passes(pp, vpp))
 
 
 def moe_overlap_paired_share(m: np.ndarray, pp: int, vpp: int) -> np.ndarray:
@@ -1071,11 +1081,9 @@ def moe_overlap_paired_share(m: np.ndarray, pp: int, vpp: int) -> np.ndarray:
     the combined 1F1B step runs one micro-batch's forward merged with another's backward, so each one's all-to-all
     hides under the other's compute of the same layer (`UnitTimes.hfep` = min(fep, bc), `hbep` = min(bep, fc):
     never more than that compute). The passes without a partner stay exposed: with pp = 1 the first forward and the
-    last backward (m - 1 of m paired), interleaved the first stage's warm-up, 2 (pp - 1) + (vpp - 1) pp + 1 passes
-    (Megatron's interleaved warm-up count, one more with the overlap on), of m x vpp."""
-    total = np.maximum(np.asarray(m, float) * vpp, 1.0)
-    warm = 1.0 if pp <= 1 else 2.0 * (pp - 1) + (vpp - 1) * pp + 1.0
-    return np.clip((total - warm) / total, 0.0, 1.0)
+    last backward (m - 1 of m paired), interleaved the first stage's warm-up (`interleaved_warmup_passes`) + 1
+    passes (one more with the overlap on), of m x vpp."""
+    return _steady_share(m, vpp, 1.0 if pp <= 1 else interleaved_warmup_passes(pp, vpp) + 1.0)
 
 
 def _own_rows(e2e: EndToEndTerms | None, rows: np.ndarray) -> np.ndarray:

@@ -870,8 +870,8 @@ def _layer_activation_terms(model: ModelSpec, seq_len: int, precision: str, opti
                             md: int = 0) -> tuple[float, ...]:
     """`stage_memory_arrays`' per-layer activation terms of one (tp, micro-batch, SP, recompute, cp, ep, etp, recompute
     modules, dispatcher) key: (dense layer kept, full-recompute layer, edge first / last / last-transient, CP ring
-    buffer, MoE layer kept, dispatch buffer, selective transient, gathered rows). Pure in its arguments (frozen model
-    and options), cached: a search evaluates the same keys for every pipeline structure."""
+    buffer, MoE layer kept, dispatch buffer, selective transient, gathered rows, hybridep buffer). Pure in its
+    arguments (frozen model and options), cached: a search evaluates the same keys for every pipeline structure."""
     is_moe = model.is_moe
     sc = seq_len // c
     mods = modules_of_mask(mm)
@@ -894,7 +894,9 @@ def _layer_activation_terms(model: ModelSpec, seq_len: int, precision: str, opti
             cp_ring_buffer_bytes(model, seq_len, b, t, precision, c),
             moe_l, moe_dispatch_buffer_bytes(model, seq_len, b, t, s, precision, c, x, y, dsp),
             sel_f if r == RECOMPUTE_ORDER.index("selective") else 0.0,
-            float(routing(model, b, seq_len, t, c, x, s, y, dsp).gathered_rows) if is_moe else 0.0)
+            float(routing(model, b, seq_len, t, c, x, s, y, dsp).gathered_rows) if is_moe else 0.0,
+            # the hybridep dispatcher's own buffer, sized for a micro-batch's tokens per rank (0 with another one)
+            hybridep_buffer_bytes(model, tokens_per_gpu(b, seq_len, c, t, s), x) if dsp == "hybridep" else 0.0)
 
 
 def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_layers: list[int] | tuple[int, ...],
@@ -983,14 +985,12 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
     keys, kinv = unique_rows(np.column_stack([tp, mb, sp, rc, cpa, epa, eta, rcm, mda]))
     is_moe = model.is_moe
 
-    def acts_of(*k: Any) -> tuple[float, ...]:
-        return _layer_activation_terms(model, seq_len, precision, options, *k)
-    acts_k = np.array([acts_of(int(k[0]), int(k[1]), bool(k[2]), int(k[3]), int(k[4]), int(k[5]), int(k[6]),
-                               int(k[7]), int(k[8]))
+    acts_k = np.array([_layer_activation_terms(model, seq_len, precision, options, int(k[0]), int(k[1]), bool(k[2]),
+                                               int(k[3]), int(k[4]), int(k[5]), int(k[6]), int(k[7]), int(k[8]))
                        for k in keys],
-                      dtype=np.float64).reshape(-1, 10)[kinv]
+                      dtype=np.float64).reshape(-1, 11)[kinv]
     (act_dense, act_full, act_first, act_last, act_last_tr, ring, act_moe, a2a_buf,
-     sel_buf, gathered_rows) = (acts_k[:, j] for j in range(10))
+     sel_buf, gathered_rows, hyb) = (acts_k[:, j] for j in range(11))
     # parameters per (tp, ep): every chunk (the routed experts apart), the largest ZeRO unit of the edge stages
     te2, tinv = unique_rows(np.column_stack([tp, epa, eta]))
     tps = te2[:, 0]
@@ -1093,13 +1093,6 @@ def stage_memory_arrays(model: ModelSpec, seq_len: int, precision: str, chunk_la
            "buffers": buffers}
     overheads = comm.gpu and options.device_overheads
     out["framework"] = np.full((n, pp), options.framework_gib * GIB if overheads else 0.0)
-    hyb = np.zeros(n)
-    if is_moe:
-        on = mda == MOE_DISPATCHERS.index("hybridep")
-        if on.any():   # the hybridep dispatcher's own buffer, sized for a micro-batch's tokens per rank
-            hyb = np.array([hybridep_buffer_bytes(model, tokens_per_gpu(int(b), seq_len, int(c), int(t), bool(s_)),
-                                                  int(x)) if o else 0.0
-                            for o, b, c, t, s_, x in zip(on, mb, cpa, tp, sp, epa)])
     out["nccl"] = nccl_buffer_arrays(comm, pp, vpp, tp=tp, dp=dp, cp=cpa, ep=epa, moe=is_moe,
                                      tied=bool(model.tied_embeddings), options=options, etp=eta, hybridep_bytes=hyb)
     allocated = np.sum([out[k] for k in ALLOCATED_PARTS], axis=0)
