@@ -236,3 +236,19 @@ def test_gradient_accumulation_pass_by_framework():
     assert ddp == pytest.approx(per_mb, rel=1e-9)
     fsdp = float(accum(run("fsdp", 8, zero_stage=3))["seconds_total"].sum())
     assert fsdp == pytest.approx(per_mb / 4, rel=0.1)
+
+
+@pytest.mark.parametrize("platform", ["dgx-a100-80gb", "vista-gh200"])
+def test_optimizer_stage_variants_timed_together_equal_each_alone(platform):
+    """op_times asks the optimizer regressor once for every stage variant (the variant is one of its features):
+    the same seconds, provenance and error as asking for each variant in a fresh predictor of its own."""
+    from predictor.plan.predict import Predictor
+    from predictor.step.decompose import OpCall, make_shape
+    calls = [OpCall("optimizer", "step", make_shape(tp=2, hidden=4096, layers=n, params=p), 1, "step", "optimizer",
+                    variant=v)
+             for n, p, v in ((8, 900_000_000, "first"), (8, 800_000_000, "middle"), (8, 1_000_000_000, "last"),
+                             (16, 1_700_000_000, "middle"))]
+    together = Predictor(platform).op_times(calls, "bf16")
+    alone = [Predictor(platform).op_times([c], "bf16")[0] for c in calls]
+    assert together == alone
+    assert len({t for t, _, _ in together}) == len(calls)   # the variants are not all answered alike

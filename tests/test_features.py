@@ -113,3 +113,24 @@ def test_collective_roofline():
     assert np.isfinite(F.collective_roofline_s("allreduce", S, 2, 1, vista)).all()
     X = F.collective_features("allreduce", [1e8, 2e8], [1, 2], [4, 4], plat)
     assert list(X.columns) == list(F.COLLECTIVE_FEATURES) and len(X) == 2
+
+
+def test_derived_dims_follow_the_arrays_asked_not_the_last_answer():
+    """_dims remembers its last answer by the arrays' identity: other arrays (even equal-looking ones built anew,
+    or ones that differ) get their own dimensions."""
+    a1 = F.arrays_from_shapes([(2, 1, 1024, 4096, 32, 8, 14336, 128256, None, None)])
+    a2 = F.arrays_from_shapes([(4, 2, 2048, 4096, 32, 8, 14336, 128256, None, None)])
+    d1 = F.derived_dims(a1)
+    assert F.derived_dims(a1) is d1
+    d2 = F.derived_dims(a2)
+    assert d2["tp"][0] == 4 and d2["b"][0] == 2 and d2["l"][0] == 2048
+    assert F.derived_dims(a1)["tp"][0] == 2
+    fresh = F.arrays_from_shapes([(2, 1, 1024, 4096, 32, 8, 14336, 128256, None, None)])
+    assert all(np.array_equal(F.derived_dims(fresh)[k], d1[k], equal_nan=True) for k in d1)
+
+
+def test_arrays_from_shapes_takes_one_variant_per_shape():
+    shapes = [(1, None, None, 4096, None, None, None, None, 4, 1e9)] * 3
+    a = F.arrays_from_shapes(shapes, ["first", "middle", "last"])
+    assert a["variant"].tolist() == [F.OPTIMIZER_VARIANTS[v] for v in ("first", "middle", "last")]
+    assert F.arrays_from_shapes(shapes, "last")["variant"].tolist() == [F.OPTIMIZER_VARIANTS["last"]] * 3

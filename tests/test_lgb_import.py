@@ -55,3 +55,18 @@ def test_plain_import_when_stand_ins_cannot_be_used(case):
         "X = np.random.default_rng(1).random((100, 2))\n"
         "print(lgb.train({'verbose': -1}, lgb.Dataset(X, X[:, 0]), 3).predict(X[:2]).shape)\n")
     assert out.splitlines() == ["False True", "(2,)"]
+
+
+def test_single_thread_predictor_gives_booster_predict_numbers():
+    import numpy as np
+
+    from predictor.regress.lgb_import import import_lightgbm, single_thread_predictor
+    lgb = import_lightgbm()
+    rng = np.random.default_rng(1)
+    X = rng.random((400, 4))
+    y = np.sin(4 * X[:, 0]) + X[:, 1] * X[:, 2]
+    b = lgb.train({"verbose": -1, "num_leaves": 15}, lgb.Dataset(X, y), 60)
+    b = lgb.Booster(model_str=b.model_to_string())   # as the predictor loads them: from verified text
+    fast = single_thread_predictor(b)
+    for rows in (X[:1], X[:7], rng.random((33, 4))):
+        assert np.array_equal(fast(rows), b.predict(rows, num_threads=1))

@@ -113,3 +113,19 @@ def test_the_form_is_written_read_back_and_refused_when_unknown(tmp_path):
     (tmp_path / "framework_terms.json").write_text(json.dumps(d))
     back, warn = load_terms_checked(tmp_path)
     assert back is None and warn is not None and "power_form" in warn and "linear, cap" in warn
+
+
+def test_cap_curve_matches_its_definition_with_ties_and_zero_ideals():
+    """The curve (built in plain Python) answers sum_i max(0, (1 + beta) ideal_i - alpha t_i) for any beta / alpha,
+    kernels without tensor-core work (ideal 0) left out, equal slacks included."""
+    rng = np.random.default_rng(3)
+    t = rng.uniform(0.5, 3.0, 40)
+    ideal = rng.uniform(0.2, 2.0, 40)
+    ideal[::7] = 0.0
+    t[5], ideal[5], t[6], ideal[6] = 2.0, 1.0, 4.0, 2.0   # the same slack (1.0) twice
+    curve = CapCurve.of(t.tolist(), ideal.tolist())
+    assert list(curve.slack) == sorted(curve.slack) and len(curve.slack) == int((ideal > 0).sum())
+    for beta in (0.0, 0.1, 0.5, 1.0, 2.5):
+        for alpha in (1.0, 0.9, 1.2):
+            want = float(np.maximum(0.0, (1.0 + beta) * ideal - alpha * t)[ideal > 0].sum())
+            assert curve.added_s(beta, alpha) == pytest.approx(want, rel=1e-12, abs=1e-15)

@@ -27,6 +27,7 @@ Pure functions of a `ModelSpec` (typed only; no import of specs at run time, so 
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -140,6 +141,7 @@ def layer_params(model: ModelSpec, moe: bool = False) -> int:
     return base + mlp_params(model, model.ffn) + _mlp_biases(model, model.ffn)
 
 
+@lru_cache(maxsize=4096)
 def layer_params_per_gpu(model: ModelSpec, tp: int, moe: bool = False, ep: int = 1, etp: int = 1) -> int:
     """Parameters of one layer on one GPU: matrices (and their biases) split by tp, norms replicated; in a MoE layer
     the router replicated, shared experts split by tp and num_experts / ep routed experts (each split over etp)."""

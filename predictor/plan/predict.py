@@ -62,6 +62,9 @@ from predictor.step.memory import GIB, MemoryOptions, MemoryReport, report_from_
 from predictor.step.overhead import load_host_overhead_checked
 from predictor.step.terms import causal_attention_factors, host_share_bin, load_own_terms_checked, load_terms_checked
 
+# op_times' group of the optimizer's stage variants (one regressor call for every variant, the variant a feature)
+OPTIMIZER_GROUP = "optimizer-variants"
+
 PAPER_SOURCE_PREFIX = "arXiv 2509.22832"  # regressors.PAPER_SOURCE: the paper's (non-causal) samples
 
 MODELS_DIR = paths.PACKAGED_MODELS_DIR
@@ -313,18 +316,22 @@ class Predictor:
         # message names the precision asked for
         for p in dict.fromkeys((precision, base)):
             self.platform.device.check_precision(p)
-        for c in calls:
-            if (*c.key, precision) not in cache:
-                todo.setdefault((c.op, c.pass_, c.variant), {})[c.shape] = None
-        for (op, pass_, variant), shp in todo.items():
-            shapes = list(shp)
-            arrays = features.arrays_from_shapes(shapes, variant)
+        keys = [(*c.key, precision) for c in calls]
+        for c, k in zip(calls, keys):
+            if k not in cache:
+                # the optimizer's stage variants are a feature of one regressor: one call for all of them
+                group = OPTIMIZER_GROUP if c.variant in features.OPTIMIZER_VARIANTS else c.variant
+                todo.setdefault((c.op, c.pass_, group), {})[(c.shape, c.variant)] = None
+        for (op, pass_, variant), keyed in todo.items():
+            shapes = [s_ for s_, _v in keyed]
+            variants = [v_ for _s, v_ in keyed]
+            arrays = features.arrays_from_shapes(shapes, variants if variant == OPTIMIZER_GROUP else variant)
             if variant == FUSED:   # the framework's fused kernel (predictor.model.frameworks): one pass over memory
                 self.platform.device.check_op(op)
                 t_f = np.asarray(features.fused_kernel_s(op, pass_, arrays, self.platform.device, base), "float64")
-                for s_, t in zip(shapes, t_f):
-                    cache[(op, pass_, s_, variant, precision)] = (float(t), FUSED_PROVENANCE, None)
-                    self._ideal_cache[(op, pass_, s_, variant, precision)] = 0.0
+                for s_, v_, t in zip(shapes, variants, t_f):
+                    cache[(op, pass_, s_, v_, precision)] = (float(t), FUSED_PROVENANCE, None)
+                    self._ideal_cache[(op, pass_, s_, v_, precision)] = 0.0
                 continue
             tables = variant != FA2_BASE  # Triton attention: an FA2 base, not the published (FMHA) attention
             try:
@@ -359,10 +366,10 @@ class Predictor:
                 k = causal_attention_factors(arrays["seq"])
                 secs, ideal = secs * k, np.asarray(ideal) * k
             ideal = np.broadcast_to(np.asarray(ideal, dtype="float64"), secs.shape)
-            for s, t, i in zip(shapes, secs, ideal):
-                cache[(op, pass_, s, variant, precision)] = (float(t), prov, err)
-                self._ideal_cache[(op, pass_, s, variant, precision)] = float(i)
-        return [cache[(*c.key, precision)] for c in calls]
+            for s, v_, t, i in zip(shapes, variants, secs, ideal):
+                cache[(op, pass_, s, v_, precision)] = (float(t), prov, err)
+                self._ideal_cache[(op, pass_, s, v_, precision)] = float(i)
+        return [cache[k] for k in keys]
 
     def op_ideal_s(self, calls: Sequence[OpCall], precision: str) -> list[float]:
         """Per call: its FLOPs over the achievable matmul throughput (tensor-core operators; 0 for the rest),

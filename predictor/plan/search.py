@@ -616,7 +616,10 @@ def search(model: ModelSpec, platform: str | Platform | Predictor, num_gpus: int
             else:
                 remap.append(len(structs))
                 structs.append(st)
-        rows += [(*x[:6], remap[x[6]], *x[7:]) for x in r]
+        if remap == list(range(len(s))):   # the structures' ids unchanged (one GPU count: always)
+            rows += r
+        else:
+            rows += [(*x[:6], remap[x[6]], *x[7:]) for x in r]
         excl += [{**d, "option": (f"num_gpus={N}, " if len(gpus) > 1 else "") + d["option"],
                   "values": {**d.get("values", {}), **({"num_gpus": N} if len(gpus) > 1 else {})}} for d in e]
     timings["enumerate"] = time.perf_counter() - t0
@@ -725,11 +728,16 @@ def _table(model, P, arr, structs, ev, global_batch, seq_len, precision, tokens_
     gib = parts / mem.GIB
     peak_gib = ev.peak_bytes / mem.GIB
     u_txt = f"{ev.usable_bytes / mem.GIB:.1f}"
-    for i in np.nonzero(~fits)[0]:
-        a, b, c = order3[i]
-        reason[i] = (f"out of memory: stage {ev.peak_stage[i]} needs {peak_gib[i]:.1f} GiB > {u_txt} GiB usable "
-                     f"({names[a]} {gib[i, a]:.1f}, {names[b]} {gib[i, b]:.1f}, {names[c]} {gib[i, c]:.1f} GiB)")
-        kind[i] = "out of memory, mostly " + dom[i]
+    out_ = np.nonzero(~fits)[0]
+    if len(out_):   # Python lists: element access on numpy arrays costs more than the formatting
+        top3 = order3[out_]
+        top_gib = np.take_along_axis(gib[out_], top3, axis=1).tolist()
+        labels = names.tolist()
+        reason[out_] = [f"out of memory: stage {st} needs {pk:.1f} GiB > {u_txt} GiB usable "
+                        f"({labels[a]} {ga:.1f}, {labels[b]} {gb:.1f}, {labels[c]} {gc:.1f} GiB)"
+                        for st, pk, (a, b, c), (ga, gb, gc) in zip(ev.peak_stage[out_].tolist(),
+                                                                   peak_gib[out_].tolist(), top3.tolist(), top_gib)]
+        kind[out_] = ["out of memory, mostly " + x for x in dom[out_].tolist()]
     ranked = fits & ~ev.tight if leave_out_tight else fits
     for i in np.nonzero(fits & ~ranked)[0]:
         reason[i] = (f"tight, left out: {peak_gib[i]:.1f} GiB > {u_txt} GiB usable with the allocator's typical "

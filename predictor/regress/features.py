@@ -34,7 +34,7 @@ INPUT (its output is ranks x larger), p2p the tensor sent.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
@@ -144,15 +144,20 @@ def scalar_row(shapes: pd.DataFrame | Mapping[str, Any]) -> dict[str, Any] | Non
     return out
 
 
-def arrays_from_shapes(shapes: list[tuple], variant: str | None = None) -> dict[str, np.ndarray]:
+def arrays_from_shapes(shapes: list[tuple], variant: str | Sequence[str | None] | None = None
+                       ) -> dict[str, np.ndarray]:
     """`shape_arrays` of shape tuples (values in ops.SHAPE_COLUMNS order, None = NULL), all with one
-    optimizer `variant`: the fast path of the predictor (no pandas)."""
+    optimizer `variant` or one per shape (a sequence as long as `shapes`): the fast path of the predictor (no
+    pandas)."""
     n_cols = len(ops.OP_SHAPE_COLUMNS)  # a tuple without the trailing head_dim has it NULL
     a = np.array([[np.nan if v is None else v for v in shp] + [np.nan] * (n_cols - len(shp)) for shp in shapes],
                  dtype="float64")
     a = a.reshape(len(shapes), n_cols)
     out = {c: a[:, j] for j, c in enumerate(ops.OP_SHAPE_COLUMNS)}
-    out["variant"] = np.full(len(shapes), OPTIMIZER_VARIANTS.get(variant, 0.0) if variant else 0.0)
+    if variant is None or isinstance(variant, str):
+        out["variant"] = np.full(len(shapes), OPTIMIZER_VARIANTS.get(variant, 0.0) if variant else 0.0)
+    else:
+        out["variant"] = np.array([OPTIMIZER_VARIANTS.get(v, 0.0) if v else 0.0 for v in variant], dtype="float64")
     return out
 
 
@@ -206,8 +211,23 @@ def _fill(x: np.ndarray, default: np.ndarray | float) -> np.ndarray:
     return np.where(np.isnan(x), default, x)
 
 
+# The last `_dims` answer and the shape arrays it was computed from: the predictor asks the same arrays several times
+# in a row (features, FLOPs floor, SIMT floor, FP8 casts); shape arrays are never changed in place, so identity is
+# enough. One (arrays, dims) tuple, replaced whole, so concurrent threads see either the old pair or the new one.
+_LAST_DIMS: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None] = [None]
+
+
 def _dims(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Derived per-rank dimensions (all float64 arrays)."""
+    last = _LAST_DIMS[0]
+    if last is not None and last[0] is a:
+        return last[1]
+    d = _compute_dims(a)
+    _LAST_DIMS[0] = (a, d)
+    return d
+
+
+def _compute_dims(a: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     tp = np.maximum(_fill(a["tp"], 1.0), 1.0)
     b = _fill(a["batch"], 1.0)
     l = a["seq"]

@@ -39,7 +39,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from predictor.regress.lgb_import import import_lightgbm
+from predictor.regress.lgb_import import import_lightgbm, single_thread_predictor
 
 if TYPE_CHECKING:
     import lightgbm as lgb
@@ -1094,6 +1094,7 @@ class ModelBank:
         for p in problems:
             log.warning("platform %s: model %s not used: %s", platform_id, p.stem, p.reason)
         self._boosters: dict[str, lgb.Booster] = {}
+        self._predictors: dict[str, tuple[lgb.Booster, Callable[[np.ndarray], np.ndarray]]] = {}
         self._cache: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
@@ -1171,6 +1172,16 @@ class ModelBank:
                     self._boosters[stem] = b
         return b
 
+    def _predictor(self, stem: str) -> Callable[[np.ndarray], np.ndarray]:
+        """The stem's booster as a single-thread predict function (`lgb_import.single_thread_predictor`), built
+        once per booster."""
+        b = self._booster(stem)
+        got = self._predictors.get(stem)
+        if got is None or got[0] is not b:
+            got = (b, single_thread_predictor(b))
+            self._predictors[stem] = got
+        return got[1]
+
     def _cached(self, key, compute):
         if key is not None:
             hit = self._cache.get(key)
@@ -1198,7 +1209,7 @@ class ModelBank:
 
         def compute() -> np.ndarray:
             X, roof = F.op_feature_matrix(op, pass_, F.shape_arrays(shapes_df), device, precision, c)
-            return roof * np.exp(self._booster(stem).predict(X, num_threads=1))
+            return roof * np.exp(self._predictor(stem)(X))
         return self._cached(key, compute)
 
     def predict_collective(self, collective: str, message_bytes, nodes, gpus_per_node, platform) -> np.ndarray:
@@ -1211,7 +1222,7 @@ class ModelBank:
 
         def compute() -> np.ndarray:
             X, roof = F.collective_feature_matrix(collective, message_bytes, nodes, gpus_per_node, platform)
-            return roof * np.exp(self._booster(stem).predict(X, num_threads=1))
+            return roof * np.exp(self._predictor(stem)(X))
         return self._cached(key, compute)
 
     def covers_collective(self, collective: str, message_bytes, nodes, gpus_per_node) -> np.ndarray:

@@ -44,11 +44,13 @@ Shape = tuple  # values in ops.SHAPE_COLUMNS order, None where unused (+ head_di
 Topology = tuple[int, int, int]  # (ranks, nodes, gpus_per_node) of a communication group
 
 
+_OP_SHAPE_COLUMN_SET = frozenset(OP_SHAPE_COLUMNS)
+
+
 def make_shape(**kw: int | None) -> Shape:
     """Values in SHAPE_COLUMNS order; a `head_dim` (decoupled from hidden / heads) adds an 11th value."""
-    unknown = set(kw) - set(OP_SHAPE_COLUMNS)
-    if unknown:
-        raise KeyError(f"unknown shape columns {sorted(unknown)}")
+    if not kw.keys() <= _OP_SHAPE_COLUMN_SET:
+        raise KeyError(f"unknown shape columns {sorted(set(kw) - _OP_SHAPE_COLUMN_SET)}")
     shp = tuple(kw.get(c) for c in SHAPE_COLUMNS)
     return shp + (kw["head_dim"],) if kw.get("head_dim") is not None else shp
 

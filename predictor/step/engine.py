@@ -653,9 +653,11 @@ class Engine:
         def kvec(get) -> np.ndarray:
             return np.array([get(p) for p in parts], float)[kinv]
         names = ("layer", "first", "last") + (("dense",) if model.has_dense_layers else ())
-        unit = {name: {f: kvec(lambda p, name=name, f=f: getattr(getattr(p, name) or p.layer, f))
-                       for f in UNIT_FIELDS}
-                for name in names}
+        unit = {}
+        for name in names:   # one [rows, fields] matrix per unit, its columns the fields
+            units_ = [getattr(p, name) or p.layer for p in parts]
+            mat = np.array([[getattr(x, f) for f in UNIT_FIELDS] for x in units_], float)[kinv]
+            unit[name] = {f: mat[:, j] for j, f in enumerate(UNIT_FIELDS)}
         if _capped(e2e):
             # what the sustained-rate cap adds to each unit's tensor-core kernels, per phase ("fx", "bx", "rx")
             for name in names:

@@ -51,6 +51,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, replace
 from functools import cache, lru_cache
+from itertools import accumulate
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -412,6 +414,9 @@ def validation_by_source(terms: EndToEndTerms) -> Any:
     return pd.DataFrame(rows, columns=list(SOURCE_VALIDATION_COLUMNS))
 
 
+_first = itemgetter(0)
+
+
 @dataclass(frozen=True)
 class CapCurve:
     """The seconds the 'cap' power form adds to a set of tensor-core kernels as a function of beta:
@@ -426,17 +431,14 @@ class CapCurve:
     def of(seconds: Any, ideal_s: Any) -> CapCurve:
         """The curve of kernels taking `seconds` (sampled) whose FLOPs at MAMF take `ideal_s` (0: not tensor-core
         work, left out)."""
-        import numpy as np
-        t = np.asarray(seconds, dtype="float64")
-        i = np.asarray(ideal_s, dtype="float64")
-        keep = i > 0
-        t, i = t[keep], i[keep]
-        if not len(t):
+        # plain Python: a unit has tens of kernels, where numpy's per-call cost is most of the time (search builds
+        # thousands of curves); sorted() is stable, so equal slacks keep the kernels' order
+        pairs = sorted(((float(t) / float(i) - 1.0, float(i)) for t, i in zip(seconds, ideal_s) if float(i) > 0),
+                       key=_first)
+        if not pairs:
             return CapCurve()
-        sl = t / i - 1.0
-        order = np.argsort(sl)
-        sl, i = sl[order], i[order]
-        return CapCurve(tuple(sl.tolist()), tuple(np.cumsum(i).tolist()), tuple(np.cumsum(i * sl).tolist()))
+        sl = tuple(p[0] for p in pairs)
+        return CapCurve(sl, tuple(accumulate(p[1] for p in pairs)), tuple(accumulate(p[1] * p[0] for p in pairs)))
 
     def added_s(self, beta: float, compute_factor: float = 1.0) -> float:
         """Seconds added at this beta, the kernels' times first multiplied by compute_factor (alpha):
