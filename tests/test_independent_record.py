@@ -94,3 +94,50 @@ def test_check_independent_prints_the_record_per_gpu_and_source(capsys):
     assert rec["terms_fitted_at"] and "h100-sxm5-80gb" in rec["devices"]
     foundry = [c for c in rec["devices"]["h100-sxm5-80gb"] if c["source"] == "llm-foundry-h100"]
     assert foundry and foundry[0]["runs"] >= 40 and 0 <= foundry[0]["mape"] < 1
+
+
+def test_checks_are_kept_per_kind_of_model_and_round_trip_with_it(tmp_path):
+    s = IR.summarise([("b200", "nemo", -0.3, "moe"), ("b200", "nemo", -0.2, "moe"), ("b200", "nemo", 0.05, "dense"),
+                      ("b200", "other", 0.1)])
+    got = {(c.source, c.scope): c for c in s["b200"]}
+    assert set(got) == {("nemo", "moe"), ("nemo", "dense"), ("other", "all")}
+    assert got[("nemo", "moe")].runs == 2 and got[("nemo", "moe")].mape == pytest.approx(0.25)
+    assert got[("nemo", "moe")].applies_to(True) and not got[("nemo", "moe")].applies_to(False)
+    assert got[("nemo", "dense")].applies_to(False) and not got[("nemo", "dense")].applies_to(True)
+    assert got[("other", "all")].applies_to(True) and got[("other", "all")].applies_to(False)
+    IR.save(IR.record(s, "T"), tmp_path)
+    back, warn = IR.load_checked(tmp_path)
+    assert warn is None and back is not None and sorted(back[0]["b200"], key=repr) == sorted(s["b200"], key=repr)
+    d = json.loads((tmp_path / IR.INDEPENDENT_CHECKS).read_text())
+    del d["devices"]["b200"][0]["scope"]               # a record without scopes (older version): every kind
+    d["devices"]["b200"][1]["scope"] = "sparse"        # an unknown scope: refused, naming the field
+    (tmp_path / IR.INDEPENDENT_CHECKS).write_text(json.dumps(d))
+    got2, warn2 = IR.load_checked(tmp_path)
+    assert got2 is None and warn2 is not None and "devices.b200[1].scope" in warn2
+    d["devices"]["b200"][1]["scope"] = "dense"
+    (tmp_path / IR.INDEPENDENT_CHECKS).write_text(json.dumps(d))
+    got3, _ = IR.load_checked(tmp_path)
+    assert got3 is not None and got3[0]["b200"][0].scope == "all"
+
+
+def test_a_moe_prediction_is_banded_by_the_moe_checks_and_a_dense_one_by_the_dense_checks():
+    P = Predictor("dgx-b200")
+    P.independent = [IR.DeviceCheck("tables", 7, 0.40, -0.40, "moe"), IR.DeviceCheck("tables", 8, 0.06, -0.05, "dense")]
+    P._independent_dates = (P.terms.fitted_at if P.terms else "", "2026-12-03")
+    moe = P.predict(get_preset("qwen3-30b-a3b"), Layout(num_gpus=8, tp=1, pp=1, dp=8, ep=8, micro_batch=1,
+                                                        global_batch=64, seq_len=4096), timeline=False)
+    assert moe.expected_error >= 0.40 and "tables, MoE runs 7 runs 40.0%" in moe.error_basis
+    assert "dense runs" not in moe.error_basis
+    dense = P.predict(get_preset("llama3-8b"), Layout(num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1, global_batch=64,
+                                                      seq_len=4096), timeline=False)
+    assert "tables, dense runs 8 runs 6.0%" in dense.error_basis and "MoE runs" not in dense.error_basis
+    assert dense.expected_error < 0.40
+
+
+def test_the_shipped_record_keeps_dense_and_moe_apart_where_the_tables_have_both():
+    got, _ = IR.load_checked()
+    assert got is not None
+    b200 = {c.scope: c for c in got[0]["b200-sxm-180gb"] if c.source == "NeMo / Megatron-Bridge tables"}
+    assert set(b200) == {"dense", "moe"}
+    foundry = [c for c in got[0]["h100-sxm5-80gb"] if c.source.startswith("llm-foundry")]
+    assert foundry and all(c.scope == "dense" for c in foundry)   # MPT models: no experts

@@ -13,15 +13,19 @@ def run_all(models_dir: str | None = None, progress: Callable[[str], None] | Non
             ) -> dict[str, list[DeviceCheck]]:
     """Run every independent check with the shipped models and summarise it per GPU and source."""
     say = progress or (lambda _m: None)
-    scored: list[tuple[str, str, float]] = []
+    scored: list[tuple[str, str, float, str]] = []
     for sid, src in independent.load_sources().items():
         say(f"independent check: {sid}")
         chk = independent.run_check(sid, models_dir=models_dir)
         dev = get_platform(str(src["platform"])).device.device_id
-        scored += [(dev, sid, float(e)) for e in chk.runs["signed_error"].dropna()]
+        # a source whose models are all dense speaks for dense predictions only
+        moe = any(int(m.get("num_experts") or 0) > 1 for m in (src.get("models") or {}).values())
+        scored += [(dev, sid, float(e), "all" if moe else "dense") for e in chk.runs["signed_error"].dropna()]
     say("independent check: NeMo / Megatron-Bridge tables")
     nemo = independent_nemo.run_check(models_dir=models_dir)
-    for plat, g in nemo.runs[nemo.runs["predicted_s"].notna()].groupby("platform"):
+    # the tables hold dense and MoE runs, whose errors differ: each kind speaks for predictions of its kind
+    for (plat, moe), g in nemo.runs[nemo.runs["predicted_s"].notna()].groupby(["platform", "moe"]):
         dev = get_platform(str(plat)).device.device_id
-        scored += [(dev, "NeMo / Megatron-Bridge tables", float(e)) for e in g["signed_error"]]
+        scored += [(dev, "NeMo / Megatron-Bridge tables", float(e), "moe" if moe else "dense")
+                   for e in g["signed_error"]]
     return summarise(scored)

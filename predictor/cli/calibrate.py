@@ -89,11 +89,12 @@ def cmd_check_independent(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(rec, indent=2))
     else:
-        print("independent checks (published runs never fitted to), per GPU and source: "
-              "MAPE (mean signed; below zero the prediction is faster)")
+        print("independent checks (published runs never fitted to), per GPU, source and the kind of model they "
+              "speak for: MAPE (mean signed; below zero the prediction is faster)")
         for dev, cs in checks.items():
             for c in cs:
-                print(f"  {dev:<16} {c.source:<32} {c.runs:>4} runs  {c.mape:6.1%} ({c.mean_signed:+.1%})")
+                print(f"  {dev:<16} {c.source:<32} {c.scope:<6} {c.runs:>4} runs  {c.mape:6.1%} "
+                      f"({c.mean_signed:+.1%})")
     if a.save:
         print(f"written: {IR.save(rec, a.models_dir)}", file=sys.stderr)
     return 0

@@ -23,33 +23,44 @@ from typing import Any
 from predictor import paths
 from predictor.paths import INDEPENDENT_CHECKS, ArtifactError, check_number
 
+# What kind of model a check's runs trained: its error speaks for predictions of that kind ("all": every kind)
+SCOPES = ("all", "dense", "moe")
+
 
 @dataclass(frozen=True)
 class DeviceCheck:
-    """One source's published runs on one GPU, scored."""
+    """One source's published runs on one GPU, scored; `scope`: the kind of model they trained (SCOPES)."""
     source: str
     runs: int
     mape: float
     mean_signed: float
+    scope: str = "all"
+
+    def applies_to(self, moe: bool) -> bool:
+        """Whether this check speaks for a prediction of a MoE (`moe`) or a dense model."""
+        return self.scope == "all" or self.scope == ("moe" if moe else "dense")
 
 
-def summarise(scored: Iterable[tuple[str, str, float]]) -> dict[str, list[DeviceCheck]]:
-    """(device id, source, signed error = predicted / measured - 1) per predicted run -> per device, one
-    DeviceCheck per source, worst MAPE first."""
-    acc: dict[tuple[str, str], list[float]] = {}
-    for dev, src, e in scored:
+def summarise(scored: Iterable[tuple[str, str, float] | tuple[str, str, float, str]]) -> dict[str, list[DeviceCheck]]:
+    """(device id, source, signed error = predicted / measured - 1[, scope]) per predicted run -> per device, one
+    DeviceCheck per source and scope (default "all"), worst MAPE first."""
+    acc: dict[tuple[str, str, str], list[float]] = {}
+    for item in scored:
+        dev, src, e = item[:3]
+        scope = item[3] if len(item) > 3 else "all"
         if isinstance(e, (int, float)) and math.isfinite(e):
-            acc.setdefault((dev, src), []).append(float(e))
+            acc.setdefault((dev, src, scope), []).append(float(e))
     out: dict[str, list[DeviceCheck]] = {}
-    for (dev, src), es in acc.items():
+    for (dev, src, scope), es in acc.items():
         out.setdefault(dev, []).append(DeviceCheck(src, len(es), sum(abs(x) for x in es) / len(es),
-                                                   sum(es) / len(es)))
+                                                   sum(es) / len(es), scope))
     return {d: sorted(v, key=lambda c: -c.mape) for d, v in sorted(out.items())}
 
 
 def record(checks: dict[str, list[DeviceCheck]], terms_fitted_at: str) -> dict[str, Any]:
-    return {"what": "errors of the independent checks (published runs never fitted to), per GPU and source; "
-                    "signed = predicted / measured - 1 (below zero: the prediction is faster)",
+    return {"what": "errors of the independent checks (published runs never fitted to), per GPU, source and scope "
+                    "(the kind of model the runs trained: dense, moe, or all); signed = predicted / measured - 1 "
+                    "(below zero: the prediction is faster)",
             "terms_fitted_at": terms_fitted_at, "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "devices": {d: [c.__dict__ for c in cs] for d, cs in checks.items()}}
 
@@ -67,10 +78,14 @@ def from_dict(d: Any, path: str | Path) -> tuple[dict[str, list[DeviceCheck]], s
             where = f"devices.{dev}[{i}]"
             if not isinstance(c, dict):
                 raise ArtifactError(path, where, "must be a mapping")
+            scope = c.get("scope", "all")
+            if scope not in SCOPES:
+                raise ArtifactError(path, f"{where}.scope", f"{scope!r} is not one of {', '.join(SCOPES)}")
             lst.append(DeviceCheck(str(c.get("source", "")),
                                    int(check_number(path, f"{where}.runs", c.get("runs"), ge=1, integer=True)),
                                    float(check_number(path, f"{where}.mape", c.get("mape"), ge=0.0)),
-                                   float(check_number(path, f"{where}.mean_signed", c.get("mean_signed")))))
+                                   float(check_number(path, f"{where}.mean_signed", c.get("mean_signed"))),
+                                   scope))
         out[str(dev)] = lst
     return out, str(d.get("terms_fitted_at", "")), str(d.get("measured_at", ""))
 
@@ -94,11 +109,13 @@ def load_checked(models_dir: str | Path | None = None
 
 def band_words(checks: list[DeviceCheck], terms_fitted_at: str, record_terms_fitted_at: str,
                measured_at: str) -> tuple[float, str]:
-    """(the worst MAPE, words) for a prediction's band on a GPU these checks cover."""
+    """(the worst MAPE, words) for a prediction's band on a GPU these checks cover (pass the checks that apply to
+    the prediction's kind of model: `DeviceCheck.applies_to`)."""
     parts = []
     for c in checks:
         side = "faster" if c.mean_signed < 0 else "slower"
-        parts.append(f"{c.source} {c.runs} runs {c.mape:.1%} ({abs(c.mean_signed):.1%} {side} than published "
+        kind = {"moe": ", MoE runs", "dense": ", dense runs"}.get(c.scope, "")
+        parts.append(f"{c.source}{kind} {c.runs} runs {c.mape:.1%} ({abs(c.mean_signed):.1%} {side} than published "
                      f"on average)")
     stale = ("" if not terms_fitted_at or record_terms_fitted_at == terms_fitted_at
              else f", measured {measured_at[:10]} with end-to-end terms fitted before the current ones "

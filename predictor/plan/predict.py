@@ -863,7 +863,8 @@ class Predictor:
         from the analytic network: its fit / leave-one-platform-out error; the rest: assumed), combined
         with the end-to-end validation error of the platform where one has been measured (for `framework`:
         `end_to_end_error`), and widened to `shape_error` where `shape` = (model, tp, precision) has GEMM
-        dimensions the samples do not cover."""
+        dimensions the samples do not cover, and to the worst independent check on this GPU that speaks for the
+        model's kind (dense or MoE: `DeviceCheck.applies_to`; every check where no `shape` is given)."""
         total = sum(v[0] for v in prov_s.values())
         share = {k: v[0] / total for k, v in prov_s.items()} if total > 0 else {}
         op_err = sum(v[1] for v in prov_s.values()) / total if total > 0 else 0.3
@@ -889,8 +890,10 @@ class Predictor:
         wide = self.shape_error(*shape) if shape is not None else None
         if wide is not None:
             err, basis = max(err, wide[0]), f"{basis}; {wide[1]}"
-        if self.independent:   # how far off published runs on this GPU were: the band is at least that wide
-            worst, words = independent_band_words(self.independent, self.terms.fitted_at if self.terms else "",
+        # how far off published runs of this kind of model on this GPU were: the band is at least that wide
+        checks = [c for c in self.independent if shape is None or c.applies_to(shape[0].is_moe)]
+        if checks:
+            worst, words = independent_band_words(checks, self.terms.fitted_at if self.terms else "",
                                                   *self._independent_dates)
             err, basis = max(err, worst), f"{basis}; {words}"
         return share, err, basis
