@@ -281,14 +281,20 @@ def test_predict_custom_mla_model_from_an_mla_preset():
 MOE_PAGE = {"model": "deepseek-v2-lite", "num_gpus": 8, "tp": 1, "pp": 1, "global_batch": 8, "ep": 8}
 
 
+def _predicted_with_select(query: dict, key: str):
+    """The Predict page run from `query`: predicted, with the select `key` showing the query's value."""
+    at = run(query=query)
+    assert not at.exception
+    assert at.selectbox(key=key).value == query[key]
+    assert STEP_RE.match(metric(at, "Step time"))
+    return at
+
+
 def test_predict_takes_the_moe_token_dispatcher():
     """The Token dispatcher select (Layout.moe_dispatcher): allgather from the URL is predicted and kept in the
     select; with the dispatch / combine overlap on it is a warning naming the field and the fix."""
     q = {**MOE_PAGE, "moe_dispatcher": "allgather"}
-    at = run(query=q)
-    assert not at.exception
-    assert at.selectbox(key="moe_dispatcher").value == "allgather"
-    assert STEP_RE.match(metric(at, "Step time"))
+    _predicted_with_select(q, "moe_dispatcher")
     at = run(query={**q, "moe_overlap": "true"})
     assert not at.exception
     assert any("moe_dispatcher" in w.value and "alltoall" in w.value for w in at.warning)
@@ -298,10 +304,7 @@ def test_predict_takes_cuda_graphs():
     """The CUDA graphs select (Layout.cuda_graphs): a value from the URL is predicted and kept in the select, and the
     prediction says what it removed; full_iteration on a dropless MoE model is a warning naming the field."""
     q = {**MOE_PAGE, "cuda_graphs": "attn+moe_router+moe_preprocess"}
-    at = run(query=q)
-    assert not at.exception
-    assert at.selectbox(key="cuda_graphs").value == "attn+moe_router+moe_preprocess"
-    assert STEP_RE.match(metric(at, "Step time"))
+    _predicted_with_select(q, "cuda_graphs")
     at = run(query={**q, "cuda_graphs": "full_iteration"})
     assert not at.exception
     said = [w.value.replace("\\", "") for w in at.warning]   # the page escapes markdown

@@ -322,18 +322,18 @@ class Predictor:
                 # the optimizer's stage variants are a feature of one regressor: one call for all of them
                 group = OPTIMIZER_GROUP if c.variant in features.OPTIMIZER_VARIANTS else c.variant
                 todo.setdefault((c.op, c.pass_, group), {})[(c.shape, c.variant)] = None
-        for (op, pass_, variant), keyed in todo.items():
+        for (op, pass_, group), keyed in todo.items():
             shapes = [s_ for s_, _v in keyed]
             variants = [v_ for _s, v_ in keyed]
-            arrays = features.arrays_from_shapes(shapes, variants if variant == OPTIMIZER_GROUP else variant)
-            if variant == FUSED:   # the framework's fused kernel (predictor.model.frameworks): one pass over memory
+            arrays = features.arrays_from_shapes(shapes, variants)
+            if group == FUSED:   # the framework's fused kernel (predictor.model.frameworks): one pass over memory
                 self.platform.device.check_op(op)
                 t_f = np.asarray(features.fused_kernel_s(op, pass_, arrays, self.platform.device, base), "float64")
                 for s_, v_, t in zip(shapes, variants, t_f):
                     cache[(op, pass_, s_, v_, precision)] = (float(t), FUSED_PROVENANCE, None)
                     self._ideal_cache[(op, pass_, s_, v_, precision)] = 0.0
                 continue
-            tables = variant != FA2_BASE  # Triton attention: an FA2 base, not the published (FMHA) attention
+            tables = group != FA2_BASE  # Triton attention: an FA2 base, not the published (FMHA) attention
             try:
                 secs, prov, err = self._predict_op_group(op, pass_, arrays, base, tables)
             except ArtifactError as e:  # a model file changed on disk after it was checked: fall back, say so

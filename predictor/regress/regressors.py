@@ -1093,8 +1093,7 @@ class ModelBank:
         self.unhashed: list[str] = sorted(s for s, v in verified.items() if not v.hashed)
         for p in problems:
             log.warning("platform %s: model %s not used: %s", platform_id, p.stem, p.reason)
-        self._boosters: dict[str, lgb.Booster] = {}
-        self._predictors: dict[str, tuple[lgb.Booster, Callable[[np.ndarray], np.ndarray]]] = {}
+        self._predictors: dict[str, Callable[[np.ndarray], np.ndarray]] = {}   # stem -> its loaded booster
         self._cache: OrderedDict = OrderedDict()
         self._lock = threading.Lock()
 
@@ -1155,12 +1154,14 @@ class ModelBank:
         except KeyError:
             raise KeyError(f"platform '{self.platform_id}' has no model for collective {collective}") from None
 
-    def _booster(self, stem: str) -> lgb.Booster:
-        b = self._boosters.get(stem)
-        if b is None:
+    def _predictor(self, stem: str) -> Callable[[np.ndarray], np.ndarray]:
+        """The stem's booster, loaded once from its verified text, as a single-thread predict function
+        (`lgb_import.single_thread_predictor`, which keeps the booster alive)."""
+        f = self._predictors.get(stem)
+        if f is None:
             with self._lock:
-                b = self._boosters.get(stem)
-                if b is None:
+                f = self._predictors.get(stem)
+                if f is None:
                     try:  # verified again, in full: LightGBM parses exactly the bytes just checked
                         v = verify_model(self.directory, stem, self.platform_id)
                         b = _booster_from_text(self.directory / f"{stem}.txt", v.text)
@@ -1169,18 +1170,8 @@ class ModelBank:
                         raise
                     if v.sha256 != self._sha.get(stem):  # replaced by a complete new pair since the bank was built
                         self._meta[stem], self._sha[stem] = v.metadata, v.sha256
-                    self._boosters[stem] = b
-        return b
-
-    def _predictor(self, stem: str) -> Callable[[np.ndarray], np.ndarray]:
-        """The stem's booster as a single-thread predict function (`lgb_import.single_thread_predictor`), built
-        once per booster."""
-        b = self._booster(stem)
-        got = self._predictors.get(stem)
-        if got is None or got[0] is not b:
-            got = (b, single_thread_predictor(b))
-            self._predictors[stem] = got
-        return got[1]
+                    f = self._predictors[stem] = single_thread_predictor(b)
+        return f
 
     def _cached(self, key, compute):
         if key is not None:
