@@ -26,7 +26,7 @@ st.caption("Bring your own measurements: a few measured training steps calibrate
 def own_runs_section() -> None:
     """Calibrate on your own measured runs (predictor.calibrate.runs): each run before / after, then save as a new
     user platform; the shipped platform is never changed."""
-    from predictor.calibrate.runs import calibrate_runs, terms_table
+    from predictor.calibrate.runs import calibrate_runs, choice_words, terms_table
     up = st.file_uploader("Measured runs (CSV: the predict-batch columns plus `step_time_s`, `source` optional)",
                           type=["csv"], key="own_runs_file")
     plats = sorted(load_platforms(config.clusters_file_arg()))
@@ -67,12 +67,10 @@ def own_runs_section() -> None:
                                    **{c: st.column_config.NumberColumn(label, format="%+.1f%%")
                                       for c, label in errors.items()}},
                     shown=t.assign(**{c: 100.0 * t[c] for c in errors}))
-        scales = rec.get("prior_scales_held_out_mape") or {}
+        chose = choice_words(rec, base)
         st.markdown("**The terms**: the base's value (prior), the fitted one, and whether the runs identified it "
-                    "(halved its prior uncertainty; sd in log units)."
-                    + (f" The prior's sd x{rec['prior_scale']:g}: the strength whose leave-one-run-out error on "
-                       "these runs was lowest (" + ", ".join(f"x{k} {v:.1%}" for k, v in scales.items()) + ")."
-                       if scales else ""))
+                    "(halved its prior uncertainty; sd in log units)." + (f" {chose[0].upper()}{chose[1:]}." if chose
+                                                                          else ""))
         tt = terms_table(cal.fits)
         views.table(tt, "own_terms", "own_terms_table",
                     shown=tt.assign(prior=tt["prior"].map("{:.4g}".format), fitted=tt["fitted"].map("{:.4g}".format),

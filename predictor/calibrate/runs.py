@@ -301,7 +301,9 @@ def _fit(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrio
     mask = np.ones(len(meas), dtype=bool) if mask is None else mask
     # the strength applies to the speed and network terms; the host terms' sd (already x2 per sd) stays: runs with
     # long layers hide the host, so a weaker pull there lets it run to its bound and ruin short-layer predictions
-    sd = np.array([p.prior_sd * (1.0 if p.name.startswith("host_") else prior_scale) for p in active])
+    sd = np.array([p.prior_sd * (1.0 if p.name.startswith("host_") else abs(prior_scale)) for p in active])
+    if prior_scale < 0:   # COMMON: only the common compute scale moves
+        sd = np.where([p.name == COMPUTE_SCALE for p in active], sd, sd * 1e-6)
     lim = np.array([p.bound for p in active])
 
     def residuals(z: np.ndarray) -> np.ndarray:
@@ -332,10 +334,24 @@ def _fit(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrio
 
 
 # the prior's strength is chosen on the runs themselves: every prior sd x each of these, the one whose
-# leave-one-run-out error over the runs is lowest (ties: the earlier, so the shipped priors first)
-PRIOR_SCALES = (1.0, 0.5, 2.0, 4.0)
+# leave-one-run-out error over the runs is lowest (ties: the earlier). KEEP (0) is BASE's terms unchanged, nothing
+# fitted: its held-out error is BASE's own error on each run; it replaces the best fit only where it predicts the runs
+# clearly better, by more than the run-to-run noise the fit assumes (RUN_NOISE): with a few runs a fit of several
+# terms can make the other predictions worse than BASE's, and a smaller difference is within the noise
+KEEP = 0.0
+PRIOR_SCALES = (KEEP, 1.0, 0.5, 2.0, 4.0)
 MIN_RUNS_TO_CHOOSE = 3   # fewer runs: the shipped priors (two runs predict each other from one run alone)
 TIE = 1e-3               # leave-one-run-out errors closer than this are a tie
+
+
+def kept_fit(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrior], meas: np.ndarray,
+             frameworks: Sequence[str], scoped: bool = True) -> ScaledFit:
+    """The KEEP candidate: BASE's terms, nothing moved (z = 0, each term's posterior its prior), whose held-out
+    error on a run is BASE's error on it (nothing was fitted on it)."""
+    z = np.zeros(len(active))
+    terms = _terms_at(prior, active, z, frameworks, scoped)
+    return ScaledFit(KEEP, terms, z, np.array([p.prior_sd for p in active]),
+                     np.log(evaluate(terms) / meas))
 
 
 def choose_prior_scale(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrior], meas: np.ndarray,
@@ -345,12 +361,19 @@ def choose_prior_scale(evaluate: RunEvaluator, prior: EndToEndTerms, active: Seq
     themselves, as a user can, never on runs the calibration does not see. Each scale x every prior sd is fitted on
     all runs, and each run's held-out error taken in closed form at the fit (its residual / (1 - its leverage), the
     first-order leave-one-out; `exact`: refitted without it, k more fits per scale, about 4x the time); the lowest
-    mean wins, a tie (within TIE) going to the earlier scale (the shipped priors first). With fewer than
-    MIN_RUNS_TO_CHOOSE runs only the first scale is fitted."""
+    mean wins, a tie (within TIE) going to the earlier scale (the shipped priors first). KEEP, where among `scales`,
+    is BASE's terms unchanged (`kept_fit`, its held-out error BASE's own error on each run) and replaces the best fit
+    only where its error is lower by more than RUN_NOISE. With fewer than MIN_RUNS_TO_CHOOSE runs only the first
+    scale other than KEEP is fitted."""
     fits: list[ScaledFit] = []
     n = len(meas)
-    for sc in (scales if n >= MIN_RUNS_TO_CHOOSE else scales[:1]):
-        f = _fit(evaluate, prior, active, meas, frameworks, None, scoped, sc, x0=fits[0].z if fits else None)
+    tried = list(scales) if n >= MIN_RUNS_TO_CHOOSE else [next((s for s in scales if s != KEEP), scales[0])]
+    for sc in tried:
+        if sc == KEEP:
+            fits.append(kept_fit(evaluate, prior, active, meas, frameworks, scoped))
+            continue
+        start = next((g.z for g in fits if g.scale != KEEP), None)
+        f = _fit(evaluate, prior, active, meas, frameworks, None, scoped, sc, x0=start)
         if exact and n >= MIN_RUNS_TO_CHOOSE:
             loo = np.empty(n)
             for i in range(n):
@@ -360,10 +383,16 @@ def choose_prior_scale(evaluate: RunEvaluator, prior: EndToEndTerms, active: Seq
                 loo[i] = math.log(evaluate(t_i)[i] / meas[i])
             f = replace(f, held_out_log=loo)
         fits.append(f)
-    best = fits[0]
-    for f in fits[1:]:
+    fitted = [f for f in fits if f.scale != KEEP]
+    if not fitted:   # only KEEP asked for
+        return fits[0], fits
+    best = fitted[0]
+    for f in fitted[1:]:
         if f.held_out_mape < best.held_out_mape - TIE:
             best = f
+    kept = next((f for f in fits if f.scale == KEEP), None)
+    if kept is not None and kept.held_out_mape < best.held_out_mape - RUN_NOISE:
+        best = kept
     return best, fits
 
 
@@ -413,19 +442,23 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
             pv, v = 1.0, float(np.exp(z_fit[[q.name for q in active].index(COMPUTE_SCALE)]))
         else:
             pv, v = float(getattr(prior, p.name)), float(getattr(terms, p.name))
-        sd_p = p.prior_sd * chosen.scale
+        # the prior's sd as the fit used it: the strength applies to the speed and network terms, not the host's
+        sd_p = p.prior_sd * (1.0 if p.name.startswith("host_") or chosen.scale == KEEP else chosen.scale)
         fits.append(TermFit(p.name, p.words, pv, v, sd_p, float(ps), bool(ps <= IDENTIFIED_SD_RATIO * sd_p)))
     loro = np.full(len(runs), np.nan)
     lomo = np.full(len(runs), np.nan)
     keys = np.array([_model_key(r) for r in runs])
-    if held_out and len(runs) >= 2:
+    if held_out and chosen.scale == KEEP:
+        # nothing fitted: every run is held out of it, and every model
+        loro, lomo = before.copy(), (before.copy() if len(set(keys)) >= 2 else lomo)
+    elif held_out and len(runs) >= 2:
         say(f"leave-one-run-out: {len(runs)} fits")
         for i in range(len(runs)):
             mask = np.ones(len(runs), dtype=bool)
             mask[i] = False
             t_i, _z, _p = fit_own_terms(ev, prior, active, meas, frameworks, mask, scoped, chosen.scale, x0=z_fit)
             loro[i] = ev(t_i)[i]
-    if held_out and len(runs) >= 2 and len(set(keys)) >= 2:
+    if held_out and chosen.scale != KEEP and len(runs) >= 2 and len(set(keys)) >= 2:
         say(f"leave-one-model-out: {len(set(keys))} fits")
         for k in sorted(set(keys)):
             mask = keys != k
@@ -450,8 +483,8 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
         "before_mape": b_m, "before_mean_signed": b_s, "in_sample_mape": a_m, "in_sample_mean_signed": a_s,
         "held_out_mape": None, "held_out_mean_signed": None, "held_out_model_mape": None,
         "held_out_model_mean_signed": None, "models": len(set(keys)),
-        "prior_scale": chosen.scale,
-        "prior_scales_held_out_mape": {f"{f.scale:g}": f.held_out_mape for f in scaled if len(scaled) > 1},
+        "prior_scale": chosen.scale, "kept_base": chosen.scale == KEEP,
+        "prior_scales_held_out_mape": {scale_label(f.scale): f.held_out_mape for f in scaled if len(scaled) > 1},
         "terms": [{"name": f.name, "prior": f.prior, "value": f.value, "prior_sd_log": f.prior_sd,
                    "posterior_sd_log": f.posterior_sd, "identified": f.identified} for f in fits],
         "per_run": [{"line": int(r.line), "source": r.source, "measured_s": float(m_), "before_s": float(b_),
@@ -464,9 +497,11 @@ def fit_runs(base: str | Platform, runs: Sequence[OwnRun], models_dir: str | Pat
     if not np.isnan(lomo).any():
         rec["held_out_model_mape"], rec["held_out_model_mean_signed"] = _mape(lomo, meas)
     ident = [f.name for f in fits if f.identified]
-    terms = replace(terms, validation={**prior.validation, "own_runs": rec}, fitted_at=rec["fitted_at"],
-                    source=(f"calibrated on {len(runs)} of your runs from {plat.platform_id} (predictor.calibrate.runs)"
-                            f"; identified: {', '.join(ident) or 'none'}; the rest stay at {plat.platform_id}'s"))
+    src = (f"calibrated on {len(runs)} of your runs from {plat.platform_id} (predictor.calibrate.runs): "
+           + (f"{plat.platform_id}'s terms kept (no fit predicted the runs left out of it as well)"
+              if chosen.scale == KEEP else
+              f"identified: {', '.join(ident) or 'none'}; the rest stay at {plat.platform_id}'s"))
+    terms = replace(terms, validation={**prior.validation, "own_runs": rec}, fitted_at=rec["fitted_at"], source=src)
     return terms, tuple(fits), table, rec
 
 
@@ -560,6 +595,25 @@ def calibrate_runs(runs_csv: str | bytes | Path, base: str, save_as: str | None,
 
 
 KIND_TERMS = ("gemm_factor", "attention_factor", "memory_factor")
+
+
+def scale_label(scale: float) -> str:
+    """A candidate of `choose_prior_scale` in words: 'keep' (BASE's terms unchanged) or 'x<strength>'."""
+    return "keep" if scale == KEEP else f"x{scale:g}"
+
+
+def choice_words(rec: dict[str, Any], base: str) -> str:
+    """What the calibration chose and why, from its record: BASE's terms kept, or the prior's strength, with every
+    candidate's leave-one-run-out error on the runs ('' with fewer runs than a choice needs)."""
+    scales = rec.get("prior_scales_held_out_mape") or {}
+    if not scales:
+        return ""
+    # records written before 'keep' was a candidate name their scales by number
+    errors = ", ".join(f"{k if k[0] in 'kx' else 'x' + k}: {v:.1%}" for k, v in scales.items())
+    if rec.get("kept_base"):
+        return (f"kept {base}'s terms: {base} predicts these runs better than any fit predicts them left out of it, "
+                f"by more than the {RUN_NOISE:.0%} run-to-run noise (leave-one-run-out: {errors})")
+    return f"prior sd x{rec['prior_scale']:g}, chosen by leave-one-run-out on the runs ({errors})"
 
 
 def identified_words(f: TermFit) -> str:

@@ -112,7 +112,7 @@ def add_check_independent_parser(sub: Any, common: Any) -> None:
 def cmd_calibrate_runs(a: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from predictor.calibrate.runs import calibrate_runs, terms_table
+    from predictor.calibrate.runs import calibrate_runs, choice_words, terms_table
     log = (lambda m: None) if a.quiet else (lambda m: print(m, file=sys.stderr, flush=True))
     cal = calibrate_runs(Path(a.runs), a.platform, a.save_as, models_dir=a.models_dir, clusters=a.clusters,
                          user_dir=a.user_models_dir, save=not a.dry_run, progress=log,
@@ -141,10 +141,9 @@ def cmd_calibrate_runs(a: argparse.Namespace) -> int:
     tt["fitted"] = tt["fitted"].map("{:.4g}".format)
     tt["prior_sd"] = tt["prior_sd"].map("{:.2f}".format)
     tt["posterior_sd"] = tt["posterior_sd"].map("{:.2f}".format)
-    scales = rec.get("prior_scales_held_out_mape") or {}
+    chose = choice_words(rec, cal.base)
     print("\nterms (sd: log units; identified where the runs at least halve the prior's sd)"
-          + (f"; prior sd x{rec['prior_scale']:g}, chosen by leave-one-run-out on the runs ("
-             + ", ".join(f"x{k}: {v:.1%}" for k, v in scales.items()) + ")" if scales else ""))
+          + (f"; {chose}" if chose else ""))
     print(tt.to_string(index=False))
 
     def pct(v: Any) -> str:
