@@ -301,9 +301,7 @@ def _fit(evaluate: RunEvaluator, prior: EndToEndTerms, active: Sequence[TermPrio
     mask = np.ones(len(meas), dtype=bool) if mask is None else mask
     # the strength applies to the speed and network terms; the host terms' sd (already x2 per sd) stays: runs with
     # long layers hide the host, so a weaker pull there lets it run to its bound and ruin short-layer predictions
-    sd = np.array([p.prior_sd * (1.0 if p.name.startswith("host_") else abs(prior_scale)) for p in active])
-    if prior_scale < 0:   # COMMON: only the common compute scale moves
-        sd = np.where([p.name == COMPUTE_SCALE for p in active], sd, sd * 1e-6)
+    sd = np.array([p.prior_sd * (1.0 if p.name.startswith("host_") else prior_scale) for p in active])
     lim = np.array([p.bound for p in active])
 
     def residuals(z: np.ndarray) -> np.ndarray:
@@ -608,8 +606,7 @@ def choice_words(rec: dict[str, Any], base: str) -> str:
     scales = rec.get("prior_scales_held_out_mape") or {}
     if not scales:
         return ""
-    # records written before 'keep' was a candidate name their scales by number
-    errors = ", ".join(f"{k if k[0] in 'kx' else 'x' + k}: {v:.1%}" for k, v in scales.items())
+    errors = ", ".join(f"{k}: {v:.1%}" for k, v in scales.items())
     if rec.get("kept_base"):
         return (f"kept {base}'s terms: {base} predicts these runs better than any fit predicts them left out of it, "
                 f"by more than the {RUN_NOISE:.0%} run-to-run noise (leave-one-run-out: {errors})")
