@@ -451,43 +451,49 @@ def op_feature_matrix(op: str, pass_: str, a: dict[str, np.ndarray], device, pre
     """(X float64 [n, len(feature_names(op))], roofline seconds [n]) from `shape_arrays` output.
     The fast path used by both training and prediction. `causal_overhead_tiles` (flash_attn only): the
     regressor times a causal kernel, whose FLOPs and compute roofline are its tile work
-    (`causal_tile_work`); None = the non-causal l^2 work."""
+    (`causal_tile_work`); None = the non-causal l^2 work.
+
+    Every `log2_*` feature (and `bound_ratio`) is `_log2` of a positive quantity; they are gathered first and
+    taken in one call (a prediction's shapes are a few rows, where each numpy call costs more than its
+    arithmetic), with the same numbers as one `_log2` each."""
     d = _dims(a)
     flops, byts, t_c, t_m = _roofline_parts(op, pass_, a, device, precision, d)
     if op == "flash_attn" and causal_overhead_tiles is not None:
         k = causal_tile_work(d["l"], causal_overhead_tiles)
         flops, t_c = flops * k, t_c * k
     roof = np.maximum(t_c, t_m) + LAUNCH_LATENCY_S
-    e = float(BYTES_PER_ELEMENT.get(precision, 2))
+    n_rows = len(roof)
     l2 = max(float(getattr(device, "l2_mib", 0.0) or 0.0), 1.0) * 2.0 ** 20
-    f: dict[str, np.ndarray] = {
-        "log2_flops": _log2(flops), "log2_bytes": _log2(byts), "log2_ai": _log2(flops / np.maximum(byts, 1.0)),
-        "log2_roofline": _log2(roof), "log2_t_compute": _log2(t_c), "log2_t_memory": _log2(t_m),
-        "bound_ratio": _log2(np.maximum(t_c, 1e-30) / np.maximum(t_m, 1e-30)),
-        "tp": d["tp"], "batch": d["b"], "log2_seq": _log2(d["l"]), "log2_hidden": _log2(d["h"]),
-        "heads_per_rank": d["Hr"], "head_dim": d["hd"], "kv_heads_per_rank": d["KVr"],
-        "log2_bytes_over_l2": _log2(byts / l2),
-    }
+    logs: dict[str, Any] = {   # feature -> the quantity it is the log2 of
+        "log2_flops": flops, "log2_bytes": byts, "log2_ai": flops / np.maximum(byts, 1.0), "log2_roofline": roof,
+        "log2_t_compute": t_c, "log2_t_memory": t_m,
+        "bound_ratio": np.maximum(t_c, 1e-30) / np.maximum(t_m, 1e-30), "log2_bytes_over_l2": byts / l2,
+        "log2_seq": d["l"], "log2_hidden": d["h"]}
+    plain: dict[str, Any] = {"tp": d["tp"], "batch": d["b"], "heads_per_rank": d["Hr"], "head_dim": d["hd"],
+                             "kv_heads_per_rank": d["KVr"]}
     sm = getattr(device, "sm_count", 0)
     if op in GEMM_OPS or op in BMM_OPS:
         M, N, K, B = gemm_mnk(op, d)
         tiles = np.ceil(M / 128.0) * np.ceil(N / 128.0) * B
         waves, eff = _waves(tiles, sm)
         _, eff256 = _waves(np.ceil(M / 256.0) * np.ceil(N / 128.0) * B, sm)
-        f.update(log2_M=_log2(M), log2_N=_log2(N), log2_K=_log2(K), align_M=_align(M), align_N=_align(N),
-                 align_K=_align(K), log2_tiles=_log2(tiles), waves=waves, wave_eff=eff, wave_eff_256=eff256,
-                 log2_batch_count=_log2(B))
+        align = _align(np.array((M, N, K)))
+        logs.update(log2_M=M, log2_N=N, log2_K=K, log2_tiles=tiles, log2_batch_count=B)
+        plain.update(align_M=align[0], align_N=align[1], align_K=align[2], waves=waves, wave_eff=eff,
+                     wave_eff_256=eff256)
     elif op == "flash_attn":
         ctas = d["b"] * d["Hr"] * np.ceil(d["l"] / 128.0)
         waves, eff = _waves(ctas, sm)
-        f.update(log2_ctas=_log2(ctas), waves=waves, wave_eff=eff, align_seq=_align(d["l"]))
+        logs.update(log2_ctas=ctas)
+        plain.update(waves=waves, wave_eff=eff, align_seq=_align(d["l"]))
     elif op == "optimizer":
         p = optimizer_params(a)
         layers = _fill(a["layers"], 1.0)
         tensors = layers * 12.0 + np.where(a["variant"] == 2.0, 0.0, 2.0)
-        f.update(log2_params=_log2(p), layers=layers, variant=a["variant"], log2_tensors=_log2(tensors),
-                 log2_params_per_tensor=_log2(p / tensors))
+        logs.update(log2_params=p, log2_tensors=tensors, log2_params_per_tensor=p / tensors)
+        plain.update(layers=layers, variant=a["variant"])
     else:
+        e = float(BYTES_PER_ELEMENT.get(precision, 2))
         n = elements(op, d)
         if op in ("attn_mask_fill", "softmax", "fused_masked_softmax"):
             row = d["l"]
@@ -502,18 +508,20 @@ def op_feature_matrix(op: str, pass_: str, a: dict[str, np.ndarray], device, pre
         else:
             row = d["h"]
         # the vocab shard an embedding gathers from (L2-resident when small); NaN for other ops
-        nan = np.full(len(roof), np.nan)
-        table = d["Vpr"] * d["h"] * e if op == "embedding" else nan
+        nan = np.full(n_rows, np.nan)
         vocab_op = op in ("embedding", "cross_entropy")
-        f.update(log2_elements=_log2(n), log2_row_len=_log2(row), align_row_len=_align(row),
-                 log2_rows=_log2(n / row), log2_table_over_l2=_log2(table / l2),
-                 log2_vocab_shard=_log2(d["Vpr"]) if vocab_op else nan,
-                 log2_tokens_per_vocab=_log2(d["b"] * d["l"] / d["Vpr"]) if vocab_op else nan)
+        logs.update(log2_elements=n, log2_row_len=row, log2_rows=n / row,
+                    log2_table_over_l2=d["Vpr"] * d["h"] * e / l2 if op == "embedding" else nan,
+                    log2_vocab_shard=d["Vpr"] if vocab_op else nan,
+                    log2_tokens_per_vocab=d["b"] * d["l"] / d["Vpr"] if vocab_op else nan)
+        plain.update(align_row_len=_align(row))
     names = feature_names(op)
-    n_rows = len(roof)
     X = np.empty((n_rows, len(names)), dtype=np.float64)
+    log_cols = [j for j, name in enumerate(names) if name in logs]
+    X[:, log_cols] = _log2(np.array([logs[names[j]] for j in log_cols])).T
     for j, name in enumerate(names):
-        X[:, j] = f[name]
+        if name not in logs:
+            X[:, j] = plain[name]
     return X, roof
 
 
