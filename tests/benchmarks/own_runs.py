@@ -23,9 +23,10 @@ Targets (issue #35): k = 3 median held-out MAPE <= 5 % with |mean signed| <= 3 %
 
 A second table gives each source's floor: `calibrate-runs` given every run of the source (the prior's strength chosen
 as above), its error on those very runs (in-sample) and each run's leave-one-run-out error (the closed form the choice
-uses), and for sources with MoE models the in-sample error of the dense and the MoE runs apart. No k draws of a source
-do better than its in-sample floor: where that floor is above 5 %, the k = 3 target is beyond what calibrating these
-terms can reach.
+uses), and for sources with MoE models the in-sample error of the dense and the MoE runs apart. Fitted on every run,
+the terms come as close to those runs as they can (up to the priors); k runs drawn from them predict the rest no better
+in expectation, so where the in-sample floor is above 5 % the k = 3 target is beyond what calibrating these terms can
+reach.
 """
 from __future__ import annotations
 
