@@ -16,8 +16,8 @@ from predictor.step.terms import load_terms_checked
 
 
 def test_runs_are_summarised_per_gpu_and_source_worst_first():
-    scored = [("h100", "a", -0.1), ("h100", "a", -0.3), ("h100", "b", 0.05), ("b200", "a", 0.2),
-              ("h100", "b", math.nan)]
+    scored = [("h100", "a", -0.1, "all"), ("h100", "a", -0.3, "all"), ("h100", "b", 0.05, "all"),
+              ("b200", "a", 0.2, "all"), ("h100", "b", math.nan, "all")]
     s = IR.summarise(scored)
     assert list(s) == ["b200", "h100"]
     h = s["h100"]
@@ -98,7 +98,7 @@ def test_check_independent_prints_the_record_per_gpu_and_source(capsys):
 
 def test_checks_are_kept_per_kind_of_model_and_round_trip_with_it(tmp_path):
     s = IR.summarise([("b200", "nemo", -0.3, "moe"), ("b200", "nemo", -0.2, "moe"), ("b200", "nemo", 0.05, "dense"),
-                      ("b200", "other", 0.1)])
+                      ("b200", "other", 0.1, "all")])
     got = {(c.source, c.scope): c for c in s["b200"]}
     assert set(got) == {("nemo", "moe"), ("nemo", "dense"), ("other", "all")}
     assert got[("nemo", "moe")].runs == 2 and got[("nemo", "moe")].mape == pytest.approx(0.25)

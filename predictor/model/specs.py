@@ -482,6 +482,12 @@ def pp_overlap_default(framework: str, schedule: str, pp: int) -> bool:
     return framework == "megatron" and schedule == "interleaved" and pp > 1
 
 
+def overlap_p2p_field(on: bool, framework: str, schedule: str, pp: int) -> bool | None:
+    """Layout.overlap_p2p_comm for a layout whose overlap is resolved to `on`: None where that is the default
+    (`pp_overlap_default`), else `on`."""
+    return None if on == pp_overlap_default(framework, schedule, pp) else on
+
+
 def check_moe_dispatcher(model: ModelSpec | None, dispatcher: str, moe_overlap: bool = False, etp: int = 1) -> None:
     """The MoE token dispatcher is one of MOE_DISPATCHERS and can run with the rest: Megatron-Core refuses the
     dispatch / combine overlap with the allgather dispatcher ('overlap_moe_expert_parallel_comm is supported with

@@ -41,13 +41,11 @@ class DeviceCheck:
         return self.scope == "all" or self.scope == ("moe" if moe else "dense")
 
 
-def summarise(scored: Iterable[tuple[str, str, float] | tuple[str, str, float, str]]) -> dict[str, list[DeviceCheck]]:
-    """(device id, source, signed error = predicted / measured - 1[, scope]) per predicted run -> per device, one
-    DeviceCheck per source and scope (default "all"), worst MAPE first."""
+def summarise(scored: Iterable[tuple[str, str, float, str]]) -> dict[str, list[DeviceCheck]]:
+    """(device id, source, signed error = predicted / measured - 1, scope) per predicted run -> per device, one
+    DeviceCheck per source and scope, worst MAPE first."""
     acc: dict[tuple[str, str, str], list[float]] = {}
-    for item in scored:
-        dev, src, e = item[:3]
-        scope = item[3] if len(item) > 3 else "all"
+    for dev, src, e, scope in scored:
         if isinstance(e, (int, float)) and math.isfinite(e):
             acc.setdefault((dev, src, scope), []).append(float(e))
     out: dict[str, list[DeviceCheck]] = {}

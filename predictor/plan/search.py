@@ -51,6 +51,7 @@ from predictor.model.specs import (
     cuda_graphs_value,
     grad_comm_bytes,
     grad_reduce_in_fp32_of,
+    overlap_p2p_field,
     pp_overlap_default,
     recomputed_modules,
 )
@@ -855,9 +856,8 @@ def _framework_fields(row: pd.Series | dict) -> dict[str, Any]:
             v = bool(row[k])
             out[k] = None if v == getattr(fw, k) else v
     if "overlap_p2p_comm" in row and row["overlap_p2p_comm"] == row["overlap_p2p_comm"]:
-        v = bool(row["overlap_p2p_comm"])
-        default = pp_overlap_default(fw.name, str(row.get("schedule") or "1f1b"), int(row.get("pp") or 1))
-        out["overlap_p2p_comm"] = None if v == default else v
+        out["overlap_p2p_comm"] = overlap_p2p_field(bool(row["overlap_p2p_comm"]), fw.name,
+                                                    str(row.get("schedule") or "1f1b"), int(row.get("pp") or 1))
     return out
 
 

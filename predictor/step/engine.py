@@ -43,7 +43,7 @@ from predictor.model.specs import (
     cuda_graphs_mask,
     cuda_graphs_value,
     grad_reduce_in_fp32_of,
-    pp_overlap_default,
+    overlap_p2p_field,
 )
 from predictor.model.stages import V_SCHEDULES, ZB_SCHEDULES, chunk_rank
 from predictor.regress.features import GEMM_OPS, TENSOR_CORE_GEMM_OPS
@@ -141,9 +141,7 @@ def layout_of_row(row: np.ndarray, structure: Structure, global_batch: int, seq_
                        else int(row[I_ETP])),
                   moe_overlap=bool(row[I_MO]), recompute_modules=_modules_field(row),
                   moe_dispatcher=MOE_DISPATCHERS[int(row[I_MD])], cuda_graphs=cuda_graphs_value(int(row[I_CG])),
-                  overlap_p2p_comm=(None if bool(row[I_OPP]) == pp_overlap_default(fw.name, structure.schedule,
-                                                                                   int(row[I_PP]))
-                                    else bool(row[I_OPP])))
+                  overlap_p2p_comm=overlap_p2p_field(bool(row[I_OPP]), fw.name, structure.schedule, int(row[I_PP])))
 
 
 def _recompute_names(rows: np.ndarray) -> list[str]:

@@ -155,16 +155,16 @@ def floor_row(s: Source, all_frameworks: bool = False, scales: tuple[float, ...]
     chosen, _fits = choose_prior_scale(s.evaluator, prior_terms(s.predictor), active, meas,
                                        sorted({r.layout.framework for r in s.runs}), scoped=not all_frameworks,
                                        scales=scales)
-    e = s.evaluator(chosen.terms) / meas - 1.0
+    pred = s.evaluator(chosen.terms)
     moe = np.array([r.model.is_moe for r in s.runs])
-    loo = np.expm1(chosen.held_out_log)
+    in_mape, in_signed = _errors(pred, meas)
+    loo_mape, loo_signed = _errors(meas * np.exp(chosen.held_out_log), meas)
     row = {"source": s.name, "runs": len(s.runs), "prior_scale": chosen.scale,
-           "in_sample_mape": float(np.abs(e).mean()), "in_sample_signed": float(e.mean()),
-           "loo_mape": float(np.abs(loo).mean()), "loo_signed": float(loo.mean()),
+           "in_sample_mape": in_mape, "in_sample_signed": in_signed, "loo_mape": loo_mape, "loo_signed": loo_signed,
            "dense_in_sample_mape": None, "moe_in_sample_mape": None, "moe_runs": int(moe.sum())}
     if moe.any() and (~moe).any():
-        row["dense_in_sample_mape"] = float(np.abs(e[~moe]).mean())
-        row["moe_in_sample_mape"] = float(np.abs(e[moe]).mean())
+        row["dense_in_sample_mape"] = _errors(pred[~moe], meas[~moe])[0]
+        row["moe_in_sample_mape"] = _errors(pred[moe], meas[moe])[0]
     return row
 
 
